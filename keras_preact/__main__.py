@@ -1,0 +1,5 @@
+import sys
+
+from keras_preact.cli import main
+
+sys.exit(main())

@@ -1,0 +1,52 @@
+"""Small shape and cost helpers shared by the layers and models."""
+
+import keras
+
+DATA_FORMATS = ("channels_last", "channels_first")
+
+
+def normalize_data_format(data_format):
+    """Returns a valid data format; None means `keras.config.image_data_format()`."""
+    if data_format is None:
+        return keras.config.image_data_format()
+    if data_format not in DATA_FORMATS:
+        raise ValueError(
+            f"`data_format` must be one of {DATA_FORMATS} or None. "
+            f"Received: data_format={data_format!r}"
+        )
+    return data_format
+
+
+def spatial_shape(shape, data_format):
+    """Returns (height, width) of a 4D shape (with batch) in `data_format`."""
+    if data_format == "channels_last":
+        return shape[1], shape[2]
+    return shape[2], shape[3]
+
+
+def conv_macs(conv, input_shape, data_format):
+    """Multiply-adds of a built `keras.layers.Conv2D` for one example.
+
+    Args:
+        conv: a `keras.layers.Conv2D`.
+        input_shape: its 4D input shape, batch first (the batch size is ignored).
+        data_format: the conv's data format.
+    """
+    height, width = spatial_shape(input_shape, data_format)
+    if height is None or width is None:
+        raise ValueError(
+            "Multiply-adds need a fixed input size. "
+            f"Received: input_shape={tuple(input_shape)}"
+        )
+    sh, sw = conv.strides
+    kh, kw = conv.kernel_size
+    if conv.padding == "same":
+        out_h, out_w = -(-height // sh), -(-width // sw)
+    else:
+        # Our strided convs are fed a symmetric (k - 1) // 2 padding before the conv.
+        pad_h = (kh - 1) // 2 * 2 if sh > 1 else 0
+        pad_w = (kw - 1) // 2 * 2 if sw > 1 else 0
+        out_h = (height + pad_h - kh) // sh + 1
+        out_w = (width + pad_w - kw) // sw + 1
+    in_channels = conv.kernel.shape[2]
+    return int(out_h * out_w * kh * kw * in_channels * conv.filters)

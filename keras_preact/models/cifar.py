@@ -1,0 +1,182 @@
+"""The CIFAR pre-activation ResNets of the paper, as thin factories.
+
+Basic units for depth 6n+2 (stage widths 16/32/64), bottleneck units for depth 9n+2
+(stage outputs 64/128/256, inner width out/4); a 3x3 stem of 16 filters; stride 2 in
+the first unit of stages 2 and 3 (paper Section 4 and Table 3 / 4).
+"""
+
+from keras_preact.layers.utils import normalize_data_format
+from keras_preact.models.preact_resnet import PreActResNet
+from keras_preact.models.registry import register_model
+from keras_preact.weights.local import check_weights_compatible
+from keras_preact.weights.local import load_weights_file
+from keras_preact.weights.local import resolve_weights_argument
+
+CIFAR_BLOCKS = ("auto", "basic", "bottleneck")
+CIFAR_WIDTHS = {"basic": (16, 32, 64), "bottleneck": (64, 128, 256)}
+#: Minimum input height and width for the CIFAR networks (total stride 4).
+CIFAR_MIN_INPUT_SIZE = 8
+
+
+def cifar_units_per_stage(depth, block="auto"):
+    """Resolves `block` and the units per stage for a CIFAR depth.
+
+    "auto" means bottleneck when depth >= 164 and (depth - 2) is divisible by 9, basic
+    otherwise (so 110 and 1202 are basic; 164, 272, 542 and 1001 bottleneck).
+
+    Returns:
+        (block, units_per_stage).
+
+    Raises:
+        ValueError: for an unknown block or a depth not of the block's form.
+    """
+    if block not in CIFAR_BLOCKS:
+        raise ValueError(
+            f"Unknown `block`. Received: block={block!r}. Valid: {list(CIFAR_BLOCKS)}"
+        )
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 8:
+        raise ValueError(
+            "`depth` must be an integer of the form 6n+2 (basic: 8, 14, 20, ...) or "
+            f"9n+2 (bottleneck: 11, 20, 29, ...), n >= 1. Received: depth={depth!r}"
+        )
+    if block == "auto":
+        block = "bottleneck" if depth >= 164 and (depth - 2) % 9 == 0 else "basic"
+    per_unit = 6 if block == "basic" else 9
+    if (depth - 2) % per_unit:
+        form = "6n+2 (8, 14, 20, 32, 44, 56, 110, ...)" if block == "basic" else "9n+2 (11, 20, ..., 164, 272, 542, 1001)"
+        raise ValueError(
+            f"A {block} CIFAR network needs depth of the form {form}. "
+            f"Received: depth={depth}, block={block!r}"
+        )
+    return block, (depth - 2) // per_unit
+
+
+def preact_resnet_cifar(
+    depth,
+    *,
+    block="auto",
+    include_top=True,
+    weights=None,
+    input_tensor=None,
+    input_shape=None,
+    pooling=None,
+    classes=10,
+    classifier_activation="softmax",
+    name=None,
+    **kwargs,
+):
+    """A CIFAR pre-activation ResNet of any valid depth.
+
+    Args:
+        depth: int, 6n+2 for basic units or 9n+2 for bottleneck units.
+        block: "auto" (default), "basic" or "bottleneck"; see
+            `cifar_units_per_stage`.
+        include_top: bool, default True.
+        weights: None (random He initialisation) or a path to a `.weights.h5`.
+        input_tensor: optional Keras tensor used as the input.
+        input_shape: default (32, 32, 3); height and width must be >= 8.
+        pooling: None, "avg" or "max" (see `PreActResNet`).
+        classes: int >= 1, default 10.
+        classifier_activation: default "softmax"; None returns logits.
+        name: model name, default "preact_resnet{depth}".
+        **kwargs: any other `PreActResNet` argument (`preprocessing`,
+            `data_format`, `bottleneck_stride`, `dtype`, ...).
+
+    Returns:
+        A `PreActResNet`.
+
+    Raises:
+        ValueError: for any invalid argument, before a layer is built.
+
+    Example:
+        >>> model = preact_resnet_cifar(56, classes=100)
+    """
+    block, units = cifar_units_per_stage(depth, block)
+    for reserved in ("stage_blocks", "stage_filters", "block"):
+        if reserved in kwargs:
+            raise ValueError(
+                f"`{reserved}` is set by the depth; use PreActResNet directly to "
+                f"change it. Received: {reserved}={kwargs[reserved]!r}"
+            )
+    if input_shape is None and input_tensor is None:
+        fmt = normalize_data_format(kwargs.get("data_format"))
+        input_shape = (32, 32, 3) if fmt == "channels_last" else (3, 32, 32)
+    weights_path = resolve_weights_argument(weights)
+    config = dict(
+        block=block,
+        stage_blocks=(units,) * 3,
+        stage_filters=CIFAR_WIDTHS[block],
+        stage_strides=(1, 2, 2),
+        include_top=include_top,
+        pooling=pooling,
+        classes=classes,
+        classifier_activation=classifier_activation,
+        input_shape=input_shape,
+        input_tensor=input_tensor,
+        name=name or f"preact_resnet{depth}",
+        **kwargs,
+    )
+    if weights_path is not None:
+        # Checked before any layer is built.
+        shape = tuple(input_tensor.shape[1:]) if input_tensor is not None else tuple(input_shape)
+        fmt = normalize_data_format(kwargs.get("data_format"))
+        check_weights_compatible(
+            weights_path,
+            channels=shape[-1] if fmt == "channels_last" else shape[0],
+            stem_filters=kwargs.get("stem_filters", 16),
+            include_top=include_top,
+            classes=classes,
+        )
+    model = PreActResNet(**config)
+    if weights_path is not None:
+        load_weights_file(model, weights_path)
+    return model
+
+
+def _factory(depth, block):
+    def factory(
+        *,
+        include_top=True,
+        weights=None,
+        input_tensor=None,
+        input_shape=None,
+        pooling=None,
+        classes=10,
+        classifier_activation="softmax",
+        **kwargs,
+    ):
+        return preact_resnet_cifar(
+            depth,
+            block=block,
+            include_top=include_top,
+            weights=weights,
+            input_tensor=input_tensor,
+            input_shape=input_shape,
+            pooling=pooling,
+            classes=classes,
+            classifier_activation=classifier_activation,
+            **kwargs,
+        )
+
+    units = (depth - 2) // (6 if block == "basic" else 9)
+    factory.__name__ = factory.__qualname__ = f"preact_resnet{depth}"
+    factory.__doc__ = (
+        f"Pre-activation ResNet-{depth} for CIFAR ({block} units, {units} per stage).\n\n"
+        "Keyword-only arguments as in keras.applications: include_top=True, "
+        "weights=None, input_tensor=None, input_shape=None (32, 32, 3), pooling=None, "
+        "classes=10, classifier_activation='softmax'; any other `PreActResNet` "
+        "argument is forwarded. See `preact_resnet_cifar`.\n"
+    )
+    return register_model(depth=depth, block=block, family="cifar")(factory)
+
+
+preact_resnet20 = _factory(20, "basic")
+preact_resnet32 = _factory(32, "basic")
+preact_resnet44 = _factory(44, "basic")
+preact_resnet56 = _factory(56, "basic")
+preact_resnet110 = _factory(110, "basic")
+preact_resnet164 = _factory(164, "bottleneck")
+preact_resnet272 = _factory(272, "bottleneck")
+preact_resnet542 = _factory(542, "bottleneck")
+preact_resnet1001 = _factory(1001, "bottleneck")
+preact_resnet1202 = _factory(1202, "basic")

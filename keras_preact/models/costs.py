@@ -1,0 +1,67 @@
+"""Model costs: multiply-adds and parameter counts."""
+
+import keras
+
+
+def count_macs(model):
+    """Multiply-adds of one forward pass for one image.
+
+    Convolutions and dense layers are counted (BN, ReLU, pooling and additions are
+    not), the convention of the paper and of pytorchcv's model table.
+
+    Args:
+        model: a built functional Keras model with a fixed input size, e.g. a
+            `PreActResNet`. Nested functional models are walked.
+
+    Returns:
+        int.
+
+    Raises:
+        ValueError: if the model's input size is not fixed.
+
+    Example:
+        >>> count_macs(keras_preact.preact_resnet110())  # about 253M
+    """
+    if not isinstance(model, keras.Model) or not hasattr(model, "_operations"):
+        raise ValueError(
+            "count_macs needs a functional Keras model (such as a PreActResNet). "
+            f"Received: model={type(model).__name__}"
+        )
+    total = 0
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.InputLayer):
+            continue
+        shape = _input_shape(layer)
+        if hasattr(layer, "compute_macs"):
+            total += layer.compute_macs(shape)
+        elif isinstance(layer, keras.Model) and hasattr(layer, "_operations"):
+            total += count_macs(layer)
+        elif isinstance(layer, keras.layers.Conv2D):
+            from keras_preact.layers.utils import conv_macs
+
+            total += conv_macs(layer, shape, layer.data_format)
+        elif isinstance(layer, keras.layers.Dense):
+            total += int(layer.kernel.shape[0] * layer.kernel.shape[1])
+    return int(total)
+
+
+def _input_shape(layer):
+    shape = tuple(layer.input.shape)
+    if any(d is None for d in shape[1:]):
+        raise ValueError(
+            "count_macs needs a fixed input size; build the model with e.g. "
+            f"input_shape=(32, 32, 3). Layer {layer.name!r} has input shape {shape}"
+        )
+    return shape
+
+
+def count_params(model, trainable_only=True):
+    """Number of (trainable) parameters, as the published model tables count them."""
+    weights = model.trainable_weights if trainable_only else model.weights
+    total = 0
+    for w in weights:
+        n = 1
+        for d in w.shape:
+            n *= int(d)
+        total += n
+    return total

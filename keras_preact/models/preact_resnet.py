@@ -1,0 +1,425 @@
+"""`PreActResNet`: one config-driven pre-activation ResNet.
+
+Every named network in the zoo is this class with different arguments (see
+`keras_preact.models.cifar`). The graph is: optional preprocessing -> stem conv ->
+stages of pre-activation units -> final BN-ReLU (the paper's last-unit rule) ->
+pooling -> dense head.
+"""
+
+import math
+
+import keras
+
+from keras_preact.layers.blocks import BN_EPSILON
+from keras_preact.layers.blocks import BN_MOMENTUM
+from keras_preact.layers.blocks import BOTTLENECK_STRIDES
+from keras_preact.layers.blocks import PreActBasicBlock
+from keras_preact.layers.blocks import PreActBottleneckBlock
+from keras_preact.layers.preprocessing import ImageNormalization
+from keras_preact.layers.preprocessing import resolve_preprocessing
+from keras_preact.layers.utils import normalize_data_format
+
+BLOCKS = {"basic": PreActBasicBlock, "bottleneck": PreActBottleneckBlock}
+POOLINGS = (None, "avg", "max")
+
+
+def _positive_int_tuple(name, value):
+    try:
+        out = tuple(value)
+    except TypeError:
+        raise ValueError(
+            f"`{name}` must be a sequence of positive integers. Received: {name}={value!r}"
+        ) from None
+    if not out or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in out):
+        raise ValueError(
+            f"`{name}` must be a non-empty sequence of positive integers. "
+            f"Received: {name}={value!r}"
+        )
+    return out
+
+
+def validate_config(
+    *,
+    block,
+    stage_blocks,
+    stage_filters,
+    stage_strides,
+    stem_filters,
+    stem_kernel_size,
+    stem_strides,
+    bottleneck_stride,
+    bottleneck_expansion,
+    include_top,
+    pooling,
+    classes,
+    classifier_activation,
+    input_shape,
+    data_format,
+):
+    """Checks every `PreActResNet` argument before any layer is built.
+
+    Returns:
+        dict of the normalised values: stage tuples, data_format and the full input
+        shape (with the channel count, which may be None for an unknown size).
+
+    Raises:
+        ValueError: naming the argument, the value received and what is valid.
+    """
+    if block not in BLOCKS:
+        raise ValueError(
+            f"Unknown `block`. Received: block={block!r}. Valid: {sorted(BLOCKS)}"
+        )
+    stage_blocks = _positive_int_tuple("stage_blocks", stage_blocks)
+    stage_filters = _positive_int_tuple("stage_filters", stage_filters)
+    stage_strides = _positive_int_tuple("stage_strides", stage_strides)
+    if not len(stage_blocks) == len(stage_filters) == len(stage_strides):
+        raise ValueError(
+            "`stage_blocks`, `stage_filters` and `stage_strides` must have one entry "
+            f"per stage. Received: stage_blocks={stage_blocks}, stage_filters="
+            f"{stage_filters}, stage_strides={stage_strides}"
+        )
+    for name, value in (
+        ("stem_filters", stem_filters),
+        ("stem_kernel_size", stem_kernel_size),
+        ("stem_strides", stem_strides),
+        ("bottleneck_expansion", bottleneck_expansion),
+    ):
+        _positive_int_tuple(name, (value,))
+    if block == "bottleneck":
+        bad = [f for f in stage_filters if f % bottleneck_expansion]
+        if bad:
+            raise ValueError(
+                "Bottleneck stage widths must be divisible by `bottleneck_expansion`. "
+                f"Received: stage_filters={stage_filters}, "
+                f"bottleneck_expansion={bottleneck_expansion}"
+            )
+    if bottleneck_stride not in BOTTLENECK_STRIDES:
+        raise ValueError(
+            f"`bottleneck_stride` must be one of {BOTTLENECK_STRIDES}. "
+            f"Received: bottleneck_stride={bottleneck_stride!r}"
+        )
+    if not isinstance(include_top, bool):
+        raise ValueError(
+            f"`include_top` must be True or False. Received: include_top={include_top!r}"
+        )
+    if pooling not in POOLINGS:
+        raise ValueError(
+            f"`pooling` must be one of {POOLINGS}. Received: pooling={pooling!r}"
+        )
+    if include_top:
+        if isinstance(classes, bool) or not isinstance(classes, int) or classes < 1:
+            raise ValueError(
+                "`classes` must be an integer >= 1 when include_top=True. "
+                f"Received: classes={classes!r}"
+            )
+        if classifier_activation is not None:
+            try:
+                keras.activations.get(classifier_activation)
+            except (ValueError, TypeError):
+                raise ValueError(
+                    "Unknown `classifier_activation`. Received: classifier_activation="
+                    f"{classifier_activation!r}. Valid: None, 'softmax', 'sigmoid', "
+                    "'linear' or any keras.activations name"
+                ) from None
+    data_format = normalize_data_format(data_format)
+
+    total_stride = stem_strides * math.prod(stage_strides)
+    min_size = 2 * total_stride
+    if input_shape is None:
+        input_shape = (None, None, 3) if data_format == "channels_last" else (3, None, None)
+    try:
+        input_shape = tuple(None if d is None else int(d) for d in input_shape)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"`input_shape` must be a tuple of 3 ints (or None for a free size). "
+            f"Received: input_shape={input_shape!r}"
+        ) from None
+    if len(input_shape) != 3:
+        raise ValueError(
+            "`input_shape` must have 3 dimensions (height, width, channels) for "
+            "channels_last or (channels, height, width) for channels_first. "
+            f"Received: input_shape={input_shape}"
+        )
+    if data_format == "channels_last":
+        height, width, channels = input_shape
+    else:
+        channels, height, width = input_shape
+    if channels is None or channels < 1:
+        raise ValueError(
+            f"The channel dimension of `input_shape` must be a positive int. "
+            f"Received: input_shape={input_shape} (data_format={data_format!r})"
+        )
+    for size in (height, width):
+        if size is not None and size < min_size:
+            raise ValueError(
+                f"`input_shape` is too small: this network downsamples by "
+                f"{total_stride}, so height and width must be at least {min_size}. "
+                f"Received: input_shape={input_shape} (data_format={data_format!r})"
+            )
+    return {
+        "stage_blocks": stage_blocks,
+        "stage_filters": stage_filters,
+        "stage_strides": stage_strides,
+        "data_format": data_format,
+        "input_shape": input_shape,
+        "channels": channels,
+        "min_size": min_size,
+    }
+
+
+@keras.saving.register_keras_serializable(package="keras_preact")
+class PreActResNet(keras.Model):
+    """A pre-activation ResNet (He et al. 2016), driven entirely by its arguments.
+
+    The first unit after the stem applies its BN-ReLU before the split (its shortcut
+    sees the activated stem output; `first_unit_shared_preact`), every unit keeps
+    nothing after its addition, and the last unit is followed by one extra BN-ReLU,
+    global pooling and the dense head (paper Section 4 and its official code).
+
+    Args:
+        block: "basic" (two 3x3 convs) or "bottleneck" (1x1, 3x3, 1x1).
+        stage_blocks: units per stage, e.g. (18, 18, 18) for ResNet-110.
+        stage_filters: output width of each stage, e.g. (16, 32, 64) basic,
+            (64, 128, 256) bottleneck.
+        stage_strides: stride of the first unit of each stage, default (1, 2, 2).
+        stem_filters: width of the stem conv, default 16.
+        stem_kernel_size: default 3.
+        stem_strides: default 1.
+        bottleneck_stride: "middle" (default, the 3x3 conv; pytorchcv/timm and the
+            published CIFAR weights) or "first" (the first 1x1; the official code).
+        bottleneck_expansion: output width / inner width of a bottleneck, default 4.
+        first_unit_shared_preact: bool, default True. Whether the very first unit
+            shares its BN-ReLU with the shortcut even when the shortcut is an
+            identity (the paper's code does; pytorchcv's basic CIFAR nets do not, so
+            their converter sets False). Units with a projection always share it.
+        include_top: bool, default True: add pooling and the dense classifier.
+        pooling: None, "avg" or "max". With include_top=False: None returns the 4D
+            feature map, "avg"/"max" a pooled vector. With include_top=True the head
+            uses global average pooling unless "max" is given.
+        classes: int >= 1, default 10 (with include_top=True).
+        classifier_activation: default "softmax"; None returns logits.
+        preprocessing: None, a preset name ("symmetric", "unit", "cifar10",
+            "cifar100", "imagenet") or a dict with "mean", "std" and optional
+            "scale"; see `keras_preact.layers.preprocessing`. Built into the model so
+            it takes raw [0, 255] pixels.
+        input_shape: (height, width, channels) (channels first for channels_first);
+            None means (None, None, 3). Height and width must be at least twice
+            the total stride (8 for the CIFAR networks).
+        input_tensor: optional Keras tensor to use as the input. Not serialised:
+            a reloaded model gets a fresh `keras.Input`.
+        data_format: "channels_last" or "channels_first"; None uses
+            `keras.config.image_data_format()`.
+        kernel_initializer: default "he_normal".
+        bn_momentum: default 0.9; bn_epsilon: default 1e-5 (Torch's defaults).
+        dtype: optional dtype policy for every layer (e.g. "mixed_bfloat16").
+            The final activation always computes in float32.
+        name: model name, default "preact_resnet".
+        **kwargs: base `keras.Model` arguments (`trainable`).
+
+    Example:
+        >>> model = PreActResNet(block="basic", stage_blocks=(3, 3, 3),
+        ...                      stage_filters=(16, 32, 64), input_shape=(32, 32, 3))
+        >>> model.count_params()
+        272282
+    """
+
+    def __init__(
+        self,
+        *,
+        block="basic",
+        stage_blocks=(3, 3, 3),
+        stage_filters=(16, 32, 64),
+        stage_strides=(1, 2, 2),
+        stem_filters=16,
+        stem_kernel_size=3,
+        stem_strides=1,
+        bottleneck_stride="middle",
+        bottleneck_expansion=4,
+        first_unit_shared_preact=True,
+        include_top=True,
+        pooling=None,
+        classes=10,
+        classifier_activation="softmax",
+        preprocessing=None,
+        input_shape=None,
+        input_tensor=None,
+        data_format=None,
+        kernel_initializer="he_normal",
+        bn_momentum=BN_MOMENTUM,
+        bn_epsilon=BN_EPSILON,
+        dtype=None,
+        name="preact_resnet",
+        **kwargs,
+    ):
+        checked = validate_config(
+            block=block,
+            stage_blocks=stage_blocks,
+            stage_filters=stage_filters,
+            stage_strides=stage_strides,
+            stem_filters=stem_filters,
+            stem_kernel_size=stem_kernel_size,
+            stem_strides=stem_strides,
+            bottleneck_stride=bottleneck_stride,
+            bottleneck_expansion=bottleneck_expansion,
+            include_top=include_top,
+            pooling=pooling,
+            classes=classes,
+            classifier_activation=classifier_activation,
+            input_shape=input_shape,
+            data_format=data_format,
+        )
+        resolved_preprocessing = resolve_preprocessing(preprocessing)
+        data_format = checked["data_format"]
+        channel_axis = -1 if data_format == "channels_last" else 1
+
+        # --- graph (layer creation order is frozen: weights files depend on it) ---
+        if input_tensor is None:
+            inputs = keras.Input(shape=checked["input_shape"], name="images")
+        else:
+            inputs = input_tensor
+        x = inputs
+        if resolved_preprocessing is not None:
+            scale, mean, std = resolved_preprocessing
+            x = ImageNormalization(
+                scale=scale,
+                mean=mean,
+                std=std,
+                data_format=data_format,
+                dtype=dtype,
+                name="preprocessing",
+            )(x)
+        x = keras.layers.Conv2D(
+            stem_filters,
+            stem_kernel_size,
+            strides=stem_strides,
+            padding="same",
+            use_bias=False,
+            kernel_initializer=kernel_initializer,
+            data_format=data_format,
+            dtype=dtype,
+            name="stem_conv",
+        )(x)
+        block_cls = BLOCKS[block]
+        block_kwargs = dict(
+            kernel_initializer=kernel_initializer,
+            bn_momentum=bn_momentum,
+            bn_epsilon=bn_epsilon,
+            data_format=data_format,
+            dtype=dtype,
+        )
+        if block == "bottleneck":
+            block_kwargs.update(
+                expansion=bottleneck_expansion, bottleneck_stride=bottleneck_stride
+            )
+        for stage, (num_units, filters, stride) in enumerate(
+            zip(checked["stage_blocks"], checked["stage_filters"], checked["stage_strides"]),
+            start=1,
+        ):
+            for unit in range(1, num_units + 1):
+                shared = None
+                if stage == 1 and unit == 1 and first_unit_shared_preact:
+                    shared = True
+                x = block_cls(
+                    filters,
+                    strides=stride if unit == 1 else 1,
+                    shared_preact=shared,
+                    name=f"stage{stage}_unit{unit}",
+                    **block_kwargs,
+                )(x)
+        # Last-unit rule: one BN-ReLU after the final addition.
+        x = keras.layers.BatchNormalization(
+            axis=channel_axis,
+            momentum=bn_momentum,
+            epsilon=bn_epsilon,
+            dtype=dtype,
+            name="post_bn",
+        )(x)
+        x = keras.layers.Activation("relu", dtype=dtype, name="post_relu")(x)
+        if include_top:
+            pool = keras.layers.GlobalMaxPooling2D if pooling == "max" else keras.layers.GlobalAveragePooling2D
+            x = pool(data_format=data_format, dtype=dtype, name="pool")(x)
+            x = keras.layers.Dense(classes, dtype=dtype, name="logits")(x)
+            # Float32 so softmax stays accurate under mixed precision.
+            x = keras.layers.Activation(
+                classifier_activation, dtype="float32", name="predictions"
+            )(x)
+        elif pooling == "avg":
+            x = keras.layers.GlobalAveragePooling2D(
+                data_format=data_format, dtype=dtype, name="pool"
+            )(x)
+        elif pooling == "max":
+            x = keras.layers.GlobalMaxPooling2D(
+                data_format=data_format, dtype=dtype, name="pool"
+            )(x)
+        super().__init__(inputs=inputs, outputs=x, name=name, **kwargs)
+
+        # --- config (exactly the constructor's arguments) ---
+        self.block = block
+        self.stage_blocks = checked["stage_blocks"]
+        self.stage_filters = checked["stage_filters"]
+        self.stage_strides = checked["stage_strides"]
+        self.stem_filters = stem_filters
+        self.stem_kernel_size = stem_kernel_size
+        self.stem_strides = stem_strides
+        self.bottleneck_stride = bottleneck_stride
+        self.bottleneck_expansion = bottleneck_expansion
+        self.first_unit_shared_preact = first_unit_shared_preact
+        self.include_top = include_top
+        self.pooling = pooling
+        self.classes = classes
+        self.classifier_activation = classifier_activation
+        self.preprocessing = preprocessing
+        self.data_format = data_format
+        self.kernel_initializer = kernel_initializer
+        self.bn_momentum = bn_momentum
+        self.bn_epsilon = bn_epsilon
+        self._input_shape_arg = checked["input_shape"]
+        self._dtype_arg = dtype
+
+    @property
+    def depth(self):
+        """Weighted layers counted as in the paper: convs on the main path + the head."""
+        convs_per_unit = 2 if self.block == "basic" else 3
+        return 1 + convs_per_unit * sum(self.stage_blocks) + 1
+
+    def get_config(self):
+        dtype = self._dtype_arg
+        if dtype is not None and not isinstance(dtype, str):
+            dtype = keras.dtype_policies.serialize(dtype)
+        return {
+            "block": self.block,
+            "stage_blocks": list(self.stage_blocks),
+            "stage_filters": list(self.stage_filters),
+            "stage_strides": list(self.stage_strides),
+            "stem_filters": self.stem_filters,
+            "stem_kernel_size": self.stem_kernel_size,
+            "stem_strides": self.stem_strides,
+            "bottleneck_stride": self.bottleneck_stride,
+            "bottleneck_expansion": self.bottleneck_expansion,
+            "first_unit_shared_preact": self.first_unit_shared_preact,
+            "include_top": self.include_top,
+            "pooling": self.pooling,
+            "classes": self.classes,
+            "classifier_activation": self.classifier_activation,
+            "preprocessing": self.preprocessing,
+            "input_shape": list(self._input_shape_arg),
+            "input_tensor": None,
+            "data_format": self.data_format,
+            "kernel_initializer": self.kernel_initializer
+            if isinstance(self.kernel_initializer, str)
+            else keras.initializers.serialize(
+                keras.initializers.get(self.kernel_initializer)
+            ),
+            "bn_momentum": self.bn_momentum,
+            "bn_epsilon": self.bn_epsilon,
+            "dtype": dtype,
+            "name": self.name,
+            "trainable": self.trainable,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        if isinstance(config.get("dtype"), dict):
+            config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
+        return cls(**config)

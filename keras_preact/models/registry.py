@@ -1,0 +1,76 @@
+"""The model registry: every named network, discoverable and buildable by name.
+
+The tests are parametrized over this registry, so a newly registered model is
+tested for free.
+"""
+
+import fnmatch
+
+_REGISTRY = {}
+
+
+def register_model(*, depth, block, family="cifar"):
+    """Decorator registering a factory under its function name.
+
+    Args:
+        depth: int, the paper's depth of the network.
+        block: "basic" or "bottleneck".
+        family: "cifar" or "imagenet".
+    """
+
+    def wrap(fn):
+        name = fn.__name__
+        if name in _REGISTRY:
+            raise ValueError(f"Model {name!r} is registered twice.")
+        _REGISTRY[name] = {"fn": fn, "depth": depth, "block": block, "family": family}
+        return fn
+
+    return wrap
+
+
+def list_models(pattern=None, family=None):
+    """Names of the registered models, shallowest first.
+
+    Args:
+        pattern: optional shell-style wildcard, e.g. "preact_resnet1*".
+        family: optional "cifar" or "imagenet" filter.
+
+    Returns:
+        list of str.
+    """
+    items = sorted(_REGISTRY.items(), key=lambda kv: (kv[1]["family"], kv[1]["depth"], kv[0]))
+    names = [n for n, info in items if family is None or info["family"] == family]
+    if pattern is not None:
+        names = fnmatch.filter(names, pattern)
+    return names
+
+
+def model_info(name):
+    """Returns {"depth", "block", "family"} of a registered model."""
+    _check_name(name)
+    info = _REGISTRY[name]
+    return {"name": name, "depth": info["depth"], "block": info["block"], "family": info["family"]}
+
+
+def get_model(name, **kwargs):
+    """Builds a registered model by name.
+
+    Args:
+        name: a name from `list_models()`.
+        **kwargs: forwarded to the factory (`classes`, `input_shape`, `weights`, ...).
+
+    Raises:
+        ValueError: if `name` is not registered (the message lists the valid names).
+
+    Example:
+        >>> model = keras_preact.get_model("preact_resnet20", classes=100)
+    """
+    _check_name(name)
+    return _REGISTRY[name]["fn"](**kwargs)
+
+
+def _check_name(name):
+    if name not in _REGISTRY:
+        raise ValueError(
+            f"Unknown model name. Received: name={name!r}. Valid: {list_models()}"
+        )

@@ -1,0 +1,65 @@
+"""keras-preact: pre-activation ResNets for Keras 3."""
+
+import os
+
+from setuptools import find_packages
+from setuptools import setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _version():
+    with open(os.path.join(HERE, "keras_preact", "__init__.py")) as f:
+        for line in f:
+            if line.startswith("__version__"):
+                return line.split("=")[1].strip().strip('"')
+    raise RuntimeError("no __version__")
+
+
+with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+    LONG_DESCRIPTION = f.read()
+
+setup(
+    name="keras-preact",
+    version=_version(),
+    description="Pre-activation ResNets (Identity Mappings in Deep Residual Networks) for Keras 3",
+    long_description=LONG_DESCRIPTION,
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["keras_preact", "keras_preact.*"]) + ["keras_preact.zoo"],
+    # The catalog (weights manifests, recipes, model cards) lives in zoo/ and ships
+    # as the package data of `keras_preact.zoo`.
+    package_dir={"keras_preact.zoo": "zoo"},
+    package_data={"keras_preact.zoo": ["*.json", "*.md", "*/*.json", "*/*.md"]},
+    install_requires=[
+        "tensorflow>=2.21,<2.22",
+        "keras>=3.15.1",
+        "tensorflow-datasets>=4.9.10",
+        "keras-tuner>=1.4.8",
+        "numpy",
+        "h5py",
+        "scikit-learn",
+        "matplotlib",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "jax[cpu]>=0.4.30",
+            "torch==2.13.0",
+        ],
+        "dev": [
+            "pytest>=8",
+            "jax[cpu]>=0.4.30",
+            "torch==2.13.0",
+            "build",
+        ],
+    },
+    entry_points={"console_scripts": ["keras-preact=keras_preact.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Framework :: Keras",
+        "License :: OSI Approved :: Apache Software License",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)
