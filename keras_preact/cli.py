@@ -63,6 +63,15 @@ def _cmd_summary(args):
     return 0
 
 
+#: Modules that add subcommands: each defines `add_commands(subparsers)`, where every
+#: subparser sets `func` (called with the parsed args, returning an exit code).
+#: They are imported only when the CLI runs, so the library never imports the CLI.
+COMMAND_MODULES = (
+    "keras_preact.training.commands",
+    "keras_preact.export_commands",
+)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="keras-preact",
@@ -77,6 +86,16 @@ def build_parser():
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--expand", action="store_true", help="expand the units' sub-layers")
     p.set_defaults(func=_cmd_summary)
+    import importlib
+
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name and module_name.startswith(err.name):
+                continue  # that part of the package is not there yet
+            raise
+        module.add_commands(sub)
     return parser
 
 
