@@ -18,7 +18,6 @@ from keras import ops
 
 from keras_preact.layers.utils import conv_macs
 from keras_preact.layers.utils import normalize_data_format
-from keras_preact.layers.utils import spatial_shape
 
 #: Where a strided bottleneck puts its stride.
 #: ``"middle"``: on the 3x3 conv (pytorchcv, timm, torchvision "ResNet v1.5"; the layout
@@ -68,12 +67,12 @@ class _PreActUnit(keras.layers.Layer):
         super().__init__(**kwargs)
         _check_positive_int("filters", filters)
         _check_positive_int("strides", strides)
-        if projection not in (None, True, False):
+        if projection is not None and not isinstance(projection, bool):
             raise ValueError(
                 "`projection` must be None (automatic), True or False. "
                 f"Received: projection={projection!r}"
             )
-        if shared_preact not in (None, True, False):
+        if shared_preact is not None and not isinstance(shared_preact, bool):
             raise ValueError(
                 "`shared_preact` must be None (automatic), True or False. "
                 f"Received: shared_preact={shared_preact!r}"
@@ -96,6 +95,7 @@ class _PreActUnit(keras.layers.Layer):
         self.bn_epsilon = float(bn_epsilon)
         self.data_format = normalize_data_format(data_format)
         self._channel_axis = -1 if self.data_format == "channels_last" else 1
+        self._conv_strides = {}
 
     # -- helpers --------------------------------------------------------------
     def _bn(self, name):
@@ -111,14 +111,14 @@ class _PreActUnit(keras.layers.Layer):
         # Strided convs pad symmetrically, as Torch and Caffe do; Keras' "same" pads
         # only bottom/right when the input size is even, which shifts the sampling
         # grid and would make converted weights compute something else.
-        if strides > 1 and kernel_size > 1:
-            padding = "valid"
-        else:
-            padding = "same"
-        return keras.layers.Conv2D(
+        # A strided 1x1 conv is run as "take every s-th pixel, then a stride-1 1x1
+        # conv": the same numbers, less work, and it avoids TensorFlow's missing
+        # strided NCHW kernel on CPU.
+        padding = "valid" if strides > 1 and kernel_size > 1 else "same"
+        conv = keras.layers.Conv2D(
             filters,
             kernel_size,
-            strides=strides,
+            strides=1 if kernel_size == 1 else strides,
             padding=padding,
             use_bias=False,
             kernel_initializer=self.kernel_initializer,
@@ -127,10 +127,18 @@ class _PreActUnit(keras.layers.Layer):
             dtype=self.dtype_policy,
             name=name,
         )
+        self._conv_strides[name] = strides
+        return conv
 
     def _apply_conv(self, conv, x):
+        stride = self._conv_strides[conv.name]
         kernel_size = conv.kernel_size[0]
-        if conv.strides[0] > 1 and kernel_size > 1:
+        if stride > 1 and kernel_size == 1:
+            if self.data_format == "channels_last":
+                x = x[:, ::stride, ::stride, :]
+            else:
+                x = x[:, :, ::stride, ::stride]
+        elif stride > 1:
             p = (kernel_size - 1) // 2
             if self.data_format == "channels_last":
                 pad = [[0, 0], [p, p], [p, p], [0, 0]]
@@ -138,6 +146,19 @@ class _PreActUnit(keras.layers.Layer):
                 pad = [[0, 0], [0, 0], [p, p], [p, p]]
             x = ops.pad(x, pad)
         return conv(x)
+
+    def _conv_output_shape(self, conv, input_shape):
+        return _strided_shape(
+            input_shape, self._conv_strides[conv.name], conv.filters, self.data_format
+        )
+
+    def _conv_input_shape(self, conv, input_shape):
+        """The shape the Conv2D itself sees (after subsampling for strided 1x1)."""
+        stride = self._conv_strides[conv.name]
+        if stride > 1 and conv.kernel_size[0] == 1:
+            in_channels = input_shape[self._channel_axis]
+            return _strided_shape(input_shape, stride, in_channels, self.data_format)
+        return tuple(input_shape)
 
     def _in_channels(self, input_shape):
         channels = input_shape[self._channel_axis]
@@ -177,7 +198,7 @@ class _PreActUnit(keras.layers.Layer):
         self._build_residual(input_shape, in_channels)
         if self._has_projection:
             self.shortcut_conv = self._conv(self.filters, 1, self.strides, "shortcut_conv")
-            self.shortcut_conv.build(input_shape)
+            self.shortcut_conv.build(self._conv_input_shape(self.shortcut_conv, input_shape))
         else:
             self.shortcut_conv = None
 
@@ -185,17 +206,11 @@ class _PreActUnit(keras.layers.Layer):
         preact = ops.relu(self.preact_bn(inputs, training=training))
         shortcut = preact if self._shares_preact else inputs
         if self.shortcut_conv is not None:
-            shortcut = self.shortcut_conv(shortcut)
+            shortcut = self._apply_conv(self.shortcut_conv, shortcut)
         return ops.add(shortcut, self._residual(preact, training))
 
     def compute_output_shape(self, input_shape):
-        out = list(input_shape)
-        h_axis, w_axis = (1, 2) if self.data_format == "channels_last" else (2, 3)
-        for axis in (h_axis, w_axis):
-            if out[axis] is not None:
-                out[axis] = int(math.ceil(out[axis] / self.strides))
-        out[self._channel_axis] = self.filters
-        return tuple(out)
+        return _strided_shape(input_shape, self.strides, self.filters, self.data_format)
 
     def compute_macs(self, input_shape):
         """Multiply-adds of one forward pass for one example of `input_shape`.
@@ -214,10 +229,11 @@ class _PreActUnit(keras.layers.Layer):
         total = 0
         shape = tuple(input_shape)
         for conv in self._residual_convs():
-            total += conv_macs(conv, shape, self.data_format)
-            shape = _conv_output_shape(conv, shape, self.data_format)
+            total += conv_macs(conv, self._conv_input_shape(conv, shape), self.data_format)
+            shape = self._conv_output_shape(conv, shape)
         if self.shortcut_conv is not None:
-            total += conv_macs(self.shortcut_conv, tuple(input_shape), self.data_format)
+            conv = self.shortcut_conv
+            total += conv_macs(conv, self._conv_input_shape(conv, input_shape), self.data_format)
         return total
 
     def get_config(self):
@@ -244,14 +260,13 @@ class _PreActUnit(keras.layers.Layer):
         return config
 
 
-def _conv_output_shape(conv, input_shape, data_format):
+def _strided_shape(input_shape, strides, channels, data_format):
     out = list(input_shape)
     h_axis, w_axis = (1, 2) if data_format == "channels_last" else (2, 3)
-    c_axis = -1 if data_format == "channels_last" else 1
     for axis in (h_axis, w_axis):
         if out[axis] is not None:
-            out[axis] = int(math.ceil(out[axis] / conv.strides[0]))
-    out[c_axis] = conv.filters
+            out[axis] = int(math.ceil(out[axis] / strides))
+    out[-1 if data_format == "channels_last" else 1] = channels
     return tuple(out)
 
 
@@ -289,7 +304,7 @@ class PreActBasicBlock(_PreActUnit):
     def _build_residual(self, input_shape, in_channels):
         self.conv1 = self._conv(self.filters, 3, self.strides, "conv1")
         self.conv1.build(input_shape)
-        mid_shape = _conv_output_shape(self.conv1, tuple(input_shape), self.data_format)
+        mid_shape = self._conv_output_shape(self.conv1, tuple(input_shape))
         self.bn2 = self._bn("bn2")
         self.bn2.build(mid_shape)
         self.conv2 = self._conv(self.filters, 3, 1, "conv2")
@@ -349,13 +364,13 @@ class PreActBottleneckBlock(_PreActUnit):
         s1, s2 = (self.strides, 1) if self.bottleneck_stride == "first" else (1, self.strides)
         shape = tuple(input_shape)
         self.conv1 = self._conv(width, 1, s1, "conv1")
-        self.conv1.build(shape)
-        shape = _conv_output_shape(self.conv1, shape, self.data_format)
+        self.conv1.build(self._conv_input_shape(self.conv1, shape))
+        shape = self._conv_output_shape(self.conv1, shape)
         self.bn2 = self._bn("bn2")
         self.bn2.build(shape)
         self.conv2 = self._conv(width, 3, s2, "conv2")
         self.conv2.build(shape)
-        shape = _conv_output_shape(self.conv2, shape, self.data_format)
+        shape = self._conv_output_shape(self.conv2, shape)
         self.bn3 = self._bn("bn3")
         self.bn3.build(shape)
         self.conv3 = self._conv(self.filters, 1, 1, "conv3")

@@ -1,0 +1,248 @@
+"""A pickle reader for the CIFAR batch files that never runs code from the file.
+
+The "python version" CIFAR archives store each batch as a pickled dict of byte strings,
+lists of ints and one numpy ``uint8`` array. A plain `pickle.load` of such a file would
+import and call any global the file names (``os.system`` through ``__reduce__`` is the
+classic case), so a downloaded file could run arbitrary code. This module admits only the
+handful of globals that those files (and re-saves of them by current Python and numpy)
+use, and maps each to an inert stand-in of our own: numpy's reconstruction machinery is
+never called on data from the file. Arrays are rebuilt afterwards with `numpy.frombuffer`
+from the validated bytes, for plain numeric dtypes only.
+
+Globals admitted, and why:
+    * ``numpy.core.multiarray._reconstruct``, ``numpy.ndarray``, ``numpy.dtype``: the
+      original files (Python 2 cPickle) and Python 3 pickles at protocols 2-4; numpy >= 2
+      writes ``numpy._core.multiarray`` instead of ``numpy.core.multiarray``.
+    * ``numpy._core.numeric._frombuffer`` (and ``numpy.core.numeric``): numpy's form at
+      pickle protocol 5.
+    * ``_codecs.encode``: how Python 3 writes ``bytes`` at protocols 0-2 (only
+      ``encode(str, "latin1")`` is accepted).
+
+Everything else, including ``builtins`` and object arrays, is refused with a ValueError.
+"""
+
+import io
+import pickle
+
+import numpy as np
+
+_RECONSTRUCT = {
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+}
+_FROMBUFFER = {
+    ("numpy.core.numeric", "_frombuffer"),
+    ("numpy._core.numeric", "_frombuffer"),
+}
+_NDARRAY = ("numpy", "ndarray")
+_DTYPE = ("numpy", "dtype")
+_CODECS_ENCODE = ("_codecs", "encode")
+
+#: Numeric kinds an array in a CIFAR file may have: bool, signed, unsigned, float.
+_NUMERIC_KINDS = "biuf"
+
+
+class _NdarrayType:
+    """Stands for the ``numpy.ndarray`` class; only usable as `_reconstruct`'s argument."""
+
+    def __call__(self, *args, **kwargs):
+        raise _Refused("numpy.ndarray may not be called directly")
+
+
+_NDARRAY_TYPE = _NdarrayType()
+
+
+class _DtypeSpec:
+    """What ``numpy.dtype(code, align, copy)`` plus its pickled state described."""
+
+    code = None
+    byteorder = "|"
+
+    def __init__(self, code, align=False, copy=False):
+        del align, copy  # Irrelevant for the plain numeric dtypes accepted.
+        if isinstance(code, bytes):
+            code = code.decode("ascii", errors="replace")
+        if not isinstance(code, str):
+            raise _Refused(f"numpy.dtype({code!r}) is not a plain dtype code")
+        self.code = code
+        self.byteorder = "|"
+
+    def __setstate__(self, state):
+        # numpy writes (version, byteorder, subarray, names, fields, elsize, alignment,
+        # flags); anything but a flat dtype (no subarray, no fields) is refused.
+        if not isinstance(state, tuple) or len(state) < 5:
+            raise _Refused(f"unexpected numpy.dtype state {state!r}")
+        byteorder = state[1]
+        if isinstance(byteorder, bytes):
+            byteorder = byteorder.decode("ascii", errors="replace")
+        if byteorder not in ("|", "<", ">", "="):
+            raise _Refused(f"unexpected dtype byte order {byteorder!r}")
+        if any(part is not None for part in state[2:5]):
+            raise _Refused("structured or sub-array dtypes are not allowed")
+        self.byteorder = byteorder
+
+    def to_numpy(self):
+        if not isinstance(self.code, str):
+            raise _Refused("a numpy.dtype without a type code")
+        try:
+            dtype = np.dtype(self.code)
+        except (TypeError, ValueError):
+            raise _Refused(f"unknown dtype code {self.code!r}") from None
+        if dtype.kind not in _NUMERIC_KINDS or dtype.fields is not None:
+            raise _Refused(f"dtype {dtype} is not a plain numeric dtype")
+        if self.byteorder in ("<", ">"):
+            dtype = dtype.newbyteorder(self.byteorder)
+        return dtype
+
+
+class _ArraySpec:
+    """What ``_reconstruct(ndarray, ...)`` / ``_frombuffer`` plus state described."""
+
+    shape = None
+    dtype = None
+    fortran = False
+    data = None
+
+    def __setstate__(self, state):
+        # ndarray state: (version, shape, dtype, is_fortran, data); older numpy omits
+        # the version.
+        if isinstance(state, tuple) and len(state) == 5:
+            state = state[1:]
+        if not isinstance(state, tuple) or len(state) != 4:
+            raise _Refused("unexpected numpy.ndarray state")
+        shape, dtype, fortran, data = state
+        self.set(shape, dtype, bool(fortran), data)
+
+    def set(self, shape, dtype, fortran, data):
+        if not isinstance(dtype, _DtypeSpec):
+            raise _Refused("array dtype is not a numpy.dtype")
+        if not isinstance(shape, tuple) or not all(
+            isinstance(s, int) and s >= 0 for s in shape
+        ):
+            raise _Refused(f"invalid array shape {shape!r}")
+        if isinstance(data, str):
+            # Python 2 str decoded with encoding="latin1" by a caller; undo it.
+            data = data.encode("latin1")
+        if not isinstance(data, (bytes, bytearray)):
+            # Object arrays store a list of objects here: refused.
+            raise _Refused("array data is not raw bytes (object arrays are refused)")
+        self.shape, self.dtype, self.fortran, self.data = shape, dtype, fortran, data
+
+    def to_numpy(self):
+        if self.dtype is None:
+            raise _Refused("an array without state")
+        dtype = self.dtype.to_numpy()
+        count = int(np.prod(self.shape, dtype=np.int64))
+        if len(self.data) != count * dtype.itemsize:
+            raise _Refused(
+                f"array of shape {self.shape} and dtype {dtype} needs "
+                f"{count * dtype.itemsize} bytes, the file holds {len(self.data)}"
+            )
+        flat = np.frombuffer(self.data, dtype=dtype, count=count)
+        return flat.reshape(self.shape, order="F" if self.fortran else "C").copy()
+
+
+class _Refused(Exception):
+    """Raised inside the unpickler; turned into a ValueError naming the file."""
+
+
+def _reconstruct(subtype, shape, dtype_code):
+    del shape, dtype_code  # numpy passes (0,) and b"b"; the state carries the array.
+    if subtype is not _NDARRAY_TYPE:
+        raise _Refused("_reconstruct may only rebuild numpy.ndarray")
+    return _ArraySpec()
+
+
+def _frombuffer(buffer, dtype, shape, order):
+    if isinstance(buffer, pickle.PickleBuffer):
+        buffer = bytes(buffer.raw())
+    spec = _ArraySpec()
+    spec.set(shape, dtype, order == "F", buffer)
+    return spec
+
+
+def _codecs_encode(text, encoding="utf-8", errors="strict"):
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise _Refused("_codecs.encode is only admitted as encode(str, 'latin1')")
+    return text.encode("latin1")
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        key = (module, name)
+        if key in _RECONSTRUCT:
+            return _reconstruct
+        if key in _FROMBUFFER:
+            return _frombuffer
+        if key == _NDARRAY:
+            return _NDARRAY_TYPE
+        if key == _DTYPE:
+            return _DtypeSpec
+        if key == _CODECS_ENCODE:
+            return _codecs_encode
+        raise _Refused(
+            f"the pickle asks for the global {module}.{name}, which a CIFAR batch file "
+            "never needs (it would let the file run code)"
+        )
+
+    def persistent_load(self, pid):
+        raise _Refused("persistent ids are not allowed")
+
+
+def _materialize(obj, depth=0):
+    """Replaces the inert array stand-ins by numpy arrays, recursively."""
+    if depth > 20:
+        raise _Refused("nesting too deep for a CIFAR batch file")
+    if isinstance(obj, _ArraySpec):
+        return obj.to_numpy()
+    if isinstance(obj, (_DtypeSpec, _NdarrayType)):
+        raise _Refused("a bare numpy.dtype or numpy.ndarray object")
+    if isinstance(obj, dict):
+        return {
+            _materialize(k, depth + 1): _materialize(v, depth + 1) for k, v in obj.items()
+        }
+    if isinstance(obj, list):
+        return [_materialize(v, depth + 1) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_materialize(v, depth + 1) for v in obj)
+    if obj is None or isinstance(obj, (bool, int, float, str, bytes, bytearray)):
+        return obj
+    raise _Refused(f"unexpected object of type {type(obj).__name__}")
+
+
+def safe_load_pickle(data, *, source):
+    """Unpickles CIFAR batch bytes without importing or calling anything from the file.
+
+    Args:
+        data: bytes, the content of a pickle file.
+        source: str, the file name used in error messages.
+
+    Returns:
+        The unpickled object: dicts, lists, tuples, bytes, str, numbers and numpy
+        arrays of plain numeric dtypes. Python 2 strings come back as bytes (the
+        CIFAR dicts have byte-string keys such as ``b"data"``).
+
+    Raises:
+        ValueError: naming `source`, when the pickle asks for any other global (which
+            could run code), holds object arrays or other objects, or is not a valid
+            pickle (truncated, corrupt).
+
+    Example:
+        >>> import pickle
+        >>> safe_load_pickle(pickle.dumps({b"labels": [1, 2]}), source="x")
+        {b'labels': [1, 2]}
+    """
+    try:
+        obj = _RestrictedUnpickler(io.BytesIO(data), encoding="bytes").load()
+        return _materialize(obj)
+    except _Refused as err:
+        raise ValueError(f"Refusing to load the pickle file {source!r}: {err}.") from None
+    except RecursionError:
+        raise ValueError(
+            f"Refusing to load the pickle file {source!r}: nesting too deep."
+        ) from None
+    except Exception as err:  # noqa: BLE001 - any unpickling failure means a bad file.
+        raise ValueError(
+            f"The pickle file {source!r} is truncated or corrupt "
+            f"({type(err).__name__}: {err})."
+        ) from None

@@ -1,0 +1,374 @@
+"""The training recipe as data: `TrainConfig` and the schedule it resolves to.
+
+The defaults are the paper's CIFAR recipe (He et al. 2016, "Identity Mappings in Deep
+Residual Networks", Section 4 and the appendix, which follow He et al. 2015, "Deep
+Residual Learning", Section 4.2):
+
+- mini-batch 128 (the paper: on two GPUs, 64 each), SGD momentum 0.9, weight decay
+  1e-4 as coupled L2 on all parameters (see `keras_preact.training.optimizers`),
+  He initialisation (the models' default ``kernel_initializer="he_normal"``);
+- learning rate 0.1, divided by 10 at 32k and 48k iterations, stop at 64k; warm-up
+  at 0.01 for the first 400 iterations (Section 4: "we warm up the training by using
+  lr 0.01 ... until the training error is below 80% (about 400 iterations)");
+- augmentation: 4-pixel pad, random 32x32 crop, random horizontal flip (the data
+  pipeline's CIFAR default).
+
+Schedule units. ``schedule_unit="iterations"`` states `warmup`, `boundaries` and
+`total` as updates *at* `base_batch_size` (the paper's 128); ``"epochs"`` states them
+as passes over the training split. Other batch sizes follow the linear scaling rule
+(Goyal et al. 2017, "Accurate, Large Minibatch SGD"): with ``k = batch_size /
+base_batch_size`` both rates are multiplied by ``k`` and iteration counts divided by
+``k``, so a run sees the same number of images at the same rate per image.
+``lr_scaling="sqrt"`` multiplies by ``sqrt(k)`` instead, ``"none"`` keeps the rates.
+
+`epochs` or `steps` set the length of a run and *stretch* the whole schedule to it:
+warm-up and boundaries keep their fraction of the run (the paper's 400/64k, 32k/64k
+and 48k/64k), which turns the 64k-iteration recipe into a usable short one.
+
+Everything here is plain Python: nothing imports TensorFlow.
+"""
+
+import dataclasses
+import json
+import math
+from typing import Optional
+
+from keras_preact.training.optimizers import DECAY_VARIABLES
+
+STRATEGIES = ("default", "mirrored", "tpu")
+PRECISIONS = ("fp32", "mixed_float16", "mixed_bfloat16")
+SCHEDULE_UNITS = ("iterations", "epochs")
+LR_SCALINGS = ("linear", "sqrt", "none")
+
+#: Fields that may change between a run and its resumption: where the data lives
+#: and how the machine runs, none of which changes the numbers that are computed.
+RUNTIME_FIELDS = (
+    "data_dir",
+    "download",
+    "verbose",
+    "intra_op_threads",
+    "inter_op_threads",
+)
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """One training run, JSON-serialisable (it is stored as ``config.json``).
+
+    Args:
+        model: a name from `keras_preact.list_models()`, default "preact_resnet110".
+        model_kwargs: dict of extra `keras_preact.get_model` arguments (e.g.
+            ``{"bottleneck_stride": "first"}``). ``classes`` and ``input_shape``
+            default to the dataset's. Names of `PreActResNet` arguments; the
+            special key ``"architecture"`` holds a full `PreActResNet` config and
+            replaces the named model (for custom and tiny networks).
+        dataset: "cifar10" (default), "cifar100", "digits" or "folder".
+        data_dir, data_source, data_path, download: where the data comes from (see
+            `keras_preact.data.make_dataset`): defaults None, "auto", None, False.
+        augment: None (the dataset's training policy), False or a policy name.
+        batch_size: global mini-batch (split across replicas), default 128.
+        base_batch_size: the batch the rates and iteration counts are stated for,
+            default 128.
+        learning_rate: base rate, default 0.1.
+        warmup_learning_rate: default 0.01.
+        lr_scaling: "linear" (default), "sqrt" or "none".
+        momentum: default 0.9. nesterov: default False.
+        weight_decay: coupled L2, default 1e-4.
+        weight_decay_on: "all" (default, as the official code) or "kernels".
+        schedule_unit: "iterations" (default) or "epochs".
+        warmup: default 400. boundaries: default (32000, 48000).
+        decay_factor: default 0.1. total: default 64000.
+        epochs / steps: optional run length that stretches the schedule (at most
+            one of them).
+        label_smoothing: default 0.0 (the paper uses none).
+        seed: int, default 0: initialisation, data order and augmentation.
+        deterministic: bool, default False: enable TensorFlow's op determinism
+            (bit-identical reruns and resumes; slower on GPUs, and some GPU ops
+            have no deterministic kernel).
+        strategy: "default", "mirrored" or "tpu".
+        cpu_devices: optional int: split the CPU into this many logical devices
+            before TensorFlow starts (lets "mirrored" run several replicas on a
+            CPU-only machine; for tests and demos).
+        synchronized_bn: bool, default False: BatchNorm statistics over the global
+            batch instead of each replica's share (TensorFlow only).
+        precision: "fp32" (default), "mixed_float16" or "mixed_bfloat16".
+        jit_compile: bool, default False (XLA; measure before enabling on CPU).
+        eval_every: evaluate on the test split every this many epochs (0: only at
+            the end), default 1.
+        keep_checkpoints: completed-epoch checkpoints kept, default 2.
+        intra_op_threads / inter_op_threads: optional TensorFlow thread counts.
+        verbose: Keras fit verbosity: "auto" (default), 0, 1 or 2.
+    """
+
+    model: str = "preact_resnet110"
+    model_kwargs: dict = dataclasses.field(default_factory=dict)
+    dataset: str = "cifar10"
+    data_dir: Optional[str] = None
+    data_source: str = "auto"
+    data_path: Optional[str] = None
+    download: bool = False
+    augment: Optional[object] = None
+    batch_size: int = 128
+    base_batch_size: int = 128
+    learning_rate: float = 0.1
+    warmup_learning_rate: float = 0.01
+    lr_scaling: str = "linear"
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 1e-4
+    weight_decay_on: str = "all"
+    schedule_unit: str = "iterations"
+    warmup: float = 400
+    boundaries: tuple = (32000, 48000)
+    decay_factor: float = 0.1
+    total: float = 64000
+    epochs: Optional[int] = None
+    steps: Optional[int] = None
+    label_smoothing: float = 0.0
+    seed: int = 0
+    deterministic: bool = False
+    strategy: str = "default"
+    cpu_devices: Optional[int] = None
+    synchronized_bn: bool = False
+    precision: str = "fp32"
+    jit_compile: bool = False
+    eval_every: int = 1
+    keep_checkpoints: int = 2
+    intra_op_threads: Optional[int] = None
+    inter_op_threads: Optional[int] = None
+    verbose: object = "auto"
+
+    def __post_init__(self):
+        self.boundaries = tuple(self.boundaries)
+        self.model_kwargs = dict(self.model_kwargs or {})
+
+    # -- validation -----------------------------------------------------------
+    def validate(self):
+        """Checks every field that can be checked without data or TensorFlow.
+
+        Returns:
+            self.
+
+        Raises:
+            ValueError: naming the field, the value received and what is valid.
+        """
+        import keras_preact
+
+        if "architecture" not in self.model_kwargs and self.model not in keras_preact.list_models():
+            raise ValueError(
+                f"Unknown model. Received: model={self.model!r}. "
+                f"Valid: {keras_preact.list_models()}"
+            )
+        from keras_preact import data
+
+        if self.dataset not in data.list_datasets():
+            raise ValueError(
+                f"Unknown dataset. Received: dataset={self.dataset!r}. "
+                f"Valid: {data.list_datasets()}"
+            )
+        _choice("strategy", self.strategy, STRATEGIES)
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("schedule_unit", self.schedule_unit, SCHEDULE_UNITS)
+        _choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
+        _choice("weight_decay_on", self.weight_decay_on, DECAY_VARIABLES)
+        for name in ("batch_size", "base_batch_size"):
+            _positive_int(name, getattr(self, name))
+        for name in ("learning_rate", "warmup_learning_rate", "weight_decay", "label_smoothing"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"`{name}` must be a number >= 0. Received: {name}={value!r}")
+        if not 0.0 <= float(self.momentum) <= 1.0:
+            raise ValueError(f"`momentum` must be in [0, 1]. Received: momentum={self.momentum!r}")
+        if not 0.0 < float(self.decay_factor) <= 1.0:
+            raise ValueError(
+                f"`decay_factor` must be in (0, 1]. Received: decay_factor={self.decay_factor!r}"
+            )
+        if not float(self.total) > 0:
+            raise ValueError(f"`total` must be > 0. Received: total={self.total!r}")
+        if float(self.warmup) < 0:
+            raise ValueError(f"`warmup` must be >= 0. Received: warmup={self.warmup!r}")
+        bounds = [float(b) for b in self.boundaries]
+        if any(b <= 0 for b in bounds) or any(b2 <= b1 for b1, b2 in zip(bounds, bounds[1:])):
+            raise ValueError(
+                "`boundaries` must be strictly increasing and > 0. "
+                f"Received: boundaries={self.boundaries!r}"
+            )
+        if bounds and (bounds[-1] >= float(self.total) or float(self.warmup) > bounds[0]):
+            raise ValueError(
+                "Need warmup <= boundaries[0] and every boundary < total. Received: "
+                f"warmup={self.warmup}, boundaries={self.boundaries}, total={self.total}"
+            )
+        if self.epochs is not None and self.steps is not None:
+            raise ValueError(
+                "Give at most one of `epochs` and `steps`. Received: "
+                f"epochs={self.epochs}, steps={self.steps}"
+            )
+        for name in ("epochs", "steps"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
+        if self.cpu_devices is not None:
+            _positive_int("cpu_devices", self.cpu_devices)
+        for name in ("intra_op_threads", "inter_op_threads"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
+        if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int) or self.eval_every < 0:
+            raise ValueError(f"`eval_every` must be an int >= 0. Received: eval_every={self.eval_every!r}")
+        _positive_int("keep_checkpoints", self.keep_checkpoints)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ValueError(f"`seed` must be an int >= 0. Received: seed={self.seed!r}")
+        if self.synchronized_bn and self.strategy == "default":
+            # Harmless (one replica is already the global batch) but a sign of a
+            # mistaken command line; accepted and recorded as given.
+            pass
+        if self.verbose not in ("auto", 0, 1, 2):
+            raise ValueError(f"`verbose` must be 'auto', 0, 1 or 2. Received: verbose={self.verbose!r}")
+        return self
+
+    # -- serialisation --------------------------------------------------------
+    def to_dict(self):
+        """A JSON-ready dict of every field (tuples become lists)."""
+        out = dataclasses.asdict(self)
+        out["boundaries"] = list(self.boundaries)
+        return out
+
+    def to_json(self):
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, values):
+        """Builds a config from `to_dict` output.
+
+        Raises:
+            ValueError: for keys that are not fields (e.g. a file written by
+                another tool).
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(
+                f"Unknown training config keys: {unknown}. Valid: {sorted(names)}"
+            )
+        return cls(**values)
+
+    def replace(self, **changes):
+        """A copy with `changes` applied (`dataclasses.replace`)."""
+        return dataclasses.replace(self, **changes)
+
+    def differences(self, other, *, ignore=RUNTIME_FIELDS):
+        """Fields whose values differ from `other`'s, as {name: (self, other)}."""
+        a, b = self.to_dict(), other.to_dict()
+        return {
+            k: (a[k], b.get(k))
+            for k in sorted(a)
+            if k not in ignore and _normal(a[k]) != _normal(b.get(k))
+        }
+
+    # -- the schedule ---------------------------------------------------------
+    def lr_multiplier(self):
+        """The factor applied to both rates for `batch_size` (see the module doc)."""
+        k = self.batch_size / self.base_batch_size
+        return {"linear": k, "sqrt": math.sqrt(k), "none": 1.0}[self.lr_scaling]
+
+    def resolve_schedule(self, steps_per_epoch):
+        """Turns the recipe into step counts and rates for this batch size.
+
+        Args:
+            steps_per_epoch: int >= 1, updates per pass over the training split at
+                `batch_size` (remainder dropped).
+
+        Returns:
+            dict with ``total_steps``, ``warmup_steps``, ``boundaries`` (steps),
+            ``values`` (rates after the warm-up, one per phase),
+            ``warmup_learning_rate``, ``epochs`` (passes needed; the last may be
+            cut short at ``total_steps``) and ``steps_per_epoch``.
+
+        Example:
+            >>> TrainConfig().resolve_schedule(390)["boundaries"]
+            [32000, 48000]
+        """
+        _positive_int("steps_per_epoch", steps_per_epoch)
+        if self.schedule_unit == "iterations":
+            per_step = self.base_batch_size / self.batch_size  # steps per base step
+        else:
+            per_step = float(steps_per_epoch)
+        warmup = float(self.warmup) * per_step
+        bounds = [float(b) * per_step for b in self.boundaries]
+        total = float(self.total) * per_step
+        if self.epochs is not None or self.steps is not None:
+            new_total = self.steps if self.steps is not None else self.epochs * steps_per_epoch
+            stretch = new_total / total
+            warmup, total = warmup * stretch, float(new_total)
+            bounds = [b * stretch for b in bounds]
+        total_steps = max(1, int(round(total)))
+        warmup_steps = int(round(warmup))
+        boundaries = []
+        for b in bounds:
+            b = int(round(b))
+            # Very short runs may merge phases; a boundary must still be a step
+            # after the previous one and before the end to mean anything.
+            if b >= 1 and (not boundaries or b > boundaries[-1]) and b < total_steps:
+                boundaries.append(b)
+        scale = self.lr_multiplier()
+        values = [
+            float(self.learning_rate) * scale * float(self.decay_factor) ** i
+            for i in range(len(boundaries) + 1)
+        ]
+        if boundaries:
+            warmup_steps = min(warmup_steps, boundaries[0])
+        return {
+            "total_steps": total_steps,
+            "warmup_steps": warmup_steps,
+            "warmup_learning_rate": float(self.warmup_learning_rate) * scale,
+            "boundaries": boundaries,
+            "values": values,
+            "steps_per_epoch": int(steps_per_epoch),
+            "epochs": int(math.ceil(total_steps / steps_per_epoch)),
+        }
+
+    def make_schedule(self, steps_per_epoch):
+        """The `WarmupPiecewiseConstant` for `resolve_schedule(steps_per_epoch)`."""
+        from keras_preact.training.schedules import WarmupPiecewiseConstant
+
+        s = self.resolve_schedule(steps_per_epoch)
+        return WarmupPiecewiseConstant(
+            s["boundaries"],
+            s["values"],
+            warmup_steps=s["warmup_steps"],
+            warmup_learning_rate=s["warmup_learning_rate"] if s["warmup_steps"] else None,
+        )
+
+    def make_optimizer(self, steps_per_epoch):
+        """The recipe's `CoupledSGD` with its schedule."""
+        from keras_preact.training.optimizers import CoupledSGD
+
+        return CoupledSGD(
+            learning_rate=self.make_schedule(steps_per_epoch),
+            momentum=float(self.momentum),
+            nesterov=bool(self.nesterov),
+            l2=float(self.weight_decay),
+            decay_variables=self.weight_decay_on,
+        )
+
+
+def paper_cifar_recipe(**overrides):
+    """The paper's CIFAR recipe as a `TrainConfig` (all defaults), with `overrides`.
+
+    Example:
+        >>> config = paper_cifar_recipe(model="preact_resnet164", dataset="cifar100")
+    """
+    return TrainConfig(**overrides)
+
+
+def _choice(name, value, valid):
+    if value not in valid:
+        raise ValueError(f"`{name}` must be one of {list(valid)}. Received: {name}={value!r}")
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+
+
+def _normal(value):
+    """JSON round trip, so tuples and lists (and int/float spellings) compare equal."""
+    return json.loads(json.dumps(value))

@@ -1,0 +1,127 @@
+"""Learning-rate schedules of the paper's recipes (Keras 3, backend-agnostic).
+
+The CIFAR recipe (He et al. 2016, "Identity Mappings in Deep Residual Networks",
+Section 4 and the appendix; the schedule of He et al. 2015, "Deep Residual Learning",
+Section 4.2): learning rate 0.1, divided by 10 at 32k and 48k iterations, training
+stopped at 64k; a warm-up at 0.01 for the first 400 iterations.
+"""
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_preact")
+class WarmupPiecewiseConstant(keras.optimizers.schedules.LearningRateSchedule):
+    """A constant warm-up followed by a piecewise-constant ("step") schedule.
+
+    With ``step`` the number of updates already applied (Keras passes
+    ``optimizer.iterations``, so the first update sees step 0)::
+
+        lr(step) = warmup_learning_rate          if step < warmup_steps
+                 = values[k]                     otherwise, where k is the number
+                                                 of boundaries b with step >= b
+
+    A boundary is the first step at the new rate: with the paper's numbers, update
+    number 32000 (0-based) is the first at 0.01 and update 399 the last at the
+    warm-up rate.
+
+    Args:
+        boundaries: increasing step numbers at which the rate changes,
+            e.g. ``(32000, 48000)``.
+        values: the rates, one more than `boundaries`, e.g. ``(0.1, 0.01, 0.001)``.
+        warmup_steps: int >= 0, default 0: steps run at `warmup_learning_rate`
+            before ``values[0]`` takes over. Must not exceed the first boundary.
+        warmup_learning_rate: float, the warm-up rate (ignored when
+            ``warmup_steps == 0``).
+        name: str, default "WarmupPiecewiseConstant".
+
+    Raises:
+        ValueError: for mismatched lengths, non-increasing boundaries, negative
+            steps or rates, or a warm-up longer than the first phase.
+
+    Example:
+        >>> schedule = WarmupPiecewiseConstant(
+        ...     boundaries=(32000, 48000), values=(0.1, 0.01, 0.001),
+        ...     warmup_steps=400, warmup_learning_rate=0.01)
+        >>> float(schedule(399)), float(schedule(400)), float(schedule(48000))
+        (0.01, 0.1, 0.001)
+    """
+
+    def __init__(
+        self,
+        boundaries,
+        values,
+        *,
+        warmup_steps=0,
+        warmup_learning_rate=None,
+        name="WarmupPiecewiseConstant",
+    ):
+        super().__init__()
+        boundaries = [int(b) for b in boundaries]
+        values = [float(v) for v in values]
+        if len(values) != len(boundaries) + 1:
+            raise ValueError(
+                "`values` must have one more entry than `boundaries`. Received: "
+                f"boundaries={boundaries}, values={values}"
+            )
+        if any(b < 1 for b in boundaries) or any(
+            b2 <= b1 for b1, b2 in zip(boundaries, boundaries[1:])
+        ):
+            raise ValueError(
+                "`boundaries` must be strictly increasing positive step numbers. "
+                f"Received: boundaries={boundaries}"
+            )
+        if any(v < 0 for v in values):
+            raise ValueError(f"`values` must be >= 0. Received: values={values}")
+        warmup_steps = int(warmup_steps)
+        if warmup_steps < 0:
+            raise ValueError(
+                f"`warmup_steps` must be >= 0. Received: warmup_steps={warmup_steps}"
+            )
+        if warmup_steps and boundaries and warmup_steps > boundaries[0]:
+            raise ValueError(
+                "`warmup_steps` must not exceed the first boundary. Received: "
+                f"warmup_steps={warmup_steps}, boundaries={boundaries}"
+            )
+        if warmup_steps and (warmup_learning_rate is None or warmup_learning_rate < 0):
+            raise ValueError(
+                "A warm-up needs `warmup_learning_rate` >= 0. Received: "
+                f"warmup_learning_rate={warmup_learning_rate!r}"
+            )
+        self.boundaries = boundaries
+        self.values = values
+        self.warmup_steps = warmup_steps
+        self.warmup_learning_rate = (
+            None if warmup_learning_rate is None else float(warmup_learning_rate)
+        )
+        self.name = name
+
+    def __call__(self, step):
+        step = ops.cast(ops.convert_to_tensor(step), "int64")
+        index = ops.zeros((), dtype="int64")
+        for boundary in self.boundaries:
+            index = index + ops.cast(ops.greater_equal(step, boundary), "int64")
+        lr = ops.take(ops.convert_to_tensor(self.values, dtype="float32"), index)
+        if self.warmup_steps:
+            lr = ops.where(
+                ops.less(step, self.warmup_steps),
+                ops.convert_to_tensor(self.warmup_learning_rate, dtype="float32"),
+                lr,
+            )
+        return lr
+
+    def value_at(self, step):
+        """The rate at `step` as a Python float (no tensors; for logs and plots)."""
+        step = int(step)
+        if step < self.warmup_steps:
+            return self.warmup_learning_rate
+        return self.values[sum(step >= b for b in self.boundaries)]
+
+    def get_config(self):
+        return {
+            "boundaries": list(self.boundaries),
+            "values": list(self.values),
+            "warmup_steps": self.warmup_steps,
+            "warmup_learning_rate": self.warmup_learning_rate,
+            "name": self.name,
+        }

@@ -1,0 +1,63 @@
+"""Shared pytest configuration.
+
+Markers:
+    slow: deep or large models (still run in CI).
+    multibackend: also run under KERAS_BACKEND=jax and KERAS_BACKEND=torch.
+    e2e: end-to-end (training to accuracy, multi-process, kill-and-resume).
+
+Under a backend other than TensorFlow only `multibackend` tests are collected: the
+rest exercise TensorFlow-only code (tf.data, tf.distribute, SavedModel).
+"""
+
+import os
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: deep or large models (still run in CI)")
+    config.addinivalue_line(
+        "markers", "multibackend: also runs under the JAX and PyTorch backends"
+    )
+    config.addinivalue_line("markers", "e2e: end-to-end test, run once on a small model")
+
+
+def _backend():
+    import keras
+
+    return keras.backend.backend()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _backend() == "tensorflow":
+        return
+    keep, drop = [], []
+    for item in items:
+        (keep if item.get_closest_marker("multibackend") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture(autouse=True)
+def _fresh_keras_state():
+    """Every test starts from a clean Keras session (names, global policy)."""
+    import keras
+
+    keras.utils.clear_session()
+    keras.config.set_dtype_policy("float32")
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+@pytest.fixture
+def tiny_model_kwargs():
+    """A 3-stage, one-unit-per-stage config that builds in well under a second."""
+    return dict(
+        stage_blocks=(1, 1, 1),
+        stage_filters=(8, 16, 32),
+        stem_filters=8,
+        input_shape=(16, 16, 3),
+    )

@@ -1,0 +1,181 @@
+"""Public API behaviour: errors on bad input, backends, the CLI."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import keras
+
+import keras_preact as kp
+from tests.helpers import REPO
+from tests.helpers import run_python
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: kp.preact_resnet_cifar(21, block="basic"), r"6n\+2.*Received: depth=21"),
+        (lambda: kp.preact_resnet_cifar(165, block="bottleneck"), r"9n\+2.*Received: depth=165"),
+        (lambda: kp.preact_resnet_cifar(20, block="wide"), r"block='wide'.*Valid"),
+        (lambda: kp.preact_resnet_cifar("20"), r"depth='20'"),
+        (lambda: kp.get_model("resnet50"), r"name='resnet50'.*preact_resnet20"),
+        (lambda: kp.preact_resnet20(classes=0), r"classes=0"),
+        (lambda: kp.preact_resnet20(input_shape=(7, 32, 3)), r"at least 8.*\(7, 32, 3\)"),
+        (lambda: kp.preact_resnet20(input_shape=(32, 32)), r"3 dimensions"),
+        (lambda: kp.preact_resnet20(pooling="sum"), r"pooling='sum'"),
+        (lambda: kp.preact_resnet20(classifier_activation="nope"), r"classifier_activation='nope'"),
+        (lambda: kp.preact_resnet20(preprocessing="bgr"), r"preprocessing='bgr'.*cifar10"),
+        (lambda: kp.preact_resnet20(data_format="NCHW"), r"data_format='NCHW'"),
+        (lambda: kp.preact_resnet20(bottleneck_stride="last"), r"bottleneck_stride='last'"),
+        (lambda: kp.preact_resnet20(weights="imagenet"), r"weights='imagenet'"),
+        (lambda: kp.preact_resnet20(weights="/no/such/file.weights.h5"), r"does not exist"),
+        (lambda: kp.preact_resnet20(stage_blocks=(1, 1)), r"stage_blocks.*set by the depth"),
+        (lambda: kp.PreActResNet(stage_blocks=(1, 1), stage_filters=(8, 16, 32)), r"one entry per stage"),
+        (lambda: kp.PreActResNet(block="bottleneck", stage_filters=(10, 32, 64)), r"divisible"),
+    ],
+)
+def test_bad_input_raises_clear_value_error(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_errors_come_before_any_layer_is_built(monkeypatch):
+    built = []
+    original = keras.layers.Conv2D.__init__
+
+    def spy(self, *args, **kwargs):
+        built.append(kwargs.get("name"))
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(keras.layers.Conv2D, "__init__", spy)
+    for bad in (dict(classes=0), dict(input_shape=(4, 4, 3)), dict(weights="/nope.weights.h5")):
+        with pytest.raises(ValueError):
+            kp.preact_resnet20(**bad)
+    assert built == []
+
+
+def test_bad_weights_files(tmp_path):
+    model = kp.preact_resnet20()
+    good = str(tmp_path / "good.weights.h5")
+    model.save_weights(good)
+
+    text = tmp_path / "text.weights.h5"
+    text.write_text("not hdf5")
+    with pytest.raises(ValueError, match="not an HDF5 file"):
+        kp.preact_resnet20(weights=str(text))
+    with pytest.raises(ValueError, match="ending in '.weights.h5'"):
+        kp.preact_resnet20(weights=str(tmp_path / "model.keras"))
+    with pytest.raises(ValueError, match="3-channel input.*1 channels"):
+        kp.preact_resnet20(weights=good, input_shape=(32, 32, 1))
+    with pytest.raises(ValueError, match="10 classes.*classes=100"):
+        kp.preact_resnet20(weights=good, classes=100)
+    # A file from another architecture with the same stem fails loudly, not silently.
+    with pytest.raises(ValueError, match="does not match the architecture"):
+        kp.preact_resnet32(weights=good)
+    # The same weights as a feature extractor load fine.
+    features = kp.preact_resnet20(weights=good, include_top=False, pooling="avg")
+    assert features.output_shape == (None, 64)
+
+
+def test_import_and_build_without_tensorflow():
+    """keras_preact works on the JAX backend with TensorFlow made unimportable."""
+    code = """
+import sys
+class _NoTensorFlow:
+    def find_spec(self, name, path=None, target=None):
+        if name == "tensorflow" or name.startswith("tensorflow."):
+            raise ModuleNotFoundError("No module named 'tensorflow' (blocked)", name=name)
+        return None
+sys.meta_path.insert(0, _NoTensorFlow())
+import numpy as np
+import keras_preact as kp
+m = kp.preact_resnet20()
+out = m.predict(np.zeros((2, 32, 32, 3), "float32"), verbose=0)
+assert out.shape == (2, 10)
+assert "tensorflow" not in sys.modules
+print("OK", kp.count_params(m))
+"""
+    proc = run_python(code, env={"KERAS_BACKEND": "jax"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "OK 272282" in proc.stdout
+
+
+CROSS_BACKEND = """
+import sys, json, numpy as np, keras, keras_preact as kp
+config = json.load(open(sys.argv[1]))
+model = kp.PreActResNet.from_config(config)
+model.load_weights(sys.argv[2])
+x = np.load(sys.argv[3])
+np.save(sys.argv[4], keras.ops.convert_to_numpy(model(x, training=False)))
+print(keras.backend.backend())
+"""
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: kp.preact_resnet20(preprocessing="cifar10"),
+        lambda: kp.PreActResNet(
+            block="bottleneck", stage_blocks=(2, 1, 1), stage_filters=(16, 32, 64),
+            stem_filters=8, input_shape=(16, 16, 3), classes=5,
+        ),
+    ],
+    ids=["preact_resnet20", "tiny_bottleneck"],
+)
+def test_same_weights_same_outputs_on_three_backends(make, tmp_path):
+    import json
+
+    model = make()
+    # Non-trivial BN statistics so inference mode is really compared.
+    rng = np.random.RandomState(0)
+    for layer in model._flatten_layers():
+        if isinstance(layer, keras.layers.BatchNormalization):
+            n = layer.moving_mean.shape[0]
+            layer.moving_mean.assign(rng.uniform(-0.2, 0.2, n).astype("float32"))
+            layer.moving_variance.assign(rng.uniform(0.5, 1.5, n).astype("float32"))
+    size = model.input_shape[1]
+    x = rng.uniform(0, 255, (3, size, size, 3)).astype("float32")
+    np.save(tmp_path / "x.npy", x)
+    (tmp_path / "config.json").write_text(json.dumps(model.get_config()))
+    model.save_weights(str(tmp_path / "w.weights.h5"))
+    reference = keras.ops.convert_to_numpy(model(x, training=False))
+    script = tmp_path / "run.py"
+    script.write_text(CROSS_BACKEND)
+    for backend in ("jax", "torch"):
+        out = tmp_path / f"{backend}.npy"
+        proc = subprocess.run(
+            [sys.executable, str(script), str(tmp_path / "config.json"),
+             str(tmp_path / "w.weights.h5"), str(tmp_path / "x.npy"), str(out)],
+            env={**os.environ, "KERAS_BACKEND": backend}, cwd=REPO,
+            capture_output=True, text=True, timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.strip().endswith(backend)
+        np.testing.assert_allclose(np.load(out), reference, atol=1e-5, rtol=1e-4)
+
+
+def _cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "keras_preact", *args],
+        capture_output=True, text=True, cwd=REPO, timeout=600,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+
+
+def test_cli_list_and_summary():
+    proc = _cli("list", "preact_resnet[2-5][0-9]")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["model", "depth", "block", "parameters", "multiply-adds"]
+    rows = {l.split()[0]: l.split() for l in lines[2:]}
+    assert set(rows) == {"preact_resnet20", "preact_resnet32", "preact_resnet44", "preact_resnet56"}
+    assert rows["preact_resnet20"][1:4] == ["20", "basic", "272,282"]
+    assert rows["preact_resnet20"][4] == f"{kp.count_macs(kp.preact_resnet20()) / 1e6:,.1f}M"
+    proc = _cli("summary", "preact_resnet20")
+    assert proc.returncode == 0 and "Trainable parameters: 272,282" in proc.stdout
+    proc = _cli("summary", "resnet50")
+    assert proc.returncode == 2 and "error: Unknown model name" in proc.stderr
+    assert "Traceback" not in proc.stderr

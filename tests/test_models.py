@@ -1,0 +1,235 @@
+"""The registry's models: structure, exact parameter counts, training, saving."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import keras
+
+import keras_preact as kp
+from tests.helpers import to_numpy
+
+# Trainable parameters of the published pytorchcv CIFAR-10 models with the same layout.
+PUBLISHED_PARAMS = {
+    "preact_resnet20": 272_282,
+    "preact_resnet56": 855_578,
+    "preact_resnet110": 1_730_522,
+    "preact_resnet164": 1_703_258,
+    "preact_resnet272": 2_816_090,
+    "preact_resnet542": 5_598_170,
+    "preact_resnet1001": 10_327_706,
+    "preact_resnet1202": 19_423_834,
+}
+
+ALL = kp.list_models()
+SMALL = [n for n in ALL if kp.model_info(n)["depth"] <= 56]
+DEEP = [n for n in ALL if kp.model_info(n)["depth"] > 56]
+
+
+def _images(n=4, size=32, seed=0):
+    return np.random.RandomState(seed).uniform(0, 1, (n, size, size, 3)).astype("float32")
+
+
+def test_registry_lists_the_paper_networks():
+    expected = {f"preact_resnet{d}" for d in (20, 32, 44, 56, 110, 164, 272, 542, 1001, 1202)}
+    assert expected <= set(ALL)
+    assert [kp.model_info(n)["depth"] for n in ALL] == sorted(kp.model_info(n)["depth"] for n in ALL)
+    assert kp.list_models("preact_resnet1*") == [
+        "preact_resnet110", "preact_resnet164", "preact_resnet1001", "preact_resnet1202"
+    ]
+
+
+def test_catalog_table_agrees_with_the_registry():
+    from keras_preact.zoo_catalog import load_json
+
+    table = load_json("models.json")["models"]
+    assert set(table) == set(ALL)
+    for name, row in table.items():
+        info = kp.model_info(name)
+        assert (row["depth"], row["block"]) == (info["depth"], info["block"])
+        if name in PUBLISHED_PARAMS:
+            assert row["params_cifar10"] == PUBLISHED_PARAMS[name]
+
+
+@pytest.mark.parametrize(
+    "depth,block,units",
+    [(20, "basic", 3), (110, "basic", 18), (1202, "basic", 200), (164, "bottleneck", 18),
+     (272, "bottleneck", 30), (542, "bottleneck", 60), (1001, "bottleneck", 111),
+     (56, "basic", 9), (29, "basic", None)],
+)
+def test_auto_block_rule(depth, block, units):
+    if units is None:  # 29 = 9*3 + 2 but < 164 -> basic, and 27 is not divisible by 6
+        with pytest.raises(ValueError, match="6n\\+2"):
+            kp.models.cifar_units_per_stage(depth)
+        assert kp.models.cifar_units_per_stage(depth, "bottleneck") == ("bottleneck", 3)
+        return
+    assert kp.models.cifar_units_per_stage(depth) == (block, units)
+
+
+# --- the full battery on the small models, on every backend ----------------------
+@pytest.mark.multibackend
+@pytest.mark.parametrize("name", SMALL)
+def test_small_model_battery(name, tmp_path):
+    model = kp.get_model(name)
+    if name in PUBLISHED_PARAMS:
+        assert kp.count_params(model) == PUBLISHED_PARAMS[name]
+    x = _images()
+    y = np.array([0, 1, 2, 3])
+    probs = to_numpy(model(x, training=False))
+    assert probs.shape == (4, 10)
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
+
+    # .keras round trip gives equal outputs.
+    path = str(tmp_path / f"{name}.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert type(loaded) is kp.PreActResNet
+    assert loaded.get_config() == model.get_config()
+    np.testing.assert_allclose(to_numpy(loaded(x, training=False)), probs, atol=1e-6)
+
+    # One SGD step: the loss on the batch moves, and every trainable weight changes
+    # (i.e. got a non-zero gradient).
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.05), loss="sparse_categorical_crossentropy")
+    before = [to_numpy(w).copy() for w in model.trainable_weights]
+    loss0 = float(model.evaluate(x, y, verbose=0))
+    model.train_on_batch(x, y)
+    loss1 = float(model.evaluate(x, y, verbose=0))
+    assert loss1 != pytest.approx(loss0, rel=1e-4)
+    unchanged = [
+        w.path for w, b in zip(model.trainable_weights, before) if np.array_equal(to_numpy(w), b)
+    ]
+    assert not unchanged, f"weights without gradient: {unchanged[:5]}"
+
+
+@pytest.mark.multibackend
+def test_tiny_config_battery(tiny_model_kwargs, tmp_path):
+    for block in ("basic", "bottleneck"):
+        kwargs = dict(tiny_model_kwargs)
+        if block == "bottleneck":
+            kwargs["stage_filters"] = (16, 32, 64)
+        model = kp.PreActResNet(block=block, classes=3, **kwargs)
+        x = _images(size=16)
+        out = to_numpy(model(x))
+        assert out.shape == (4, 3)
+        path = str(tmp_path / f"tiny_{block}.keras")
+        model.save(path)
+        np.testing.assert_allclose(to_numpy(keras.saving.load_model(path)(x)), out, atol=1e-6)
+        # training=True differs from inference (BN batch statistics are used).
+        assert not np.allclose(to_numpy(model(x, training=True)), out)
+
+
+@pytest.mark.multibackend
+def test_feature_extractor_modes(tiny_model_kwargs):
+    x = _images(2, size=16)
+    fmap = kp.PreActResNet(include_top=False, **tiny_model_kwargs)
+    assert to_numpy(fmap(x)).shape == (2, 4, 4, 32)
+    for pooling in ("avg", "max"):
+        vec = kp.PreActResNet(include_top=False, pooling=pooling, **tiny_model_kwargs)
+        assert to_numpy(vec(x)).shape == (2, 32)
+    logits = kp.PreActResNet(classifier_activation=None, **tiny_model_kwargs)
+    assert not np.allclose(to_numpy(logits(x)).sum(axis=1), 1.0)
+
+
+@pytest.mark.multibackend
+def test_preprocessing_is_built_in(tiny_model_kwargs):
+    raw = np.random.RandomState(1).randint(0, 256, (2, 16, 16, 3)).astype("float32")
+    with_pre = kp.PreActResNet(preprocessing="cifar10", **tiny_model_kwargs)
+    without = kp.PreActResNet(**tiny_model_kwargs)
+    assert len(without.weights) == len(with_pre.weights)
+    without.set_weights(with_pre.get_weights())
+    mean = np.array([0.4914, 0.4822, 0.4465], "float32")
+    std = np.array([0.2023, 0.1994, 0.2010], "float32")
+    np.testing.assert_allclose(
+        to_numpy(with_pre(raw)), to_numpy(without((raw / 255.0 - mean) / std)), atol=1e-5
+    )
+    sym = kp.PreActResNet(preprocessing="symmetric", **tiny_model_kwargs)
+    assert sym.get_layer("preprocessing").get_config()["scale"] == pytest.approx(1 / 127.5)
+    custom = kp.PreActResNet(preprocessing={"mean": [0.5], "std": [0.25]}, **tiny_model_kwargs)
+    assert custom.get_config()["preprocessing"] == {"mean": [0.5], "std": [0.25]}
+
+
+@pytest.mark.multibackend
+def test_mixed_precision_model(tiny_model_kwargs):
+    model = kp.PreActResNet(dtype="mixed_bfloat16", **tiny_model_kwargs)
+    out = model(_images(2, size=16))
+    assert keras.backend.standardize_dtype(out.dtype) == "float32"  # the softmax
+    assert model.get_layer("stage2_unit1").compute_dtype == "bfloat16"
+    clone = kp.PreActResNet.from_config(model.get_config())
+    assert clone.get_layer("stem_conv").dtype_policy.name == "mixed_bfloat16"
+
+
+# --- deep models: build, exact parameter count, one small forward (TensorFlow) ---
+@pytest.mark.slow
+@pytest.mark.parametrize("name", DEEP)
+def test_deep_model_builds_with_exact_params(name):
+    model = kp.get_model(name)
+    if name in PUBLISHED_PARAMS:
+        assert kp.count_params(model) == PUBLISHED_PARAMS[name]
+    out = model.predict(_images(2), verbose=0)
+    assert out.shape == (2, 10) and np.all(np.isfinite(out))
+
+
+def test_multiply_adds():
+    # ResNet-20 by hand: stem + 3 stages of 3 basic units + projections + head.
+    def conv(h, k, cin, cout):
+        return h * h * k * k * cin * cout
+
+    r20 = conv(32, 3, 3, 16)
+    r20 += 6 * conv(32, 3, 16, 16)
+    r20 += conv(16, 3, 16, 32) + 5 * conv(16, 3, 32, 32) + conv(16, 1, 16, 32)
+    r20 += conv(8, 3, 32, 64) + 5 * conv(8, 3, 64, 64) + conv(8, 1, 32, 64)
+    r20 += 64 * 10
+    assert kp.count_macs(kp.preact_resnet20()) == r20
+    macs110 = kp.count_macs(kp.preact_resnet110())
+    assert abs(macs110 - 253e6) / 253e6 < 0.01  # "about 253M"
+    with pytest.raises(ValueError, match="fixed input size"):
+        kp.count_macs(kp.preact_resnet20(input_shape=(None, None, 3)))
+
+
+def test_weights_file_round_trip_and_layout(tmp_path):
+    model = kp.preact_resnet20()
+    path = str(tmp_path / "r20.weights.h5")
+    model.save_weights(path)
+    x = _images(2) * 255
+    reloaded = kp.preact_resnet20(weights=path)
+    np.testing.assert_allclose(reloaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)
+
+    # The variable layout of the weights file is frozen: `.weights.h5` matches by
+    # creation order, so a silent reordering would load weights into wrong places.
+    import h5py
+
+    layout = []
+    with h5py.File(path, "r") as f:
+        f.visititems(
+            lambda n, obj: layout.append([n, list(obj.shape)]) if isinstance(obj, h5py.Dataset) else None
+        )
+    golden_path = os.path.join(os.path.dirname(__file__), "golden", "preact_resnet20_weights_layout.json")
+    with open(golden_path) as f:
+        golden = json.load(f)
+    assert layout == golden
+
+
+@pytest.mark.slow
+def test_default_recursion_limit_build_and_keras_round_trip_of_resnet1001():
+    """Runs in a fresh interpreter, so the recursion limit is Python's default."""
+    from tests.helpers import run_python
+
+    code = """
+import sys, os, tempfile, numpy as np, keras, keras_preact as kp
+assert sys.getrecursionlimit() == 1000
+m = kp.preact_resnet1001()
+x = np.random.RandomState(0).rand(2, 32, 32, 3).astype("float32")
+y = m.predict(x, verbose=0)
+with tempfile.TemporaryDirectory() as d:
+    p = os.path.join(d, "m.keras")
+    m.save(p)
+    z = keras.saving.load_model(p).predict(x, verbose=0)
+print("DIFF", float(np.abs(y - z).max()), kp.count_params(m))
+"""
+    proc = run_python(code, env={"KERAS_BACKEND": "tensorflow"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    diff, params = proc.stdout.split("DIFF")[1].split()
+    assert float(diff) < 1e-5 and int(params) == PUBLISHED_PARAMS["preact_resnet1001"]
+
