@@ -8,6 +8,7 @@ import keras
 from keras_preact.layers import ImageNormalization
 from keras_preact.layers import PreActBasicBlock
 from keras_preact.layers import PreActBottleneckBlock
+from keras_preact.layers import PreActStage
 from tests.helpers import to_numpy
 
 pytestmark = pytest.mark.multibackend
@@ -23,21 +24,21 @@ IDS = ["basic", "basic-s2", "bottleneck", "bottleneck-s2", "bottleneck-s2-first"
 
 
 def _randomize_bn(layer, seed=0):
-    """Gives every BN non-trivial statistics so inference mode is really tested."""
+    """Gives every BN variable non-trivial values so inference mode is really tested."""
     rng = np.random.RandomState(seed)
-    for sub in layer._flatten_layers(include_self=False):
-        if isinstance(sub, keras.layers.BatchNormalization):
-            n = sub.gamma.shape[0]
-            sub.gamma.assign(rng.uniform(0.5, 1.5, n).astype("float32"))
-            sub.beta.assign(rng.uniform(-0.5, 0.5, n).astype("float32"))
-            sub.moving_mean.assign(rng.uniform(-0.5, 0.5, n).astype("float32"))
-            sub.moving_variance.assign(rng.uniform(0.5, 2.0, n).astype("float32"))
+    ranges = {"gamma": (0.5, 1.5), "beta": (-0.5, 0.5), "moving_mean": (-0.5, 0.5),
+              "moving_variance": (0.5, 2.0)}
+    for w in layer.weights:
+        for field, (lo, hi) in ranges.items():
+            if w.name.endswith(field):
+                w.assign(rng.uniform(lo, hi, tuple(w.shape)).astype("float32"))
 
 
 # --- direct NumPy computation of the paper's equations ------------------------
-def _np_bn_relu(x, bn):
-    g, b, m, v = (to_numpy(w) for w in (bn.gamma, bn.beta, bn.moving_mean, bn.moving_variance))
-    return np.maximum((x - m) / np.sqrt(v + bn.epsilon) * g + b, 0.0)
+def _np_bn_relu(x, unit, bn):
+    g, b, m, v = (to_numpy(unit.get_variable(f"{bn}_{f}"))
+                  for f in ("gamma", "beta", "moving_mean", "moving_variance"))
+    return np.maximum((x - m) / np.sqrt(v + unit.bn_epsilon) * g + b, 0.0)
 
 
 def _np_conv(x, kernel, stride):
@@ -55,17 +56,24 @@ def _np_conv(x, kernel, stride):
     return out
 
 
-def _np_unit(layer, x):
-    a = _np_bn_relu(x, layer.preact_bn)
-    convs = layer._residual_convs()
-    strides = [layer._conv_strides[c.name] for c in convs]
-    bns = [layer.bn2] + ([layer.bn3] if hasattr(layer, "bn3") else [])
-    r = _np_conv(a, to_numpy(convs[0].kernel), strides[0])
-    for bn, conv, s in zip(bns, convs[1:], strides[1:]):
-        r = _np_conv(_np_bn_relu(r, bn), to_numpy(conv.kernel), s)
-    shortcut = a if layer._shares_preact else x
-    if layer.shortcut_conv is not None:
-        shortcut = _np_conv(shortcut, to_numpy(layer.shortcut_conv.kernel), layer.strides)
+def _np_unit(unit, x, bottleneck_stride="middle"):
+    """The paper's full pre-activation unit, written out from its definition."""
+    a = _np_bn_relu(x, unit, "preact_bn")
+    k = lambda name: to_numpy(unit.get_variable(f"{name}_kernel"))
+    s = unit.strides
+    if isinstance(unit, PreActBasicBlock):
+        r = _np_conv(a, k("conv1"), s)
+        r = _np_conv(_np_bn_relu(r, unit, "bn2"), k("conv2"), 1)
+    else:
+        s1, s2 = (s, 1) if bottleneck_stride == "first" else (1, s)
+        r = _np_conv(a, k("conv1"), s1)
+        r = _np_conv(_np_bn_relu(r, unit, "bn2"), k("conv2"), s2)
+        r = _np_conv(_np_bn_relu(r, unit, "bn3"), k("conv3"), 1)
+    in_channels = x.shape[-1]
+    if s != 1 or in_channels != unit.filters:  # projection of the shared pre-activation
+        shortcut = _np_conv(a, k("shortcut"), s)
+    else:
+        shortcut = x
     return shortcut + r  # nothing after the addition
 
 
@@ -76,44 +84,102 @@ def test_forward_matches_numpy_equation(cls, kwargs):
     layer.build(x.shape)
     _randomize_bn(layer)
     got = to_numpy(layer(x, training=False))
-    want = _np_unit(layer, x.astype(np.float64))
+    want = _np_unit(layer, x.astype(np.float64), kwargs.get("bottleneck_stride", "middle"))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_identity_unit_keeps_raw_shortcut_and_has_no_projection():
     layer = PreActBasicBlock(8)
     layer.build((None, 8, 8, 8))
-    assert layer.shortcut_conv is None and not layer._shares_preact
-    # y - F(x) == x exactly: the identity path carries x untouched.
+    assert not layer.has_projection and not layer.shares_preact
+    assert "shortcut_kernel" not in [w.name for w in layer.weights]
+    # With the residual branch zeroed, y == x exactly: the identity path is clean.
+    layer.get_variable("conv2_kernel").assign(np.zeros((3, 3, 8, 8), "float32"))
     x = np.random.RandomState(2).randn(1, 8, 8, 8).astype("float32")
-    y = to_numpy(layer(x, training=False))
-    a = to_numpy(keras.ops.relu(layer.preact_bn(x, training=False)))
-    f = to_numpy(layer._residual(keras.ops.convert_to_tensor(a), False))
-    np.testing.assert_allclose(y - f, x, atol=1e-5)
+    np.testing.assert_array_equal(to_numpy(layer(x, training=False)), x)
 
 
 def test_shape_change_uses_projection_fed_by_preactivation():
     layer = PreActBasicBlock(16, strides=2)
     layer.build((None, 8, 8, 8))
-    assert layer.shortcut_conv is not None and layer._shares_preact
-    assert tuple(layer.shortcut_conv.kernel.shape) == (1, 1, 8, 16)
+    assert layer.has_projection and layer.shares_preact
+    assert tuple(layer.get_variable("shortcut_kernel").shape) == (1, 1, 8, 16)
 
 
 def test_shared_preact_can_be_forced_on_identity_units():
     layer = PreActBasicBlock(8, shared_preact=True)
     layer.build((None, 8, 8, 8))
-    assert layer.shortcut_conv is None and layer._shares_preact
+    assert not layer.has_projection and layer.shares_preact
+    # Zero residual: y = relu(bn(x)), not x.
+    layer.get_variable("conv2_kernel").assign(np.zeros((3, 3, 8, 8), "float32"))
+    x = np.random.RandomState(2).randn(1, 8, 8, 8).astype("float32")
+    np.testing.assert_allclose(to_numpy(layer(x, training=False)), _np_bn_relu(x, layer, "preact_bn"), atol=1e-5)
 
 
 def test_bottleneck_stride_placement():
+    x = np.random.RandomState(7).randn(1, 8, 8, 16).astype("float32")
     first = PreActBottleneckBlock(32, strides=2, bottleneck_stride="first")
     middle = PreActBottleneckBlock(32, strides=2, bottleneck_stride="middle")
-    for layer in (first, middle):
-        layer.build((None, 8, 8, 16))
-    assert first._conv_strides["conv1"] == 2 and first._conv_strides["conv2"] == 1
-    assert middle._conv_strides["conv1"] == 1 and middle._conv_strides["conv2"] == 2
-    # Same parameter count, different function.
+    first.build(x.shape)
+    middle.build(x.shape)
+    middle.set_weights(first.get_weights())
     assert first.count_params() == middle.count_params()
+    # Same weights, different function.
+    assert not np.allclose(to_numpy(first(x, training=False)), to_numpy(middle(x, training=False)))
+
+
+@pytest.mark.parametrize("block,filters", [("basic", 16), ("bottleneck", 32)])
+@pytest.mark.parametrize("training", [False, True])
+def test_stage_equals_chain_of_unit_layers(block, filters, training):
+    """A stage with stacked variables computes what its units would, one by one."""
+    x = np.random.RandomState(8).randn(2, 8, 8, 8).astype("float32")
+    stage = PreActStage(block, filters, units=4, strides=2)
+    stage.build(x.shape)
+    _randomize_bn(stage)
+    initial = to_numpy(stage.get_variable("bn2_moving_mean")).copy()
+    cls = PreActBasicBlock if block == "basic" else PreActBottleneckBlock
+    units = [stage.unit1] + [cls(filters) for _ in range(3)]
+    shape = stage.compute_output_shape(x.shape)
+    for i, unit in enumerate(units[1:]):
+        unit.build(shape)
+        for w in unit.weights:
+            w.assign(to_numpy(stage.get_variable(w.name))[i])
+    # Reference chain first (unit1 is shared: reset its statistics afterwards).
+    saved = [to_numpy(w).copy() for w in stage.unit1.weights]
+    y_ref = x
+    for unit in units:
+        y_ref = to_numpy(unit(y_ref, training=training))
+    ref_stats = [to_numpy(u.get_variable("bn2_moving_mean")) for u in units[1:]]
+    for w, v in zip(stage.unit1.weights, saved):
+        w.assign(v)
+    y = to_numpy(stage(x, training=training))
+    np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+    stats = to_numpy(stage.get_variable("bn2_moving_mean"))
+    np.testing.assert_allclose(stats, np.stack(ref_stats), rtol=1e-5, atol=1e-6)
+    # Training moved the statistics (exactly one update, as the chain did); inference did not.
+    assert np.allclose(stats, initial) != training
+
+
+def test_stage_stacked_kernels_have_single_unit_he_statistics():
+    keras.utils.set_random_seed(0)
+    stage = PreActStage("basic", 64, units=40)
+    stage.build((None, 8, 8, 64))
+    k = to_numpy(stage.get_variable("conv1_kernel"))
+    assert k.shape == (39, 3, 3, 64, 64)
+    fan_in = 3 * 3 * 64
+    np.testing.assert_allclose(k.std(), np.sqrt(2.0 / fan_in), rtol=0.05)
+    assert not np.allclose(k[0], k[1])  # independent draws per unit
+
+
+def test_frozen_stage_runs_batchnorm_in_inference_mode():
+    x = np.random.RandomState(9).randn(2, 8, 8, 8).astype("float32") + 2.0
+    stage = PreActStage("basic", 8, units=3)
+    stage.build(x.shape)
+    stage.trainable = False
+    before = [to_numpy(w).copy() for w in stage.non_trainable_weights]
+    np.testing.assert_allclose(to_numpy(stage(x, training=True)), to_numpy(stage(x, training=False)), atol=1e-6)
+    for w, b in zip(stage.non_trainable_weights, before):
+        np.testing.assert_array_equal(to_numpy(w), b)
 
 
 @pytest.mark.parametrize("cls,kwargs", UNITS, ids=IDS)
@@ -174,8 +240,6 @@ def test_mixed_precision_policies(policy, cls, kwargs):
     compute = policy.split("_")[1]
     assert keras.backend.standardize_dtype(y.dtype) == compute
     assert all(keras.backend.standardize_dtype(w.dtype) == "float32" for w in layer.weights)
-    subs = list(layer._flatten_layers(include_self=False))
-    assert subs and all(s.dtype_policy.name == policy for s in subs)
     ref = cls(**kwargs)
     ref.build(x.shape)
     ref.set_weights(layer.get_weights())
@@ -187,9 +251,9 @@ def test_training_mode_updates_moving_statistics_once():
     layer = PreActBasicBlock(8)
     x = np.random.RandomState(6).randn(4, 8, 8, 8).astype("float32") + 3.0
     layer.build(x.shape)
-    before = to_numpy(layer.preact_bn.moving_mean).copy()
+    before = to_numpy(layer.get_variable("preact_bn_moving_mean")).copy()
     layer(x, training=True)
-    after = to_numpy(layer.preact_bn.moving_mean)
+    after = to_numpy(layer.get_variable("preact_bn_moving_mean"))
     batch_mean = x.mean(axis=(0, 1, 2))
     np.testing.assert_allclose(after, 0.9 * before + 0.1 * batch_mean, atol=1e-5)
 

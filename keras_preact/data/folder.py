@@ -112,19 +112,24 @@ def read_image_folder(path, split, *, image_size=(32, 32)):
     class_names = _class_names(train_dir)
     if layout == "split":
         directory = train_dir if split == "train" else test_dir
-        extra = set(_class_names(directory)) - set(class_names)
+        own = _class_names(directory)
+        extra = set(own) - set(class_names)
         if extra:
             raise ValueError(
                 f"The test folder {test_dir!r} has classes missing from the train "
                 f"folder: {sorted(extra)}."
             )
-        images, labels = _read_directory(directory, class_names, image_size)
+        images, labels = _read_directory(directory, own, image_size)
+        # Class ids always follow the train folder's classes, even when the test
+        # folder lacks some of them.
+        labels = np.array([class_names.index(n) for n in own], np.int64)[labels]
     else:
         images, labels = _read_directory(train_dir, class_names, image_size)
         train, test = stratified_split(labels, test_fraction=TEST_FRACTION, seed=SPLIT_SEED)
         idx = train if split == "train" else test
         images, labels = images[idx], labels[idx]
-    meta = {"class_names": class_names, "layout": layout, "path": train_dir if layout == "flat" else os.path.dirname(train_dir)}
+    root = train_dir if layout == "flat" else os.path.dirname(train_dir)
+    meta = {"class_names": class_names, "layout": layout, "path": root}
     return images, labels, meta
 
 

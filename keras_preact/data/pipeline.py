@@ -119,18 +119,14 @@ def dataset_from_arrays(images, labels, *, batch_size=128, shuffle=False, augmen
             f"{labels.dtype} and shape {labels.shape}"
         )
     num = int(images.shape[0])
-    _check_int("batch_size", batch_size, minimum=1)
-    _check_int("seed", seed, minimum=0, maximum=_MAX_SEED)
-    _check_int("epoch", epoch, minimum=0)
+    _check_common(batch_size=batch_size, seed=seed, epoch=epoch, normalize=normalize,
+                  repeat_epochs=repeat_epochs)
     _check_bool("shuffle", shuffle)
-    _check_bool("normalize", normalize)
     _check_bool("drop_remainder", drop_remainder)
     if augment not in AUGMENTATIONS:
         raise ValueError(
             f"`augment` must be one of {list(AUGMENTATIONS)}. Received: augment={augment!r}"
         )
-    if repeat_epochs is not None and repeat_epochs != -1:
-        _check_int("repeat_epochs", repeat_epochs, minimum=1, extra="None, -1 or ")
     if num == 0:
         raise ValueError("`images` is empty: nothing to batch.")
     steps = num // batch_size if drop_remainder else math.ceil(num / batch_size)
@@ -192,7 +188,18 @@ def make_dataset(name, split, *, batch_size=128, data_dir=None, source="auto", p
     check_dataset_name(name)
     if split not in ("train", "test"):
         raise ValueError(f"`split` must be 'train' or 'test'. Received: split={split!r}")
+    # Arguments are checked before anything is read: a typo should not cost a decode.
     _check_bool("cache", cache)
+    _check_common(batch_size=batch_size, seed=seed, epoch=epoch, normalize=normalize,
+                  repeat_epochs=repeat_epochs)
+    for arg, value in (("shuffle", shuffle), ("drop_remainder", drop_remainder)):
+        if value is not None:
+            _check_bool(arg, value)
+    if not (augment is None or isinstance(augment, bool) or augment in AUGMENTATIONS):
+        raise ValueError(
+            f"`augment` must be None, a bool or one of {list(AUGMENTATIONS)}. Received: "
+            f"augment={augment!r}"
+        )
     images, labels = load_arrays(
         name, split, data_dir=data_dir, source=source, path=path, download=download,
         cache=cache, image_size=image_size,
@@ -210,11 +217,6 @@ def make_dataset(name, split, *, batch_size=128, data_dir=None, source="auto", p
         augment = info["augmentation"]
     elif augment is False:
         augment = "none"
-    elif augment not in AUGMENTATIONS:
-        raise ValueError(
-            f"`augment` must be None, a bool or one of {list(AUGMENTATIONS)}. Received: "
-            f"augment={augment!r}"
-        )
     if drop_remainder is None:
         # Train: a constant batch shape (steady BatchNorm statistics, one compiled
         # step); test: every example is evaluated.
@@ -224,6 +226,15 @@ def make_dataset(name, split, *, batch_size=128, data_dir=None, source="auto", p
         normalize=normalize, mean=info["mean"], std=info["std"], seed=seed, epoch=epoch,
         drop_remainder=drop_remainder, repeat_epochs=repeat_epochs,
     )
+
+
+def _check_common(*, batch_size, seed, epoch, normalize, repeat_epochs):
+    _check_int("batch_size", batch_size, minimum=1)
+    _check_int("seed", seed, minimum=0, maximum=_MAX_SEED)
+    _check_int("epoch", epoch, minimum=0)
+    _check_bool("normalize", normalize)
+    if repeat_epochs is not None and repeat_epochs != -1:
+        _check_int("repeat_epochs", repeat_epochs, minimum=1, extra="None, -1 or ")
 
 
 def _check_int(name, value, *, minimum=None, maximum=None, extra=""):

@@ -15,13 +15,15 @@ Globals admitted, and why:
       writes ``numpy._core.multiarray`` instead of ``numpy.core.multiarray``.
     * ``numpy._core.numeric._frombuffer`` (and ``numpy.core.numeric``): numpy's form at
       pickle protocol 5.
-    * ``_codecs.encode``: how Python 3 writes ``bytes`` at protocols 0-2 (only
-      ``encode(str, "latin1")`` is accepted).
+    * ``_codecs.encode`` and ``__builtin__.bytes``: how Python 3 writes ``bytes`` at
+      protocols 0-2 (only ``encode(str, "latin1")`` and ``bytes()``, the empty string,
+      are accepted).
 
 Everything else, including ``builtins`` and object arrays, is refused with a ValueError.
 """
 
 import io
+import math
 import pickle
 
 import numpy as np
@@ -37,6 +39,7 @@ _FROMBUFFER = {
 _NDARRAY = ("numpy", "ndarray")
 _DTYPE = ("numpy", "dtype")
 _CODECS_ENCODE = ("_codecs", "encode")
+_BYTES = {("__builtin__", "bytes"), ("builtins", "bytes")}
 
 #: Numeric kinds an array in a CIFAR file may have: bool, signed, unsigned, float.
 _NUMERIC_KINDS = "biuf"
@@ -132,7 +135,7 @@ class _ArraySpec:
         if self.dtype is None:
             raise _Refused("an array without state")
         dtype = self.dtype.to_numpy()
-        count = int(np.prod(self.shape, dtype=np.int64))
+        count = math.prod(self.shape)  # Exact: no int64 wrap-around on huge shapes.
         if len(self.data) != count * dtype.itemsize:
             raise _Refused(
                 f"array of shape {self.shape} and dtype {dtype} needs "
@@ -167,6 +170,12 @@ def _codecs_encode(text, encoding="utf-8", errors="strict"):
     return text.encode("latin1")
 
 
+def _empty_bytes(*args):
+    if args:
+        raise _Refused("bytes(...) is only admitted without arguments (the empty string)")
+    return b""
+
+
 class _RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
         key = (module, name)
@@ -180,6 +189,8 @@ class _RestrictedUnpickler(pickle.Unpickler):
             return _DtypeSpec
         if key == _CODECS_ENCODE:
             return _codecs_encode
+        if key in _BYTES:
+            return _empty_bytes
         raise _Refused(
             f"the pickle asks for the global {module}.{name}, which a CIFAR batch file "
             "never needs (it would let the file run code)"

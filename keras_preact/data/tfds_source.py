@@ -39,8 +39,12 @@ def read_tfds(name, split, *, data_dir=None, download=False):
         )
     if split not in ("train", "test"):
         raise ValueError(f"`split` must be 'train' or 'test'. Received: split={split!r}")
+    import os
+
     import tensorflow_datasets as tfds
 
+    if data_dir is not None:
+        data_dir = os.path.expanduser(os.fspath(data_dir))
     try:
         ds, info = tfds.load(
             TFDS_NAMES[name],

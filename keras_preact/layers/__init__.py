@@ -3,6 +3,7 @@
 from keras_preact.layers.blocks import BOTTLENECK_STRIDES
 from keras_preact.layers.blocks import PreActBasicBlock
 from keras_preact.layers.blocks import PreActBottleneckBlock
+from keras_preact.layers.blocks import PreActStage
 from keras_preact.layers.preprocessing import ImageNormalization
 
 __all__ = [
@@ -10,4 +11,5 @@ __all__ = [
     "ImageNormalization",
     "PreActBasicBlock",
     "PreActBottleneckBlock",
+    "PreActStage",
 ]

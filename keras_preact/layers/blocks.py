@@ -1,11 +1,18 @@
-"""Pre-activation residual units (He et al., "Identity Mappings in Deep Residual
-Networks", ECCV 2016, arXiv 1603.05027).
+"""Pre-activation residual units and stages (He et al., "Identity Mappings in Deep
+Residual Networks", ECCV 2016, arXiv 1603.05027).
 
 Each unit computes ``y = x + F(x)`` with nothing after the addition (Section 4,
 Fig. 4e). ``F`` is a stack of BN -> ReLU -> conv. Where the unit changes the shape
 (a stride or a new width) the shortcut is a 1x1 projection, and it is fed by the same
 pre-activated tensor as the residual branch, so the first BN-ReLU is shared by both
-paths (the paper's Section 4.1 / official code "both_preact").
+paths.
+
+`PreActStage` holds a whole stage: its first unit as a `PreActBasicBlock` /
+`PreActBottleneckBlock` layer, and the identical units after it as *stacked*
+variables (a leading axis of one entry per unit). A ResNet-1001 is then a few dozen
+variables instead of ~5,000, which is what makes it build, save and load in seconds;
+the arithmetic is the same function (`keras_preact.layers.functional.unit_forward`)
+either way.
 
 The layers use ``keras.layers`` and ``keras.ops`` only, so they run on the TensorFlow,
 JAX and PyTorch backends.
@@ -16,7 +23,7 @@ import math
 import keras
 from keras import ops
 
-from keras_preact.layers.utils import conv_macs
+from keras_preact.layers import functional as F
 from keras_preact.layers.utils import normalize_data_format
 
 #: Where a strided bottleneck puts its stride.
@@ -24,6 +31,7 @@ from keras_preact.layers.utils import normalize_data_format
 #: of the published CIFAR pre-activation weights). ``"first"``: on the first 1x1 conv,
 #: as in the paper's official Torch code.
 BOTTLENECK_STRIDES = ("middle", "first")
+BLOCK_TYPES = ("basic", "bottleneck")
 
 # Torch's BatchNorm defaults (momentum 0.1 on the new statistic, eps 1e-5), which the
 # paper's code and the published weights were trained with. Keras' momentum is the
@@ -31,233 +39,24 @@ BOTTLENECK_STRIDES = ("middle", "first")
 BN_MOMENTUM = 0.9
 BN_EPSILON = 1e-5
 
+_INITIALIZERS = {
+    "gamma": "ones",
+    "beta": "zeros",
+    "moving_mean": "zeros",
+    "moving_variance": "ones",
+}
+
 
 def _check_positive_int(name, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+
+
+def _check_optional_bool(name, value):
+    if value is not None and not isinstance(value, bool):
         raise ValueError(
-            f"`{name}` must be a positive integer. Received: {name}={value!r}"
+            f"`{name}` must be None (automatic), True or False. Received: {name}={value!r}"
         )
-
-
-class _PreActUnit(keras.layers.Layer):
-    """Shared machinery of the pre-activation units (not registered, not public).
-
-    Subclasses create the residual branch in ``_build_residual`` and run it in
-    ``_residual``. Sub-layer creation order is frozen: ``preact_bn``, the residual
-    branch in order, then ``shortcut_conv``. ``.weights.h5`` files match variables by
-    creation order, so this order must never change.
-    """
-
-    #: Channels out / channels of the widest inner conv (1 for basic units).
-    expansion = 1
-
-    def __init__(
-        self,
-        filters,
-        strides=1,
-        projection=None,
-        shared_preact=None,
-        kernel_initializer="he_normal",
-        kernel_regularizer=None,
-        bn_momentum=BN_MOMENTUM,
-        bn_epsilon=BN_EPSILON,
-        data_format=None,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        _check_positive_int("filters", filters)
-        _check_positive_int("strides", strides)
-        if projection is not None and not isinstance(projection, bool):
-            raise ValueError(
-                "`projection` must be None (automatic), True or False. "
-                f"Received: projection={projection!r}"
-            )
-        if shared_preact is not None and not isinstance(shared_preact, bool):
-            raise ValueError(
-                "`shared_preact` must be None (automatic), True or False. "
-                f"Received: shared_preact={shared_preact!r}"
-            )
-        if not 0.0 <= float(bn_momentum) < 1.0:
-            raise ValueError(
-                f"`bn_momentum` must be in [0, 1). Received: bn_momentum={bn_momentum!r}"
-            )
-        if not float(bn_epsilon) > 0.0:
-            raise ValueError(
-                f"`bn_epsilon` must be > 0. Received: bn_epsilon={bn_epsilon!r}"
-            )
-        self.filters = filters
-        self.strides = strides
-        self.projection = projection
-        self.shared_preact = shared_preact
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-        self.bn_momentum = float(bn_momentum)
-        self.bn_epsilon = float(bn_epsilon)
-        self.data_format = normalize_data_format(data_format)
-        self._channel_axis = -1 if self.data_format == "channels_last" else 1
-        self._conv_strides = {}
-
-    # -- helpers --------------------------------------------------------------
-    def _bn(self, name):
-        return keras.layers.BatchNormalization(
-            axis=self._channel_axis,
-            momentum=self.bn_momentum,
-            epsilon=self.bn_epsilon,
-            dtype=self.dtype_policy,
-            name=name,
-        )
-
-    def _conv(self, filters, kernel_size, strides, name):
-        # Strided convs pad symmetrically, as Torch and Caffe do; Keras' "same" pads
-        # only bottom/right when the input size is even, which shifts the sampling
-        # grid and would make converted weights compute something else.
-        # A strided 1x1 conv is run as "take every s-th pixel, then a stride-1 1x1
-        # conv": the same numbers, less work, and it avoids TensorFlow's missing
-        # strided NCHW kernel on CPU.
-        padding = "valid" if strides > 1 and kernel_size > 1 else "same"
-        conv = keras.layers.Conv2D(
-            filters,
-            kernel_size,
-            strides=1 if kernel_size == 1 else strides,
-            padding=padding,
-            use_bias=False,
-            kernel_initializer=self.kernel_initializer,
-            kernel_regularizer=self.kernel_regularizer,
-            data_format=self.data_format,
-            dtype=self.dtype_policy,
-            name=name,
-        )
-        self._conv_strides[name] = strides
-        return conv
-
-    def _apply_conv(self, conv, x):
-        stride = self._conv_strides[conv.name]
-        kernel_size = conv.kernel_size[0]
-        if stride > 1 and kernel_size == 1:
-            if self.data_format == "channels_last":
-                x = x[:, ::stride, ::stride, :]
-            else:
-                x = x[:, :, ::stride, ::stride]
-        elif stride > 1:
-            p = (kernel_size - 1) // 2
-            if self.data_format == "channels_last":
-                pad = [[0, 0], [p, p], [p, p], [0, 0]]
-            else:
-                pad = [[0, 0], [0, 0], [p, p], [p, p]]
-            x = ops.pad(x, pad)
-        return conv(x)
-
-    def _conv_output_shape(self, conv, input_shape):
-        return _strided_shape(
-            input_shape, self._conv_strides[conv.name], conv.filters, self.data_format
-        )
-
-    def _conv_input_shape(self, conv, input_shape):
-        """The shape the Conv2D itself sees (after subsampling for strided 1x1)."""
-        stride = self._conv_strides[conv.name]
-        if stride > 1 and conv.kernel_size[0] == 1:
-            in_channels = input_shape[self._channel_axis]
-            return _strided_shape(input_shape, stride, in_channels, self.data_format)
-        return tuple(input_shape)
-
-    def _in_channels(self, input_shape):
-        channels = input_shape[self._channel_axis]
-        if channels is None:
-            raise ValueError(
-                f"{type(self).__name__} needs a known channel dimension. "
-                f"Received: input_shape={tuple(input_shape)}"
-            )
-        return int(channels)
-
-    def _uses_projection(self, in_channels):
-        needed = self.strides != 1 or in_channels != self.filters
-        if self.projection is None:
-            return needed
-        if needed and not self.projection:
-            raise ValueError(
-                f"{self.name}: an identity shortcut cannot change the shape "
-                f"(in_channels={in_channels}, filters={self.filters}, "
-                f"strides={self.strides}). Received: projection=False"
-            )
-        return bool(self.projection)
-
-    # -- Layer API ------------------------------------------------------------
-    def build(self, input_shape):
-        if len(input_shape) != 4:
-            raise ValueError(
-                f"{type(self).__name__} expects a 4D input (batch, height, width, "
-                f"channels). Received: input_shape={tuple(input_shape)}"
-            )
-        in_channels = self._in_channels(input_shape)
-        self._has_projection = self._uses_projection(in_channels)
-        self._shares_preact = (
-            self._has_projection if self.shared_preact is None else self.shared_preact
-        )
-        self.preact_bn = self._bn("preact_bn")
-        self.preact_bn.build(input_shape)
-        self._build_residual(input_shape, in_channels)
-        if self._has_projection:
-            self.shortcut_conv = self._conv(self.filters, 1, self.strides, "shortcut_conv")
-            self.shortcut_conv.build(self._conv_input_shape(self.shortcut_conv, input_shape))
-        else:
-            self.shortcut_conv = None
-
-    def call(self, inputs, training=None):
-        preact = ops.relu(self.preact_bn(inputs, training=training))
-        shortcut = preact if self._shares_preact else inputs
-        if self.shortcut_conv is not None:
-            shortcut = self._apply_conv(self.shortcut_conv, shortcut)
-        return ops.add(shortcut, self._residual(preact, training))
-
-    def compute_output_shape(self, input_shape):
-        return _strided_shape(input_shape, self.strides, self.filters, self.data_format)
-
-    def compute_macs(self, input_shape):
-        """Multiply-adds of one forward pass for one example of `input_shape`.
-
-        Args:
-            input_shape: the input shape, with or without the batch dimension.
-
-        Returns:
-            int: the multiply-adds of the convolutions (BN and ReLU not counted, as
-            in the paper and pytorchcv).
-        """
-        if len(input_shape) == 3:
-            input_shape = (None,) + tuple(input_shape)
-        if not self.built:
-            self.build(input_shape)
-        total = 0
-        shape = tuple(input_shape)
-        for conv in self._residual_convs():
-            total += conv_macs(conv, self._conv_input_shape(conv, shape), self.data_format)
-            shape = self._conv_output_shape(conv, shape)
-        if self.shortcut_conv is not None:
-            conv = self.shortcut_conv
-            total += conv_macs(conv, self._conv_input_shape(conv, input_shape), self.data_format)
-        return total
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "filters": self.filters,
-                "strides": self.strides,
-                "projection": self.projection,
-                "shared_preact": self.shared_preact,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "kernel_regularizer": keras.regularizers.serialize(
-                    self.kernel_regularizer
-                )
-                if self.kernel_regularizer is not None
-                else None,
-                "bn_momentum": self.bn_momentum,
-                "bn_epsilon": self.bn_epsilon,
-                "data_format": self.data_format,
-            }
-        )
-        return config
 
 
 def _strided_shape(input_shape, strides, channels, data_format):
@@ -268,6 +67,176 @@ def _strided_shape(input_shape, strides, channels, data_format):
             out[axis] = int(math.ceil(out[axis] / strides))
     out[-1 if data_format == "channels_last" else 1] = channels
     return tuple(out)
+
+
+class _UnitConfigMixin:
+    """Argument validation and config shared by units and stages."""
+
+    def _init_common(self, *, filters, strides, expansion, bottleneck_stride,
+                     kernel_initializer, kernel_regularizer, bn_momentum, bn_epsilon,
+                     synchronized, data_format):
+        _check_positive_int("filters", filters)
+        _check_positive_int("strides", strides)
+        _check_positive_int("expansion", expansion)
+        if bottleneck_stride not in BOTTLENECK_STRIDES:
+            raise ValueError(
+                f"`bottleneck_stride` must be one of {BOTTLENECK_STRIDES}. "
+                f"Received: bottleneck_stride={bottleneck_stride!r}"
+            )
+        if not 0.0 <= float(bn_momentum) < 1.0:
+            raise ValueError(f"`bn_momentum` must be in [0, 1). Received: bn_momentum={bn_momentum!r}")
+        if not float(bn_epsilon) > 0.0:
+            raise ValueError(f"`bn_epsilon` must be > 0. Received: bn_epsilon={bn_epsilon!r}")
+        if not isinstance(synchronized, bool):
+            raise ValueError(f"`synchronized` must be True or False. Received: synchronized={synchronized!r}")
+        if synchronized and keras.backend.backend() != "tensorflow":
+            raise ValueError(
+                "`synchronized=True` (cross-replica BatchNorm statistics) needs the "
+                f"TensorFlow backend. Received: synchronized=True on {keras.backend.backend()!r}"
+            )
+        self.filters = filters
+        self.strides = strides
+        self.expansion = expansion
+        self.bottleneck_stride = bottleneck_stride
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bn_momentum = float(bn_momentum)
+        self.bn_epsilon = float(bn_epsilon)
+        self.synchronized = synchronized
+        self.data_format = normalize_data_format(data_format)
+        self._channel_axis = -1 if self.data_format == "channels_last" else 1
+
+    def _check_input(self, input_shape):
+        if len(input_shape) != 4:
+            raise ValueError(
+                f"{type(self).__name__} expects a 4D input (batch, height, width, "
+                f"channels). Received: input_shape={tuple(input_shape)}"
+            )
+        channels = input_shape[self._channel_axis]
+        if channels is None:
+            raise ValueError(
+                f"{type(self).__name__} needs a known channel dimension. "
+                f"Received: input_shape={tuple(input_shape)}"
+            )
+        return int(channels)
+
+    def _run_kwargs(self, training):
+        return dict(
+            training=bool(training) and self.trainable,
+            momentum=self.bn_momentum,
+            epsilon=self.bn_epsilon,
+            data_format=self.data_format,
+            synchronized=self.synchronized,
+        )
+
+    def _common_config(self):
+        return {
+            "filters": self.filters,
+            "strides": self.strides,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer)
+            if self.kernel_regularizer is not None
+            else None,
+            "bn_momentum": self.bn_momentum,
+            "bn_epsilon": self.bn_epsilon,
+            "synchronized": self.synchronized,
+            "data_format": self.data_format,
+        }
+
+
+class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
+    """One pre-activation unit with its own variables (not public; see subclasses).
+
+    Variables are created in a frozen order (`UnitSpec.variable_specs`):
+    ``preact_bn_{gamma,beta,moving_mean,moving_variance}``, ``conv1_kernel``, ``bn2_*``,
+    ``conv2_kernel`` [, ``bn3_*``, ``conv3_kernel``] [, ``shortcut_kernel``].
+    `.weights.h5` files match variables by creation order, so it must never change.
+    BN runs in inference mode when the layer is frozen (``trainable=False``), as
+    Keras' own BatchNormalization does.
+    """
+
+    block_type = None
+
+    def __init__(self, filters, strides=1, projection=None, shared_preact=None,
+                 expansion=1, bottleneck_stride="middle", kernel_initializer="he_normal",
+                 kernel_regularizer=None, bn_momentum=BN_MOMENTUM, bn_epsilon=BN_EPSILON,
+                 synchronized=False, data_format=None, **kwargs):
+        super().__init__(**kwargs)
+        self._init_common(
+            filters=filters, strides=strides, expansion=expansion,
+            bottleneck_stride=bottleneck_stride, kernel_initializer=kernel_initializer,
+            kernel_regularizer=kernel_regularizer, bn_momentum=bn_momentum,
+            bn_epsilon=bn_epsilon, synchronized=synchronized, data_format=data_format,
+        )
+        _check_optional_bool("projection", projection)
+        _check_optional_bool("shared_preact", shared_preact)
+        self.projection = projection
+        self.shared_preact = shared_preact
+
+    def _make_spec(self, in_channels):
+        needed = self.strides != 1 or in_channels != self.filters
+        if self.projection is False and needed:
+            raise ValueError(
+                f"{self.name}: an identity shortcut cannot change the shape "
+                f"(in_channels={in_channels}, filters={self.filters}, "
+                f"strides={self.strides}). Received: projection=False"
+            )
+        has_projection = needed if self.projection is None else self.projection
+        shares = has_projection if self.shared_preact is None else self.shared_preact
+        return F.UnitSpec(self.block_type, in_channels, self.filters, self.strides,
+                          self.expansion, self.bottleneck_stride, has_projection, shares)
+
+    def build(self, input_shape):
+        self.spec = self._make_spec(self._check_input(input_shape))
+        self._vars = {}
+        for name, shape, kind in self.spec.variable_specs():
+            self._vars[name] = self.add_weight(
+                name=name,
+                shape=shape,
+                initializer=self.kernel_initializer if kind == "kernel" else _INITIALIZERS[kind],
+                regularizer=self.kernel_regularizer if kind == "kernel" else None,
+                trainable=kind in ("kernel", "gamma", "beta"),
+                autocast=kind == "kernel",
+            )
+
+    # Read-only views used by tests, converters and diagnostics.
+    @property
+    def has_projection(self):
+        return self.spec.has_projection
+
+    @property
+    def shares_preact(self):
+        return self.spec.shares_preact
+
+    def get_variable(self, name):
+        """The variable `name` (e.g. "conv1_kernel", "preact_bn_gamma")."""
+        return self._vars[name]
+
+    def call(self, inputs, training=None):
+        params = {name: ops.convert_to_tensor(v) for name, v in self._vars.items()}
+        y, updates = F.unit_forward(inputs, params, self.spec, **self._run_kwargs(training))
+        for bn, (mean, var) in updates.items():
+            self._vars[f"{bn}_moving_mean"].assign(mean)
+            self._vars[f"{bn}_moving_variance"].assign(var)
+        return y
+
+    def compute_output_shape(self, input_shape):
+        return _strided_shape(input_shape, self.strides, self.filters, self.data_format)
+
+    def compute_macs(self, input_shape):
+        """Multiply-adds of the convs for one example of `input_shape` (BN, ReLU and
+        the addition not counted, as in the paper and pytorchcv)."""
+        if len(input_shape) == 3:
+            input_shape = (None,) + tuple(input_shape)
+        spec = self.spec if self.built else self._make_spec(self._check_input(input_shape))
+        h, w = (input_shape[1], input_shape[2]) if self.data_format == "channels_last" else (input_shape[2], input_shape[3])
+        return spec.macs(h, w)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(self._common_config())
+        config.update({"projection": self.projection, "shared_preact": self.shared_preact})
+        return config
 
 
 @keras.saving.register_keras_serializable(package="keras_preact")
@@ -291,6 +260,8 @@ class PreActBasicBlock(_PreActUnit):
         kernel_regularizer: optional regularizer for the conv kernels.
         bn_momentum: float, default 0.9 (Torch's 0.1 in Keras' convention).
         bn_epsilon: float, default 1e-5 (Torch's default).
+        synchronized: bool, default False. Cross-replica BN statistics under
+            `tf.distribute` (TensorFlow backend only).
         data_format: "channels_last" or "channels_first"; None uses
             `keras.config.image_data_format()`.
         **kwargs: base Layer arguments (`name`, `dtype`, `trainable`).
@@ -301,22 +272,12 @@ class PreActBasicBlock(_PreActUnit):
         (1, 8, 8, 32)
     """
 
-    def _build_residual(self, input_shape, in_channels):
-        self.conv1 = self._conv(self.filters, 3, self.strides, "conv1")
-        self.conv1.build(input_shape)
-        mid_shape = self._conv_output_shape(self.conv1, tuple(input_shape))
-        self.bn2 = self._bn("bn2")
-        self.bn2.build(mid_shape)
-        self.conv2 = self._conv(self.filters, 3, 1, "conv2")
-        self.conv2.build(mid_shape)
+    block_type = "basic"
 
-    def _residual_convs(self):
-        return (self.conv1, self.conv2)
-
-    def _residual(self, preact, training):
-        x = self._apply_conv(self.conv1, preact)
-        x = ops.relu(self.bn2(x, training=training))
-        return self._apply_conv(self.conv2, x)
+    def __init__(self, filters, strides=1, **kwargs):
+        kwargs.pop("expansion", None)
+        kwargs.pop("bottleneck_stride", None)
+        super().__init__(filters, strides=strides, **kwargs)
 
 
 @keras.saving.register_keras_serializable(package="keras_preact")
@@ -334,7 +295,8 @@ class PreActBottleneckBlock(_PreActUnit):
             pytorchcv, timm and the published CIFAR weights do; "first" puts it on
             the first 1x1 conv, as the paper's official Torch code does.
         projection, shared_preact, kernel_initializer, kernel_regularizer,
-        bn_momentum, bn_epsilon, data_format, **kwargs: as in `PreActBasicBlock`.
+        bn_momentum, bn_epsilon, synchronized, data_format, **kwargs: as in
+        `PreActBasicBlock`.
 
     Example:
         >>> block = PreActBottleneckBlock(64)
@@ -342,53 +304,196 @@ class PreActBottleneckBlock(_PreActUnit):
         (1, 8, 8, 64)
     """
 
+    block_type = "bottleneck"
+
     def __init__(self, filters, strides=1, expansion=4, bottleneck_stride="middle", **kwargs):
-        super().__init__(filters, strides=strides, **kwargs)
-        _check_positive_int("expansion", expansion)
+        super().__init__(filters, strides=strides, expansion=expansion,
+                         bottleneck_stride=bottleneck_stride, **kwargs)
         if filters % expansion:
             raise ValueError(
                 "`filters` must be divisible by `expansion` (the inner width is "
-                f"filters // expansion). Received: filters={filters}, "
-                f"expansion={expansion}"
+                f"filters // expansion). Received: filters={filters}, expansion={expansion}"
             )
-        if bottleneck_stride not in BOTTLENECK_STRIDES:
-            raise ValueError(
-                f"`bottleneck_stride` must be one of {BOTTLENECK_STRIDES}. "
-                f"Received: bottleneck_stride={bottleneck_stride!r}"
-            )
-        self.expansion = expansion
-        self.bottleneck_stride = bottleneck_stride
-
-    def _build_residual(self, input_shape, in_channels):
-        width = self.filters // self.expansion
-        s1, s2 = (self.strides, 1) if self.bottleneck_stride == "first" else (1, self.strides)
-        shape = tuple(input_shape)
-        self.conv1 = self._conv(width, 1, s1, "conv1")
-        self.conv1.build(self._conv_input_shape(self.conv1, shape))
-        shape = self._conv_output_shape(self.conv1, shape)
-        self.bn2 = self._bn("bn2")
-        self.bn2.build(shape)
-        self.conv2 = self._conv(width, 3, s2, "conv2")
-        self.conv2.build(shape)
-        shape = self._conv_output_shape(self.conv2, shape)
-        self.bn3 = self._bn("bn3")
-        self.bn3.build(shape)
-        self.conv3 = self._conv(self.filters, 1, 1, "conv3")
-        self.conv3.build(shape)
-
-    def _residual_convs(self):
-        return (self.conv1, self.conv2, self.conv3)
-
-    def _residual(self, preact, training):
-        x = self._apply_conv(self.conv1, preact)
-        x = ops.relu(self.bn2(x, training=training))
-        x = self._apply_conv(self.conv2, x)
-        x = ops.relu(self.bn3(x, training=training))
-        return self._apply_conv(self.conv3, x)
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {"expansion": self.expansion, "bottleneck_stride": self.bottleneck_stride}
+        config.update({"expansion": self.expansion, "bottleneck_stride": self.bottleneck_stride})
+        return config
+
+
+UNIT_CLASSES = {"basic": PreActBasicBlock, "bottleneck": PreActBottleneckBlock}
+
+
+class _StackedInitializer:
+    """Initialises a [units, ...] variable as `units` independent draws of `base`.
+
+    Variance-scaling initialisers (He, Glorot, LeCun) get their fans from one unit's
+    shape, not the stacked one, so each slice has exactly the distribution a single
+    unit's kernel would have.
+    """
+
+    def __init__(self, base, units):
+        self.base = base
+        self.units = units
+
+    def __call__(self, shape, dtype=None):
+        base = self.base
+        if isinstance(base, keras.initializers.VarianceScaling):
+            # The stacked shape multiplies both fans by `units`; the scale compensates.
+            stacked = keras.initializers.VarianceScaling(
+                scale=base.scale * self.units, mode=base.mode,
+                distribution=base.distribution, seed=base._init_seed,
+            )
+            return stacked(shape, dtype=dtype)
+        slices = [
+            keras.initializers.get(keras.initializers.serialize(base))(shape[1:], dtype=dtype)
+            for _ in range(self.units)
+        ]
+        return ops.stack(slices)
+
+
+@keras.saving.register_keras_serializable(package="keras_preact")
+class PreActStage(_UnitConfigMixin, keras.layers.Layer):
+    """A stage of `units` pre-activation units: a strided/projecting first unit and
+    `units - 1` identical identity units.
+
+    The first unit is a `PreActBasicBlock` / `PreActBottleneckBlock` sub-layer named
+    "unit1". The others share one set of *stacked* variables (leading axis
+    ``units - 1``: slice ``i`` belongs to unit ``i + 2``), named like a unit's
+    variables. Moving BN statistics are updated once per call, for all units at once.
+
+    Args:
+        block: "basic" or "bottleneck".
+        filters: int, output channels of every unit.
+        units: int >= 1, number of units.
+        strides: int, stride of the first unit (default 1).
+        first_shared_preact: bool or None, the first unit's `shared_preact`
+            (None: the paper's rule, shared exactly when it projects).
+        expansion, bottleneck_stride, kernel_initializer, kernel_regularizer,
+        bn_momentum, bn_epsilon, synchronized, data_format, **kwargs: as in the units.
+
+    Example:
+        >>> stage = PreActStage("basic", 32, units=18, strides=2)
+        >>> stage(keras.ops.zeros((1, 32, 32, 16))).shape
+        (1, 16, 16, 32)
+    """
+
+    def __init__(self, block, filters, units, strides=1, first_shared_preact=None,
+                 expansion=4, bottleneck_stride="middle", kernel_initializer="he_normal",
+                 kernel_regularizer=None, bn_momentum=BN_MOMENTUM, bn_epsilon=BN_EPSILON,
+                 synchronized=False, data_format=None, **kwargs):
+        super().__init__(**kwargs)
+        if block not in BLOCK_TYPES:
+            raise ValueError(f"Unknown `block`. Received: block={block!r}. Valid: {list(BLOCK_TYPES)}")
+        _check_positive_int("units", units)
+        _check_optional_bool("first_shared_preact", first_shared_preact)
+        if block == "basic":
+            expansion = 1
+        self._init_common(
+            filters=filters, strides=strides, expansion=expansion,
+            bottleneck_stride=bottleneck_stride, kernel_initializer=kernel_initializer,
+            kernel_regularizer=kernel_regularizer, bn_momentum=bn_momentum,
+            bn_epsilon=bn_epsilon, synchronized=synchronized, data_format=data_format,
         )
+        if block == "bottleneck" and filters % expansion:
+            raise ValueError(
+                "`filters` must be divisible by `expansion`. "
+                f"Received: filters={filters}, expansion={expansion}"
+            )
+        self.block = block
+        self.units = units
+        self.first_shared_preact = first_shared_preact
+        unit_kwargs = dict(
+            kernel_initializer=self.kernel_initializer, kernel_regularizer=self.kernel_regularizer,
+            bn_momentum=bn_momentum, bn_epsilon=bn_epsilon, synchronized=synchronized,
+            data_format=self.data_format, dtype=self.dtype_policy,
+        )
+        if block == "bottleneck":
+            unit_kwargs.update(expansion=expansion, bottleneck_stride=bottleneck_stride)
+        self.unit1 = UNIT_CLASSES[block](
+            filters, strides=strides, shared_preact=first_shared_preact, name="unit1", **unit_kwargs
+        )
+
+    def build(self, input_shape):
+        self._check_input(input_shape)
+        self.unit1.build(input_shape)
+        self.repeat_spec = F.UnitSpec(self.block, self.filters, self.filters, 1,
+                                      self.expansion, self.bottleneck_stride, False, False)
+        self._stacked = {}
+        n = self.units - 1
+        if n:
+            for name, shape, kind in self.repeat_spec.variable_specs():
+                if kind == "kernel":
+                    init = _StackedInitializer(self.kernel_initializer, n)
+                else:
+                    init = keras.initializers.get(_INITIALIZERS[kind])
+                self._stacked[name] = self.add_weight(
+                    name=name,
+                    shape=(n,) + tuple(shape),
+                    initializer=init,
+                    regularizer=self.kernel_regularizer if kind == "kernel" else None,
+                    trainable=kind in ("kernel", "gamma", "beta"),
+                    autocast=kind == "kernel",
+                )
+
+    def get_variable(self, name):
+        """The stacked variable `name` of units 2..units (leading axis: unit - 2)."""
+        return self._stacked[name]
+
+    def unit_params(self, index):
+        """Tensors of unit `index` (1-based) of this stage, keyed like a unit's variables."""
+        if index == 1:
+            return {k: ops.convert_to_tensor(v) for k, v in self.unit1._vars.items()}
+        return {k: ops.convert_to_tensor(v)[index - 2] for k, v in self._stacked.items()}
+
+    def call(self, inputs, training=None, return_unit_inputs=False):
+        unit_inputs = [inputs]
+        x = self.unit1(inputs, training=training)
+        n = self.units - 1
+        if n:
+            kwargs = self._run_kwargs(training)
+            # Read each stacked variable once, then slice per unit.
+            slices = {
+                k: ops.unstack(ops.convert_to_tensor(v), num=n, axis=0)
+                for k, v in self._stacked.items()
+            }
+            new_stats = {}
+            for i in range(n):
+                unit_inputs.append(x)
+                params = {k: s[i] for k, s in slices.items()}
+                x, updates = F.unit_forward(x, params, self.repeat_spec, **kwargs)
+                for bn, stats in updates.items():
+                    new_stats.setdefault(bn, []).append(stats)
+            # One update per moving statistic per step, for all units at once.
+            for bn, stats in new_stats.items():
+                self._stacked[f"{bn}_moving_mean"].assign(ops.stack([m for m, _ in stats]))
+                self._stacked[f"{bn}_moving_variance"].assign(ops.stack([v for _, v in stats]))
+        if return_unit_inputs:
+            return x, unit_inputs
+        return x
+
+    def compute_output_shape(self, input_shape):
+        return _strided_shape(input_shape, self.strides, self.filters, self.data_format)
+
+    def compute_macs(self, input_shape):
+        """Multiply-adds of the stage's convs for one example of `input_shape`."""
+        if len(input_shape) == 3:
+            input_shape = (None,) + tuple(input_shape)
+        total = self.unit1.compute_macs(input_shape)
+        out = self.compute_output_shape(input_shape)
+        h, w = (out[1], out[2]) if self.data_format == "channels_last" else (out[2], out[3])
+        spec = F.UnitSpec(self.block, self.filters, self.filters, 1, self.expansion,
+                          self.bottleneck_stride, False, False)
+        return int(total + (self.units - 1) * spec.macs(h, w))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(self._common_config())
+        config.update({
+            "block": self.block,
+            "units": self.units,
+            "first_shared_preact": self.first_shared_preact,
+            "expansion": self.expansion,
+            "bottleneck_stride": self.bottleneck_stride,
+        })
         return config

@@ -13,13 +13,13 @@ import keras
 from keras_preact.layers.blocks import BN_EPSILON
 from keras_preact.layers.blocks import BN_MOMENTUM
 from keras_preact.layers.blocks import BOTTLENECK_STRIDES
-from keras_preact.layers.blocks import PreActBasicBlock
-from keras_preact.layers.blocks import PreActBottleneckBlock
+from keras_preact.layers.blocks import BLOCK_TYPES
+from keras_preact.layers.blocks import PreActStage
 from keras_preact.layers.preprocessing import ImageNormalization
 from keras_preact.layers.preprocessing import resolve_preprocessing
 from keras_preact.layers.utils import normalize_data_format
 
-BLOCKS = {"basic": PreActBasicBlock, "bottleneck": PreActBottleneckBlock}
+BLOCKS = BLOCK_TYPES
 POOLINGS = (None, "avg", "max")
 
 
@@ -211,6 +211,10 @@ class PreActResNet(keras.Model):
             `keras.config.image_data_format()`.
         kernel_initializer: default "he_normal".
         bn_momentum: default 0.9; bn_epsilon: default 1e-5 (Torch's defaults).
+        synchronized_bn: bool, default False. Cross-replica BatchNorm statistics
+            under `tf.distribute` (TensorFlow only). By default each replica
+            normalises with the statistics of its own per-replica batch; with True
+            every replica uses the statistics of the global batch.
         dtype: optional dtype policy for every layer (e.g. "mixed_bfloat16").
             The final activation always computes in float32.
         name: model name, default "preact_resnet".
@@ -247,6 +251,7 @@ class PreActResNet(keras.Model):
         kernel_initializer="he_normal",
         bn_momentum=BN_MOMENTUM,
         bn_epsilon=BN_EPSILON,
+        synchronized_bn=False,
         dtype=None,
         name="preact_resnet",
         **kwargs,
@@ -299,38 +304,38 @@ class PreActResNet(keras.Model):
             dtype=dtype,
             name="stem_conv",
         )(x)
-        block_cls = BLOCKS[block]
-        block_kwargs = dict(
+        stage_kwargs = dict(
             kernel_initializer=kernel_initializer,
             bn_momentum=bn_momentum,
             bn_epsilon=bn_epsilon,
+            synchronized=synchronized_bn,
             data_format=data_format,
             dtype=dtype,
         )
         if block == "bottleneck":
-            block_kwargs.update(
-                expansion=bottleneck_expansion, bottleneck_stride=bottleneck_stride
-            )
+            stage_kwargs.update(expansion=bottleneck_expansion, bottleneck_stride=bottleneck_stride)
         for stage, (num_units, filters, stride) in enumerate(
             zip(checked["stage_blocks"], checked["stage_filters"], checked["stage_strides"]),
             start=1,
         ):
-            for unit in range(1, num_units + 1):
-                shared = None
-                if stage == 1 and unit == 1 and first_unit_shared_preact:
-                    shared = True
-                x = block_cls(
-                    filters,
-                    strides=stride if unit == 1 else 1,
-                    shared_preact=shared,
-                    name=f"stage{stage}_unit{unit}",
-                    **block_kwargs,
-                )(x)
+            # First-unit rule: the activation goes before the split (shared with the
+            # shortcut) in the very first unit after the stem.
+            first_shared = True if (stage == 1 and first_unit_shared_preact) else None
+            x = PreActStage(
+                block,
+                filters,
+                num_units,
+                strides=stride,
+                first_shared_preact=first_shared,
+                name=f"stage{stage}",
+                **stage_kwargs,
+            )(x)
         # Last-unit rule: one BN-ReLU after the final addition.
         x = keras.layers.BatchNormalization(
             axis=channel_axis,
             momentum=bn_momentum,
             epsilon=bn_epsilon,
+            synchronized=synchronized_bn,
             dtype=dtype,
             name="post_bn",
         )(x)
@@ -373,6 +378,7 @@ class PreActResNet(keras.Model):
         self.kernel_initializer = kernel_initializer
         self.bn_momentum = bn_momentum
         self.bn_epsilon = bn_epsilon
+        self.synchronized_bn = synchronized_bn
         self._input_shape_arg = checked["input_shape"]
         self._dtype_arg = dtype
 
@@ -412,6 +418,7 @@ class PreActResNet(keras.Model):
             ),
             "bn_momentum": self.bn_momentum,
             "bn_epsilon": self.bn_epsilon,
+            "synchronized_bn": self.synchronized_bn,
             "dtype": dtype,
             "name": self.name,
             "trainable": self.trainable,

@@ -62,6 +62,12 @@ class TrainConfig:
             default to the dataset's. Names of `PreActResNet` arguments; the
             special key ``"architecture"`` holds a full `PreActResNet` config and
             replaces the named model (for custom and tiny networks).
+        preprocessing_in_model: bool, default True: the model starts with an
+            `ImageNormalization` layer holding the dataset's per-channel mean and std
+            and takes raw 0..255 pixels (the data pipeline then does not normalise),
+            so the saved model and its exports need no outside preprocessing. False:
+            the pipeline normalises and the model takes normalised floats. An
+            explicit ``model_kwargs["preprocessing"]`` wins over both.
         dataset: "cifar10" (default), "cifar100", "digits" or "folder".
         data_dir, data_source, data_path, download: where the data comes from (see
             `keras_preact.data.make_dataset`): defaults None, "auto", None, False.
@@ -80,7 +86,6 @@ class TrainConfig:
         decay_factor: default 0.1. total: default 64000.
         epochs / steps: optional run length that stretches the schedule (at most
             one of them).
-        label_smoothing: default 0.0 (the paper uses none).
         seed: int, default 0: initialisation, data order and augmentation.
         deterministic: bool, default False: enable TensorFlow's op determinism
             (bit-identical reruns and resumes; slower on GPUs, and some GPU ops
@@ -102,6 +107,7 @@ class TrainConfig:
 
     model: str = "preact_resnet110"
     model_kwargs: dict = dataclasses.field(default_factory=dict)
+    preprocessing_in_model: bool = True
     dataset: str = "cifar10"
     data_dir: Optional[str] = None
     data_source: str = "auto"
@@ -124,7 +130,6 @@ class TrainConfig:
     total: float = 64000
     epochs: Optional[int] = None
     steps: Optional[int] = None
-    label_smoothing: float = 0.0
     seed: int = 0
     deterministic: bool = False
     strategy: str = "default"
@@ -173,7 +178,7 @@ class TrainConfig:
         _choice("weight_decay_on", self.weight_decay_on, DECAY_VARIABLES)
         for name in ("batch_size", "base_batch_size"):
             _positive_int(name, getattr(self, name))
-        for name in ("learning_rate", "warmup_learning_rate", "weight_decay", "label_smoothing"):
+        for name in ("learning_rate", "warmup_learning_rate", "weight_decay"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"`{name}` must be a number >= 0. Received: {name}={value!r}")
@@ -216,13 +221,17 @@ class TrainConfig:
         _positive_int("keep_checkpoints", self.keep_checkpoints)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ValueError(f"`seed` must be an int >= 0. Received: seed={self.seed!r}")
-        if self.synchronized_bn and self.strategy == "default":
-            # Harmless (one replica is already the global batch) but a sign of a
-            # mistaken command line; accepted and recorded as given.
-            pass
         if self.verbose not in ("auto", 0, 1, 2):
             raise ValueError(f"`verbose` must be 'auto', 0, 1 or 2. Received: verbose={self.verbose!r}")
         return self
+
+    def model_normalizes(self):
+        """Whether the model (not the data pipeline) normalises the pixels."""
+        spec = self.model_kwargs.get("architecture", self.model_kwargs)
+        if "preprocessing" in spec or "preprocessing" in self.model_kwargs:
+            explicit = spec.get("preprocessing", self.model_kwargs.get("preprocessing"))
+            return explicit is not None
+        return bool(self.preprocessing_in_model)
 
     # -- serialisation --------------------------------------------------------
     def to_dict(self):

@@ -151,31 +151,36 @@ def precision_dtype(precision):
 
 
 def batch_norm_layers(model):
-    """Every `keras.layers.BatchNormalization` in `model`, nested units included."""
+    """The layers of `model` that compute BatchNorm statistics, nested ones included.
+
+    `keras.layers.BatchNormalization` layers, and layers of this package that carry
+    their BatchNorm arithmetic themselves and expose a ``synchronized`` flag.
+    """
     import keras
 
     return [
         layer
         for layer in model._flatten_layers(include_self=False, recursive=True)
         if isinstance(layer, keras.layers.BatchNormalization)
+        or isinstance(getattr(layer, "synchronized", None), bool)
     ]
 
 
 def set_synchronized_batch_norm(model, synchronized=True):
-    """Switches every BatchNorm layer of a built `model` to (un)synchronized moments.
+    """Switches every BatchNorm of a built `model` to (un)synchronized moments.
 
-    `keras.layers.BatchNormalization` reads ``self.synchronized`` when it is called,
-    so setting it on the built layers before the first training step (before
-    `fit` traces the step function) has the same effect as constructing them with
-    ``synchronized=True``. It is a training-time setting: the layers' saved configs
-    are not what reloading depends on, and inference never uses batch statistics.
+    `keras.layers.BatchNormalization` (and the package's units) read
+    ``self.synchronized`` when called, so setting it on the built layers before the
+    first training step (before `fit` traces the step function) has the same effect
+    as constructing them with ``synchronized=True``. It is a training-time setting:
+    inference never uses batch statistics.
 
     Args:
         model: a built Keras model.
         synchronized: bool, default True.
 
     Returns:
-        int: the number of BatchNorm layers changed.
+        int: the number of layers changed.
 
     Raises:
         ValueError: on a backend other than TensorFlow (Keras supports

@@ -1,0 +1,48 @@
+"""Training: the paper's CIFAR recipe, tf.distribute strategies, crash-safe runs.
+
+The recipe pieces (`TrainConfig`, `WarmupPiecewiseConstant`, `CoupledSGD`) are plain
+Keras 3 and work on every backend. `train_and_evaluate`, `evaluate` and `run_demo`
+use tf.data and tf.distribute; they (and TensorFlow) are imported on first use, and
+`import keras_preact` never imports this package.
+
+Example:
+    >>> from keras_preact.training import TrainConfig, train_and_evaluate
+    >>> config = TrainConfig(model="preact_resnet110", dataset="cifar10")  # the paper
+    >>> result = train_and_evaluate(config, "runs/resnet110")
+"""
+
+from keras_preact.training.config import PRECISIONS
+from keras_preact.training.config import STRATEGIES
+from keras_preact.training.config import TrainConfig
+from keras_preact.training.config import paper_cifar_recipe
+from keras_preact.training.optimizers import CoupledSGD
+from keras_preact.training.schedules import WarmupPiecewiseConstant
+
+_LAZY = {
+    "train_and_evaluate": "keras_preact.training.trainer",
+    "evaluate": "keras_preact.training.trainer",
+    "build_model": "keras_preact.training.trainer",
+    "load_workdir_model": "keras_preact.training.trainer",
+    "run_demo": "keras_preact.training.demo",
+    "DEMO_EPOCHS": "keras_preact.training.demo",
+    "make_strategy": "keras_preact.training.distribute",
+    "set_synchronized_batch_norm": "keras_preact.training.distribute",
+}
+
+__all__ = [
+    "CoupledSGD",
+    "PRECISIONS",
+    "STRATEGIES",
+    "TrainConfig",
+    "WarmupPiecewiseConstant",
+    "paper_cifar_recipe",
+    *_LAZY,
+]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'keras_preact.training' has no attribute {name!r}")

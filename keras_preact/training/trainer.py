@@ -1,0 +1,593 @@
+"""`train_and_evaluate`: one crash-safe training run with `model.fit` (TensorFlow).
+
+Resume. After every epoch the model and optimizer variables (momentum slots and the
+iteration counter, which drives the learning-rate schedule) are written to a
+checkpoint, then `checkpoints/state.json` is replaced to point at it (see
+`keras_preact.training.workdir`). Restarting the same run loads that checkpoint and
+calls `fit(initial_epoch=e)` on a dataset built with ``epoch=e``: the data pipeline's
+order and augmentation of epoch ``e`` depend only on ``(seed, e)``, and the schedule
+only on the restored iteration count, so the resumed run continues exactly where an
+uninterrupted one would be. Work done in an interrupted epoch is lost, no completed
+epoch is. With ``deterministic=True`` (TensorFlow op determinism, fixed seeds) the
+resumed run's final weights equal the uninterrupted run's.
+
+A workdir belongs to one config: a restart with any other model, data or recipe
+setting is refused before anything is written (`RUNTIME_FIELDS` -- paths, thread
+counts, verbosity -- may change).
+"""
+
+import logging
+import math
+import os
+import time
+
+from keras_preact.training.config import RUNTIME_FIELDS
+from keras_preact.training.config import TrainConfig
+from keras_preact.training.workdir import CHECKPOINT_DIR
+from keras_preact.training.workdir import CURVE_PNG
+from keras_preact.training.workdir import METRICS_JSON
+from keras_preact.training.workdir import TENSORBOARD_DIR
+from keras_preact.training.workdir import Workdir
+from keras_preact.training.workdir import atomic_save
+from keras_preact.training.workdir import read_json
+
+logger = logging.getLogger("keras_preact.training")
+
+CONFIG_FORMAT = 1
+
+
+def build_model(config, info):
+    """The config's model for a dataset described by `info` (`dataset_info`).
+
+    ``classes`` and ``input_shape`` default to the dataset's; the precision sets the
+    model's dtype policy. ``model_kwargs["architecture"]`` (a `PreActResNet` config)
+    builds that network instead of a named one.
+
+    Raises:
+        ValueError: for an unknown model or invalid model arguments.
+    """
+    import keras_preact
+    from keras_preact.training.distribute import precision_dtype
+
+    kwargs = dict(config.model_kwargs)
+    architecture = kwargs.pop("architecture", None)
+    dtype = precision_dtype(config.precision)
+    defaults = {"classes": info["num_classes"], "input_shape": tuple(info["image_shape"])}
+    if config.preprocessing_in_model:
+        defaults["preprocessing"] = dataset_preprocessing(info)
+    if config.synchronized_bn and _accepts(keras_preact.PreActResNet, "synchronized_bn"):
+        defaults["synchronized_bn"] = True
+    try:
+        if architecture is not None:
+            arch = {**defaults, "name": config.model, **dict(architecture), **kwargs}
+            if dtype:
+                arch["dtype"] = dtype
+            return keras_preact.PreActResNet(**arch)
+        kwargs = {**defaults, **kwargs}
+        if dtype:
+            kwargs["dtype"] = dtype
+        return keras_preact.get_model(config.model, **kwargs)
+    except TypeError as err:
+        raise ValueError(
+            f"Invalid model arguments for {config.model!r}: {err}. "
+            f"Received: model_kwargs={config.model_kwargs!r}"
+        ) from None
+
+
+def _step(optimizer):
+    """The optimizer's iteration count as an int (also for a MirroredVariable)."""
+    import numpy as np
+
+    value = optimizer.iterations
+    value = getattr(value, "value", value)
+    return int(np.asarray(value.numpy() if hasattr(value, "numpy") else value))
+
+
+def _accepts(cls, name):
+    import inspect
+
+    return name in inspect.signature(cls.__init__).parameters
+
+
+def dataset_preprocessing(info):
+    """The model `preprocessing` dict for a dataset: its per-channel mean and std."""
+    return {
+        "mean": [float(m) for m in info["mean"]],
+        "std": [float(v) for v in info["std"]],
+        "scale": 1.0 / 255.0,
+    }
+
+
+def _config_document(config):
+    import keras_preact
+
+    return {
+        "format": CONFIG_FORMAT,
+        "keras_preact_version": keras_preact.__version__,
+        "train_config": config.to_dict(),
+    }
+
+
+def check_workdir(config, workdir):
+    """Refuses a workdir that holds another run; returns the stored state or None.
+
+    Reads only: nothing is written or deleted.
+
+    Raises:
+        ValueError: if `workdir` holds a run with a different config, or
+            checkpoints without a config, or an unreadable state.
+    """
+    stored = workdir.read_config()
+    if stored is None:
+        if workdir.checkpoint_files() or os.path.exists(workdir.state_path) or os.path.exists(
+            workdir.final_model_path
+        ):
+            raise ValueError(
+                f"The workdir {workdir.path} holds checkpoints but no config.json, so "
+                "it cannot be checked against this run. Use an empty or new --workdir."
+            )
+        return None
+    if not isinstance(stored, dict) or "train_config" not in stored:
+        raise ValueError(
+            f"{workdir.config_path} is not a keras-preact training config. "
+            "Use an empty or new --workdir."
+        )
+    stored_config = TrainConfig.from_dict(stored["train_config"])
+    diff = config.differences(stored_config, ignore=RUNTIME_FIELDS)
+    if diff:
+        lines = ", ".join(f"{k}: stored {b!r}, requested {a!r}" for k, (a, b) in diff.items())
+        raise ValueError(
+            f"The workdir {workdir.path} holds a run with a different config ({lines}). "
+            "Nothing was changed. Restart with the same settings to resume, or use a "
+            "new --workdir."
+        )
+    return workdir.read_state()
+
+
+def _make_callbacks(keras, *, config, workdir, schedule, spe, history, total_steps):
+    class EpochCheckpoint(keras.callbacks.Callback):
+        """Checkpoint + state + metrics after every completed epoch, atomically."""
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._t0 = time.time()
+
+        def on_epoch_end(self, epoch, logs=None):
+            logs = dict(logs or {})
+            step = _step(self.model.optimizer)
+            elapsed = time.time() - self._t0
+            done = step - (history[-1]["step"] if history else 0)
+            entry = {
+                "epoch": epoch + 1,
+                "step": step,
+                "learning_rate": schedule.value_at(max(step - 1, 0)),
+                "time_s": round(elapsed, 3),
+                "images_per_s": round(done * config.batch_size / elapsed, 2) if elapsed > 0 else None,
+            }
+            for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+                if key in logs:
+                    entry[key] = float(logs[key])
+            history.append(entry)
+            name = os.path.basename(workdir.checkpoint_path(epoch + 1))
+            atomic_save(workdir.checkpoint_path(epoch + 1), self.model.save_weights)
+            # Only now does the state move on: a kill before this line leaves the
+            # previous epoch's state and checkpoint intact.
+            workdir.write_state(
+                {"epoch": epoch + 1, "step": step, "checkpoint": name, "history": history,
+                 "complete": False}
+            )
+            workdir.prune_checkpoints(config.keep_checkpoints, name)
+            _write_reports(workdir, config, history, schedule_info=None)
+            logger.info("epoch %d done: step %d, checkpoint %s", epoch + 1, step, name)
+
+    class StopAtStep(keras.callbacks.Callback):
+        """Ends training at the schedule's last step, even inside an epoch."""
+
+        def on_train_batch_end(self, batch, logs=None):
+            if _step(self.model.optimizer) >= total_steps:
+                self.model.stop_training = True
+
+    callbacks = [EpochCheckpoint(), StopAtStep()]
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is not None:
+        callbacks.append(
+            keras.callbacks.TensorBoard(
+                log_dir=workdir.file(TENSORBOARD_DIR), write_graph=False, profile_batch=0
+            )
+        )
+    else:
+        # tf.summary needs the tensorboard package; everything else works without.
+        logger.warning(
+            "The tensorboard package is not installed: no TensorBoard logs in %s "
+            "(pip install tensorboard).", workdir.file(TENSORBOARD_DIR),
+        )
+    return callbacks
+
+
+def _write_reports(workdir, config, history, *, schedule_info, final=None):
+    metrics = {
+        "model": config.model,
+        "dataset": config.dataset,
+        "epochs": history,
+        "complete": final is not None,
+    }
+    if schedule_info is not None:
+        metrics["schedule"] = schedule_info
+    if final:
+        metrics.update(final)
+    else:
+        # Keep what a previous write knew about the schedule.
+        path = workdir.file(METRICS_JSON)
+        if os.path.exists(path):
+            try:
+                previous = read_json(path)
+                if "schedule" in previous:
+                    metrics["schedule"] = previous["schedule"]
+            except ValueError:
+                pass
+    workdir.write_metrics(metrics)
+    workdir.write_metrics_csv(history)
+    title = f"{config.model} on {config.dataset}"
+    if final and "test_accuracy" in final:
+        title += f" (test accuracy {100 * final['test_accuracy']:.2f}%)"
+    workdir.write_curve(history, title=title)
+
+
+def train_and_evaluate(config, workdir):
+    """Trains `config`'s model on its dataset, resuming what `workdir` holds.
+
+    Writes into `workdir`: ``config.json``; ``checkpoints/`` (a checkpoint per
+    completed epoch, the newest `keep_checkpoints` kept, and ``state.json``);
+    ``metrics.json`` (per-epoch entries, then the final ``test_accuracy`` and
+    ``test_loss``); ``metrics.csv``; ``tensorboard/``; ``training_curve.png``; and the
+    final model ``model.keras``. Progress bars come from `fit` (``verbose``).
+
+    Args:
+        config: a `TrainConfig` (or its dict).
+        workdir: a folder: new or empty, or one holding this same run (it is then
+            resumed from its last completed epoch, or its stored results returned if
+            it is complete).
+
+    Returns:
+        dict: ``test_accuracy``, ``test_loss``, ``history`` (per-epoch dicts),
+        ``epochs``, ``steps``, ``resumed_from_epoch`` (0 for a fresh start, None
+        when the run was already complete), ``train_time_s``, ``num_replicas``,
+        ``model_path`` and ``workdir``.
+
+    Raises:
+        ValueError: for an invalid config (unknown model or dataset, ...), missing
+            or corrupt data, a workdir holding a different run or another model's
+            checkpoint, a batch size that does not divide across the replicas, or
+            strategy "tpu" without a TPU. Raised before anything in `workdir` is
+            written or overwritten.
+
+    Example:
+        >>> from keras_preact.training import TrainConfig, train_and_evaluate
+        >>> result = train_and_evaluate(
+        ...     TrainConfig(model="preact_resnet20", dataset="digits", epochs=15,
+        ...                 batch_size=64, seed=0), "runs/digits")
+        >>> result["test_accuracy"] > 0.97
+        True
+    """
+    if isinstance(config, dict):
+        config = TrainConfig.from_dict(config)
+    if not isinstance(config, TrainConfig):
+        raise ValueError(
+            f"`config` must be a TrainConfig or its dict. Received: {type(config).__name__}"
+        )
+    config.validate()
+    workdir = Workdir(workdir)
+    state = check_workdir(config, workdir)
+    if state is not None and state.get("complete") and os.path.exists(workdir.final_model_path):
+        metrics = read_json(workdir.file(METRICS_JSON))
+        if "test_accuracy" in metrics:
+            logger.info("The run in %s is complete; returning its results.", workdir.path)
+            return {
+                "test_accuracy": metrics["test_accuracy"],
+                "test_loss": metrics["test_loss"],
+                "history": metrics["epochs"],
+                "epochs": state["epoch"],
+                "steps": state["step"],
+                "resumed_from_epoch": None,
+                "train_time_s": 0.0,
+                "num_replicas": metrics.get("num_replicas"),
+                "model_path": workdir.final_model_path,
+                "workdir": workdir.path,
+            }
+
+    from keras_preact.training import distribute
+
+    distribute.configure_runtime(
+        cpu_devices=config.cpu_devices,
+        intra_op_threads=config.intra_op_threads,
+        inter_op_threads=config.inter_op_threads,
+        deterministic=config.deterministic,
+    )
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            "train_and_evaluate runs on the TensorFlow backend (tf.data and "
+            f"tf.distribute). Received backend: {keras.backend.backend()!r}. "
+            "Set KERAS_BACKEND=tensorflow."
+        )
+    strategy = distribute.make_strategy(config.strategy)
+    replicas = strategy.num_replicas_in_sync
+    distribute.check_global_batch(config.batch_size, replicas)
+
+    from keras_preact import data
+
+    info = data.dataset_info(config.dataset, path=config.data_path)
+    spe = int(info["num_train"]) // config.batch_size
+    if spe < 1:
+        raise ValueError(
+            f"batch_size={config.batch_size} is larger than the {config.dataset!r} "
+            f"training split ({info['num_train']} images)."
+        )
+    sched = config.resolve_schedule(spe)
+    epochs, total_steps = sched["epochs"], sched["total_steps"]
+    start_epoch = state["epoch"] if state else 0
+    history = list(state["history"]) if state else []
+    if start_epoch > epochs:
+        raise ValueError(
+            f"The workdir's checkpoint is at epoch {start_epoch}, past this run's "
+            f"{epochs} epochs; the workdir does not belong to this run."
+        )
+
+    def data_kwargs():
+        return dict(
+            batch_size=config.batch_size,
+            data_dir=config.data_dir,
+            source=config.data_source,
+            path=config.data_path,
+            download=config.download,
+            seed=config.seed,
+            normalize=not config.model_normalizes(),
+        )
+
+    # Data first: missing or corrupt files fail here, before the workdir is touched.
+    test_ds = data.make_dataset(
+        config.dataset, "test", shuffle=False, augment=False, drop_remainder=False,
+        **data_kwargs(),
+    )
+    train_ds = None
+    if start_epoch < epochs:
+        train_ds = data.make_dataset(
+            config.dataset, "train", augment=config.augment, epoch=start_epoch,
+            drop_remainder=True, repeat_epochs=epochs - start_epoch, **data_kwargs(),
+        )
+
+    if state is None:
+        os.makedirs(workdir.path, exist_ok=True)
+        workdir.write_config(_config_document(config))
+    distribute.seed_everything(config.seed)
+
+    with strategy.scope():
+        model = build_model(config, info)
+        if config.synchronized_bn:
+            distribute.set_synchronized_batch_norm(model, True)
+        optimizer = config.make_optimizer(spe)
+        if config.precision == "mixed_float16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        model.compile(
+            optimizer=optimizer,
+            loss=keras.losses.SparseCategoricalCrossentropy(),
+            metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+            jit_compile=bool(config.jit_compile),
+        )
+        optimizer.build(model.trainable_variables)
+        if state is not None:
+            ckpt = workdir.file(CHECKPOINT_DIR, state["checkpoint"])
+            try:
+                model.load_weights(ckpt)
+            except Exception as err:  # Keras raises several types for a mismatch.
+                raise ValueError(
+                    f"The checkpoint {ckpt} does not fit the model {config.model!r} "
+                    f"({type(err).__name__}: {str(err).splitlines()[0][:300]}). "
+                    "Nothing was changed. Use a new --workdir."
+                ) from None
+            if _step(optimizer) != int(state["step"]):
+                raise ValueError(
+                    f"The checkpoint {ckpt} holds {_step(optimizer)} optimizer "
+                    f"steps but its state says {state['step']}; refusing to resume."
+                )
+            logger.info(
+                "Resuming %s from epoch %d (step %d) in %s.",
+                config.model, start_epoch, state["step"], workdir.path,
+            )
+
+    schedule_info = {**sched, "num_replicas": replicas,
+                     "per_replica_batch": config.batch_size // replicas}
+    if state is None:
+        _write_reports(workdir, config, history, schedule_info=schedule_info)
+
+    t0 = time.time()
+    if start_epoch < epochs:
+        callbacks = _make_callbacks(
+            keras, config=config, workdir=workdir, schedule=config.make_schedule(spe),
+            spe=spe, history=history, total_steps=total_steps,
+        )
+        model.fit(
+            train_ds,
+            epochs=epochs,
+            initial_epoch=start_epoch,
+            steps_per_epoch=spe,
+            shuffle=False,  # the pipeline shuffles, keyed by (seed, epoch)
+            validation_data=test_ds if config.eval_every else None,
+            validation_freq=max(1, config.eval_every),
+            callbacks=callbacks,
+            verbose=config.verbose,
+        )
+    train_time = time.time() - t0
+
+    results = model.evaluate(test_ds, return_dict=True, verbose=config.verbose)
+    atomic_save(workdir.final_model_path, model.save)
+    state = workdir.read_state()
+    final = {
+        "test_accuracy": float(results["accuracy"]),
+        "test_loss": float(results["loss"]),
+        "num_test_examples": int(info["num_test"]),
+        "num_params": int(model.count_params()),
+        "num_replicas": replicas,
+        "input_normalization": {
+            "in_model": config.model_normalizes(),
+            **dataset_preprocessing(info),
+        },
+        "schedule": schedule_info,
+        "model_path": os.path.basename(workdir.final_model_path),
+        "curve_path": CURVE_PNG,
+    }
+    _write_reports(workdir, config, history, schedule_info=schedule_info, final=final)
+    workdir.write_state({**{k: v for k, v in state.items() if k != "format"}, "complete": True})
+    return {
+        "test_accuracy": final["test_accuracy"],
+        "test_loss": final["test_loss"],
+        "history": history,
+        "epochs": state["epoch"],
+        "steps": state["step"],
+        "resumed_from_epoch": start_epoch,
+        "train_time_s": train_time,
+        "num_replicas": replicas,
+        "model_path": workdir.final_model_path,
+        "workdir": workdir.path,
+    }
+
+
+def has_preprocessing_layer(model):
+    """Whether `model` normalises raw pixels itself (an `ImageNormalization` layer)."""
+    from keras_preact.layers.preprocessing import ImageNormalization
+
+    return any(
+        isinstance(layer, ImageNormalization)
+        for layer in model._flatten_layers(include_self=False, recursive=True)
+    )
+
+
+def load_workdir_model(workdir):
+    """The trained model of a workdir: ``model.keras``, else its newest checkpoint.
+
+    Returns:
+        ``(model, config, source_path)``.
+
+    Raises:
+        ValueError: if the workdir holds no run or no weights.
+    """
+    import keras
+
+    wd = Workdir(workdir)
+    stored = wd.read_config()
+    if stored is None or "train_config" not in stored:
+        raise ValueError(
+            f"No training run in {wd.path} (config.json missing). Received: workdir={workdir!r}"
+        )
+    config = TrainConfig.from_dict(stored["train_config"])
+    if os.path.exists(wd.final_model_path):
+        import keras_preact  # noqa: F401  (registers the custom layers)
+
+        return keras.saving.load_model(wd.final_model_path, compile=False), config, wd.final_model_path
+    state = wd.read_state()
+    if state is None:
+        raise ValueError(f"The run in {wd.path} has no completed epoch to evaluate yet.")
+    from keras_preact import data
+
+    model = build_model(config, data.dataset_info(config.dataset, path=config.data_path))
+    ckpt = wd.file(CHECKPOINT_DIR, state["checkpoint"])
+    model.load_weights(ckpt)
+    return model, config, ckpt
+
+
+def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=None,
+             data_source="auto", data_path=None, batch_size=256, split="test",
+             model_kwargs=None, verbose="auto"):
+    """Loss and accuracy of a trained model on a dataset split.
+
+    Either `workdir` (its final model, or newest checkpoint, and its dataset) or
+    `model` + `weights` + `dataset`.
+
+    Args:
+        workdir: a training workdir.
+        model: a model name (with `weights`) or a built Keras model.
+        weights: path to ``.keras`` or ``.weights.h5`` (for a model name).
+        dataset: dataset name (default: the workdir's).
+        data_dir, data_source, data_path: see `keras_preact.data.make_dataset`
+            (default: the workdir's).
+        batch_size: int, default 256.
+        split: default "test".
+        model_kwargs: extra `get_model` arguments for a model name.
+        verbose: Keras verbosity, default "auto".
+
+    Returns:
+        dict: ``loss``, ``accuracy``, ``num_examples``, ``dataset``, ``split``,
+        ``source`` (what was loaded).
+
+    Raises:
+        ValueError: for a missing workdir / weights file, an unknown model or
+            dataset, or weights that do not fit the model.
+    """
+    import keras
+
+    import keras_preact
+    from keras_preact import data
+
+    if workdir is not None:
+        net, config, source = load_workdir_model(workdir)
+        dataset = dataset or config.dataset
+        data_dir = data_dir if data_dir is not None else config.data_dir
+        data_path = data_path if data_path is not None else config.data_path
+        if data_source == "auto":
+            data_source = config.data_source
+    else:
+        if model is None or dataset is None:
+            raise ValueError(
+                "Give `workdir`, or `model` and `dataset` (with `weights`). Received: "
+                f"workdir=None, model={model!r}, dataset={dataset!r}"
+            )
+        if dataset not in data.list_datasets():
+            raise ValueError(
+                f"Unknown dataset. Received: dataset={dataset!r}. Valid: {data.list_datasets()}"
+            )
+        if isinstance(model, str):
+            source = weights
+            if weights is not None and not os.path.exists(weights):
+                raise ValueError(f"Weights file not found. Received: weights={weights!r}")
+            if weights is not None and str(weights).endswith(".keras"):
+                net = keras.saving.load_model(weights, compile=False)
+            else:
+                info = data.dataset_info(dataset, path=data_path)
+                kwargs = dict(model_kwargs or {})
+                kwargs.setdefault("classes", info["num_classes"])
+                kwargs.setdefault("input_shape", tuple(info["image_shape"]))
+                # As `train` builds it (the layer has no weights, so weights
+                # trained either way load).
+                kwargs.setdefault("preprocessing", dataset_preprocessing(info))
+                net = keras_preact.get_model(model, **kwargs)
+                if weights is not None:
+                    try:
+                        net.load_weights(weights)
+                    except Exception as err:
+                        raise ValueError(
+                            f"The weights {weights} do not fit {model!r} "
+                            f"({type(err).__name__}: {str(err).splitlines()[0][:300]})."
+                        ) from None
+        else:
+            net, source = model, None
+    ds = data.make_dataset(
+        dataset, split, batch_size=batch_size, data_dir=data_dir, source=data_source,
+        path=data_path, shuffle=False, augment=False, drop_remainder=False,
+        normalize=not has_preprocessing_layer(net),
+    )
+    net.compile(
+        loss=keras.losses.SparseCategoricalCrossentropy(),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+    )
+    results = net.evaluate(ds, return_dict=True, verbose=verbose)
+    info = data.dataset_info(dataset, path=data_path)
+    n = int(info["num_test"] if split == "test" else info["num_train"])
+    return {
+        "loss": float(results["loss"]),
+        "accuracy": float(results["accuracy"]),
+        "num_examples": n,
+        "dataset": dataset,
+        "split": split,
+        "source": source,
+    }

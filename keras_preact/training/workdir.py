@@ -1,0 +1,239 @@
+"""The files of one training run, written so that a crash never corrupts them.
+
+Layout of a workdir::
+
+    config.json                 the TrainConfig (a restart must match it)
+    checkpoints/state.json      the last completed epoch: its checkpoint file and
+                                the per-epoch history (the source of truth)
+    checkpoints/ckpt-00012.weights.h5
+                                model *and* optimizer variables (momentum slots and
+                                the iteration counter) after epoch 12
+    metrics.json, metrics.csv   per-epoch metrics; final test_accuracy / test_loss
+    training_curve.png          loss and error per epoch
+    tensorboard/                TensorBoard event files
+    model.keras                 the final model
+
+Every file is written to a temporary name in the same folder and renamed into place
+with `os.replace` (atomic on POSIX and Windows), and `state.json` is replaced only
+after the checkpoint it names is complete: a kill at any instant leaves the previous
+consistent state.
+"""
+
+import csv
+import io
+import json
+import os
+import tempfile
+
+CONFIG_FILE = "config.json"
+CHECKPOINT_DIR = "checkpoints"
+STATE_FILE = "state.json"
+METRICS_JSON = "metrics.json"
+METRICS_CSV = "metrics.csv"
+CURVE_PNG = "training_curve.png"
+TENSORBOARD_DIR = "tensorboard"
+FINAL_MODEL = "model.keras"
+STATE_FORMAT = 1
+
+
+def atomic_write_bytes(path, data):
+    """Writes `data` to `path` through a temporary file and `os.replace`."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix="-" + os.path.basename(path))
+    try:
+        os.chmod(tmp, _file_mode())  # mkstemp makes 0600; give the usual mode
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+
+
+def atomic_write_text(path, text):
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path, value):
+    atomic_write_text(path, json.dumps(value, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def atomic_save(path, save_fn):
+    """Calls ``save_fn(temporary_path)`` and renames the result to `path`.
+
+    The temporary name keeps `path`'s suffix (Keras picks the format from it:
+    ``.keras``, ``.weights.h5``).
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    base = os.path.basename(path)
+    suffix = ".weights.h5" if base.endswith(".weights.h5") else os.path.splitext(base)[1]
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=suffix)
+    os.close(fd)
+    os.remove(tmp)  # Keras refuses to overwrite without asking on some paths.
+    try:
+        save_fn(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+
+
+def read_json(path):
+    """Reads a JSON file written by this module.
+
+    Raises:
+        ValueError: naming the file if it is not valid JSON.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); it was not written by keras-preact "
+                         "or was edited.") from None
+
+
+class Workdir:
+    """Paths and state of one run's folder.
+
+    Args:
+        path: the folder (created on first write, not on construction).
+    """
+
+    def __init__(self, path):
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            raise ValueError(f"`workdir` must be a folder path. Received: workdir={path!r}")
+        self.path = os.path.abspath(os.fspath(path))
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise ValueError(
+                f"`workdir` must be a folder, but a file is there. Received: workdir={path!r}"
+            )
+
+    def file(self, *parts):
+        return os.path.join(self.path, *parts)
+
+    @property
+    def config_path(self):
+        return self.file(CONFIG_FILE)
+
+    @property
+    def state_path(self):
+        return self.file(CHECKPOINT_DIR, STATE_FILE)
+
+    @property
+    def final_model_path(self):
+        return self.file(FINAL_MODEL)
+
+    def checkpoint_path(self, epoch):
+        return self.file(CHECKPOINT_DIR, f"ckpt-{epoch:05d}.weights.h5")
+
+    def checkpoint_files(self):
+        folder = self.file(CHECKPOINT_DIR)
+        if not os.path.isdir(folder):
+            return []
+        return sorted(
+            os.path.join(folder, n)
+            for n in os.listdir(folder)
+            if n.startswith("ckpt-") and n.endswith(".weights.h5")
+        )
+
+    # -- config ---------------------------------------------------------------
+    def read_config(self):
+        """The stored config dict, or None when the workdir holds no run."""
+        if not os.path.exists(self.config_path):
+            return None
+        return read_json(self.config_path)
+
+    def write_config(self, config_dict):
+        atomic_write_json(self.config_path, config_dict)
+
+    # -- state ----------------------------------------------------------------
+    def read_state(self):
+        """The last completed epoch's state dict, or None before the first one.
+
+        Raises:
+            ValueError: if state.json is unreadable or names a missing checkpoint.
+        """
+        if not os.path.exists(self.state_path):
+            return None
+        state = read_json(self.state_path)
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ValueError(
+                f"{self.state_path} is not a keras-preact training state (format "
+                f"{STATE_FORMAT}). Received: {str(state)[:200]}"
+            )
+        ckpt = self.file(CHECKPOINT_DIR, state["checkpoint"])
+        if not os.path.exists(ckpt):
+            raise ValueError(
+                f"{self.state_path} names the checkpoint {ckpt}, which is missing. "
+                "The workdir was modified outside keras-preact."
+            )
+        return state
+
+    def write_state(self, state):
+        atomic_write_json(self.state_path, {"format": STATE_FORMAT, **state})
+
+    def prune_checkpoints(self, keep, current):
+        """Deletes all but the newest `keep` checkpoints (never `current`)."""
+        files = self.checkpoint_files()
+        for path in files[: max(0, len(files) - keep)]:
+            if os.path.basename(path) != current:
+                _remove_quietly(path)
+
+    # -- metrics --------------------------------------------------------------
+    def write_metrics(self, metrics):
+        atomic_write_json(self.file(METRICS_JSON), metrics)
+
+    def write_metrics_csv(self, history):
+        columns = []
+        for row in history:
+            for key in row:
+                if key not in columns:
+                    columns.append(key)
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        for row in history:
+            writer.writerow({k: row.get(k, "") for k in columns})
+        atomic_write_text(self.file(METRICS_CSV), buf.getvalue())
+
+    def write_curve(self, history, *, title=""):
+        from keras_preact.training.plots import plot_training_curve
+
+        atomic_write_bytes(self.file(CURVE_PNG), plot_training_curve(history, title=title))
+
+    def has_files(self):
+        return os.path.isdir(self.path) and bool(os.listdir(self.path))
+
+
+def _file_mode():
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _remove_quietly(path):
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def _json_default(value):
+    try:
+        import numpy as np
+
+        if isinstance(value, np.generic):
+            return value.item()
+        if isinstance(value, np.ndarray):
+            return value.tolist()
+    except ImportError:
+        pass
+    if isinstance(value, tuple):
+        return list(value)
+    raise TypeError(f"Not JSON serialisable: {type(value).__name__}")

@@ -1,0 +1,189 @@
+"""The `keras-preact export` and `keras-preact predict` commands."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import keras
+
+import keras_preact as kp
+from keras_preact import cli
+from keras_preact import export
+from tests.helpers import REPO
+
+
+def run_cli(argv, capsys):
+    try:
+        code = cli.main(argv)
+    except SystemExit as exit_:  # argparse's own errors
+        code = exit_.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def write_png(path, array, mode=None):
+    Image.fromarray(array, mode=mode).save(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """preact_resnet20 exported by the command, with class names."""
+    root = tmp_path_factory.mktemp("cli")
+    names = root / "classes.txt"
+    names.write_text("\n".join(f"class_{i}" for i in range(10)) + "\n")
+    code = cli.main(["export", "preact_resnet20", "--format", "saved_model", "--out",
+                     str(root / "r20"), "--class-names", str(names), "--top-k", "3"])
+    assert code == 0
+    return root / "r20"
+
+
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    """Fails the test if the model is loaded: input errors must come first."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the inputs were checked")
+
+    monkeypatch.setattr(export, "load_export", refuse)
+
+
+def test_export_then_predict(exported, tmp_path, capsys):
+    card = export.read_model_card(exported)
+    assert card["weights"]["initialization"].startswith("random")
+    assert card["preprocessing"]["mean"] == [0.4914, 0.4822, 0.4465]
+    rng = np.random.default_rng(0)
+    arrays = rng.integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
+    files = [write_png(tmp_path / f"img{i}.png", a) for i, a in enumerate(arrays)]
+    code, out, err = run_cli(["predict", str(exported), *files, "--json"], capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    expected = export.load_export(exported).predict(arrays)
+    for i, item in enumerate(result):
+        assert item["image"] == files[i]
+        assert [e["class"] for e in item["top_k"]] == expected["top_k_classes"][i].tolist()
+        assert item["top_k"][0]["label"] == f"class_{expected['top_k_classes'][i][0]}"
+        np.testing.assert_allclose([e["score"] for e in item["top_k"]],
+                                   expected["top_k_scores"][i], rtol=1e-6)
+    code, out, err = run_cli(["predict", str(exported), files[0], "--top-k", "2"], capsys)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == files[0] and len(lines) == 3 and "class_" in lines[1]
+
+
+def test_predict_with_a_keras_file_and_npy_batch(tmp_path, capsys):
+    model = kp.PreActResNet(stage_blocks=(1, 1, 1), stage_filters=(8, 16, 32), stem_filters=8,
+                            input_shape=(16, 16, 3), classes=4, preprocessing="unit")
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    batch = np.random.default_rng(1).integers(0, 256, (3, 16, 16, 3), dtype=np.uint8)
+    np.save(tmp_path / "batch.npy", batch)
+    code, out, err = run_cli(["predict", path, str(tmp_path / "batch.npy"), "--json"], capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    expected = np.argmax(model.predict(batch.astype("float32"), verbose=0), -1)
+    assert [r["image"] for r in result] == [f"{tmp_path / 'batch.npy'}[{i}]" for i in range(3)]
+    assert [r["top_k"][0]["class"] for r in result] == expected.tolist()
+
+
+@pytest.mark.usefixtures("no_model_loading")
+def test_predict_rejects_bad_images_before_loading(exported, tmp_path, capsys):
+    rng = np.random.default_rng(2)
+    cases = {
+        "small.png": (write_png(tmp_path / "small.png", rng.integers(0, 256, (28, 28, 3), dtype=np.uint8)),
+                      "is 28x28 (height x width); the model takes 32x32"),
+        "grey.png": (write_png(tmp_path / "grey.png", rng.integers(0, 256, (32, 32), dtype=np.uint8)),
+                     "has 1 channel(s); the model takes 3"),
+        "rgba.png": (write_png(tmp_path / "rgba.png", rng.integers(0, 256, (32, 32, 4), dtype=np.uint8)),
+                     "has 4 channel(s); the model takes 3"),
+        "deep.png": (write_png(tmp_path / "deep.png", rng.integers(0, 65535, (32, 32), dtype=np.uint16)),
+                     "not 8-bit"),
+        "float.npy": (None, "has dtype float32; the model takes uint8"),
+        "broken.png": (None, "cannot be read as an image"),
+        "missing.png": (str(tmp_path / "missing.png"), "does not exist"),
+    }
+    np.save(tmp_path / "float.npy", np.zeros((32, 32, 3), np.float32))
+    cases["float.npy"] = (str(tmp_path / "float.npy"), cases["float.npy"][1])
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG not really")
+    cases["broken.png"] = (str(tmp_path / "broken.png"), cases["broken.png"][1])
+    for name, (path, message) in cases.items():
+        code, out, err = run_cli(["predict", str(exported), path], capsys)
+        assert code == 2, name
+        assert err.startswith("error: ") and message in err, (name, err)
+        assert "Traceback" not in err
+    # Every bad file is reported at once.
+    code, _, err = run_cli(["predict", str(exported), cases["small.png"][0], cases["grey.png"][0]], capsys)
+    assert code == 2 and "small.png" in err and "grey.png" in err
+
+
+@pytest.mark.usefixtures("no_model_loading")
+def test_predict_rejects_a_bad_model_path(tmp_path, capsys):
+    png = write_png(tmp_path / "a.png", np.zeros((32, 32, 3), np.uint8))
+    code, _, err = run_cli(["predict", str(tmp_path / "nothing"), png], capsys)
+    assert code == 2 and "does not exist" in err
+    code, _, err = run_cli(["predict", str(tmp_path), png], capsys)
+    assert code == 2 and "is not an export" in err
+
+
+def test_export_errors(exported, tmp_path, capsys):
+    code, _, err = run_cli(["export", "preact_resnet20", "--out", str(exported)], capsys)
+    assert code == 2 and "already exists" in err and "--overwrite" in err
+    code, _, err = run_cli(["export", "preact_resnet20", "--format", "tfjs", "--out", str(tmp_path / "x")], capsys)
+    assert code == 2 and "invalid choice: 'tfjs'" in err
+    code, _, err = run_cli(["export", "resnet50", "--out", str(tmp_path / "x")], capsys)
+    assert code == 2 and "resnet50" in err and "preact_resnet20" in err
+    code, _, err = run_cli(["export", "preact_resnet20", "--quantization", "float16",
+                            "--out", str(tmp_path / "x")], capsys)
+    assert code == 2 and "--format litert only" in err
+    code, _, err = run_cli(["export", "preact_resnet20", "--top-k", "11", "--out", str(tmp_path / "x")], capsys)
+    assert code == 2 and "top_k=11" in err
+    code, _, err = run_cli(["export", "preact_resnet20", "--preprocessing", "bgr", "--out", str(tmp_path / "x")], capsys)
+    assert code == 2 and "preprocessing='bgr'" in err
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, _, err = run_cli(["export", "preact_resnet20", "--out", str(blocker / "sub")], capsys)
+    assert code == 2 and "Cannot write an export under" in err
+    code, _, err = run_cli(["export", str(tmp_path / "none.keras"), "--out", str(tmp_path / "x")], capsys)
+    assert code == 2 and "does not exist" in err
+    assert not os.path.exists(tmp_path / "x")
+
+
+def test_export_overwrite_and_keras_checkpoint(tmp_path, capsys):
+    model = kp.PreActResNet(stage_blocks=(1, 1, 1), stage_filters=(8, 16, 32), stem_filters=8,
+                            input_shape=(16, 16, 3), classes=4, preprocessing=None)
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    out_dir = str(tmp_path / "lite")
+    code, _, err = run_cli(["export", path, "--format", "litert", "--out", out_dir], capsys)
+    assert code == 2 and "no preprocessing layer" in err
+    code, out, err = run_cli(["export", path, "--format", "litert", "--out", out_dir,
+                              "--preprocessing", "unit", "--top-k", "2"], capsys)
+    assert code == 0, err
+    assert "Parity with the Keras model" in out
+    card = export.read_model_card(out_dir)
+    assert card["weights"]["sha256"] == export.file_sha256(path)
+    assert card["top_k"] == 2
+    code, _, err = run_cli(["export", path, "--format", "litert", "--out", out_dir,
+                            "--preprocessing", "unit"], capsys)
+    assert code == 2 and "already exists" in err
+    code, _, err = run_cli(["export", path, "--format", "litert", "--out", out_dir,
+                            "--preprocessing", "unit", "--overwrite"], capsys)
+    assert code == 0, err
+    assert export.read_model_card(out_dir)["top_k"] == 4  # the default, capped by the classes
+
+
+def test_command_line_entry_point_prints_a_short_error(exported, tmp_path):
+    small = write_png(tmp_path / "small.png", np.zeros((8, 8, 3), np.uint8))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_preact", "predict", str(exported), small],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=300,
+    )
+    assert result.returncode == 2
+    assert "error: image" in result.stderr and "8x8" in result.stderr
+    assert "Traceback" not in result.stderr

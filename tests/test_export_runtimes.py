@@ -1,0 +1,161 @@
+"""LiteRT and ONNX exports: parity with Keras, quantised accuracy on digits.
+
+Runtimes: `ai-edge-litert`'s interpreter (tf.lite.Interpreter is deprecated) and
+`onnxruntime`, both independent of the TensorFlow that wrote the files.
+
+Stated tolerances (largest |difference| of probabilities against the Keras model):
+float32 LiteRT and ONNX 1e-5; float16 LiteRT 1e-2. Quantised accuracy on the digits
+test split (359 images) may drop by at most 0.6 points (float16, about 2 images)
+and 2.0 points (dynamic range, about 7 images) against the Keras model.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import keras
+
+import keras_preact as kp
+from keras_preact import export
+
+import ai_edge_litert.interpreter as ai_edge_litert  # noqa: E402 (test requirement)
+import onnxruntime  # noqa: E402 (test requirement)
+
+FLOAT_TOLERANCE = 1e-5
+FLOAT16_TOLERANCE = 1e-2
+MAX_ACCURACY_DROP = {"float16": 0.006, "dynamic_range": 0.02}
+DIGITS_CLASSES = [str(i) for i in range(10)]
+
+
+def _litert(path, x):
+    interpreter = ai_edge_litert.Interpreter(model_path=path)
+    return interpreter.get_signature_runner("serving_default")(images=x)
+
+
+def _onnx(path, x):
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, {"images": x})))
+
+
+@pytest.fixture(scope="module")
+def digits():
+    from keras_preact.data import load_arrays
+
+    train = load_arrays("digits", "train")
+    test = load_arrays("digits", "test")
+    return train, test
+
+
+@pytest.fixture(scope="module")
+def digits_model(digits):
+    """A tiny pre-activation ResNet trained for a few seconds on digits (32x32x3)."""
+    (x_train, y_train), (x_test, y_test) = digits
+    keras.utils.set_random_seed(0)
+    model = kp.PreActResNet(
+        stage_blocks=(1, 1, 1), stage_filters=(8, 16, 32), stem_filters=8,
+        input_shape=(32, 32, 3), classes=10, preprocessing="unit", name="digits_net",
+    )
+    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    model.fit(x_train.astype("float32"), y_train, batch_size=64, epochs=6, verbose=0)
+    probs = model.predict(x_test.astype("float32"), verbose=0, batch_size=128)
+    accuracy = float(np.mean(np.argmax(probs, -1) == y_test))
+    assert accuracy > 0.9, f"the tiny digits model only reached {accuracy:.3f}"
+    return model, probs, accuracy
+
+
+@pytest.mark.parametrize("fmt", ["litert", "onnx"])
+def test_float_exports_match_keras_on_a_named_network(tmp_path, fmt):
+    model = kp.preact_resnet20(preprocessing="cifar10")
+    fn = export.export_litert if fmt == "litert" else export.export_onnx
+    folder = fn(model, tmp_path / fmt, class_names=[f"c{i}" for i in range(10)])
+    path = os.path.join(folder, export.LITERT_FILE if fmt == "litert" else export.ONNX_FILE)
+    run = _litert if fmt == "litert" else _onnx
+    rng = np.random.default_rng(1)
+    for batch in (1, 7):
+        x = rng.integers(0, 256, (batch, 32, 32, 3), dtype=np.uint8)
+        expected = model.predict(x.astype("float32"), verbose=0)
+        out = run(path, x)
+        assert set(out) == {"probabilities", "top_k_classes", "top_k_scores"}
+        assert np.max(np.abs(out["probabilities"] - expected)) <= FLOAT_TOLERANCE
+        np.testing.assert_array_equal(out["top_k_classes"][:, 0], np.argmax(expected, -1))
+    with open(os.path.join(folder, "model_card.json")) as f:
+        card = json.load(f)
+    assert card["format"] == fmt
+    assert card["parity"]["max_abs_diff"] <= card["parity"]["tolerance"] == FLOAT_TOLERANCE
+    assert card["class_names"][3] == "c3"
+    with open(os.path.join(folder, "class_names.txt")) as f:
+        assert f.read().split()[3] == "c3"
+    served = export.load_export(folder)
+    assert served.kind == fmt and served.class_names[0] == "c0"
+    x = rng.integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
+    np.testing.assert_allclose(
+        served.predict(x)["probabilities"], model.predict(x.astype("float32"), verbose=0),
+        atol=FLOAT_TOLERANCE,
+    )
+
+
+def test_float_exports_match_keras_on_digits(tmp_path, digits, digits_model):
+    model, probs, _ = digits_model
+    (_, _), (x_test, _) = digits
+    lite = export.export_litert(model, tmp_path / "lite", parity_images=x_test[:16])
+    onnx = export.export_onnx(model, tmp_path / "onnx", include_features=True)
+    got_lite = _litert(os.path.join(lite, export.LITERT_FILE), x_test)["probabilities"]
+    got_onnx = _onnx(os.path.join(onnx, export.ONNX_FILE), x_test)
+    assert np.max(np.abs(got_lite - probs)) <= FLOAT_TOLERANCE
+    assert np.max(np.abs(got_onnx["probabilities"] - probs)) <= FLOAT_TOLERANCE
+    pool = keras.Model(model.inputs, model.get_layer("pool").output)
+    np.testing.assert_allclose(
+        got_onnx["features"], pool.predict(x_test.astype("float32"), verbose=0), atol=1e-4
+    )
+
+
+@pytest.mark.parametrize("quantization", ["float16", "dynamic_range"])
+def test_quantised_litert_accuracy_on_digits(tmp_path, digits, digits_model, quantization):
+    model, probs, keras_accuracy = digits_model
+    (_, _), (x_test, y_test) = digits
+    float_folder = export.export_litert(model, tmp_path / "f32", check_parity=False)
+    folder = export.export_litert(
+        model, tmp_path / quantization, quantization=quantization,
+        class_names=DIGITS_CLASSES, metrics={"keras_test_accuracy": keras_accuracy},
+        parity_images=x_test[:32],
+    )
+    out = _litert(os.path.join(folder, export.LITERT_FILE), x_test)
+    accuracy = float(np.mean(np.argmax(out["probabilities"], -1) == y_test))
+    drop = keras_accuracy - accuracy
+    assert drop <= MAX_ACCURACY_DROP[quantization], (quantization, keras_accuracy, accuracy)
+    if quantization == "float16":
+        assert np.max(np.abs(out["probabilities"] - probs)) <= FLOAT16_TOLERANCE
+    with open(os.path.join(folder, "model_card.json")) as f:
+        card = json.load(f)
+    assert card["serving"]["quantization"] == quantization
+    assert card["metrics"] == {"keras_test_accuracy": keras_accuracy}
+    # The weights shrink: float16 to about half, int8 to about a quarter.
+    size = os.path.getsize(os.path.join(float_folder, export.LITERT_FILE))
+    limit = 0.6 if quantization == "float16" else 0.4
+    assert card["serving"]["bytes"] < limit * size
+
+
+def test_litert_and_onnx_bad_arguments(tmp_path):
+    model = kp.PreActResNet(stage_blocks=(1, 1, 1), stage_filters=(8, 16, 32), stem_filters=8,
+                            input_shape=(16, 16, 3), classes=5, preprocessing="unit")
+    with pytest.raises(ValueError, match=r"quantization='int4'.*dynamic_range"):
+        export.export_litert(model, tmp_path / "a", quantization="int4")
+    with pytest.raises(ValueError, match=r"parity_tolerance=-1"):
+        export.export_litert(model, tmp_path / "b", parity_tolerance=-1)
+    with pytest.raises(ValueError, match=r"opset_version=0"):
+        export.export_onnx(model, tmp_path / "c", opset_version=0)
+    with pytest.raises(ValueError, match=r"parity_images.*16x16"):
+        export.export_onnx(model, tmp_path / "d", parity_images=np.zeros((2, 8, 8, 3), np.uint8))
+    assert sorted(os.listdir(tmp_path)) == []
+    folder = export.export_onnx(model, tmp_path / "e")
+    with pytest.raises(FileExistsError, match="overwrite"):
+        export.export_onnx(model, tmp_path / "e")
+    served = export.load_export(os.path.join(folder, export.ONNX_FILE))
+    with pytest.raises(ValueError, match="uint8"):
+        served.predict(np.zeros((1, 16, 16, 3), np.float32))
+    with pytest.raises(ValueError, match="16x16"):
+        served.predict(np.zeros((1, 32, 32, 3), np.uint8))
