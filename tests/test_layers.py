@@ -297,3 +297,31 @@ def test_image_normalization():
         ImageNormalization(std=(0.0,))
     with pytest.raises(ValueError, match="3 channels|channels"):
         ImageNormalization(mean=(0.1, 0.2)).build((None, 4, 4, 3))
+
+
+@pytest.mark.parametrize("block,filters", [("basic", 16), ("bottleneck", 32)])
+def test_stage_config_round_trip_and_costs(block, filters):
+    x = np.random.RandomState(10).randn(2, 8, 8, 8).astype("float32")
+    stage = PreActStage(block, filters, units=3, strides=2, name="stage")
+    stage.build(x.shape)
+    _randomize_bn(stage)
+    config = stage.get_config()
+    clone = PreActStage.from_config(config)
+    assert clone.get_config() == config
+    clone.build(x.shape)
+    clone.set_weights(stage.get_weights())
+    np.testing.assert_allclose(to_numpy(clone(x)), to_numpy(stage(x)), atol=1e-6)
+    # Costs: the stage's multiply-adds are the sum of its units'.
+    cls = PreActBasicBlock if block == "basic" else PreActBottleneckBlock
+    unit2 = cls(filters)
+    out_shape = stage.compute_output_shape(x.shape)
+    unit2.build(out_shape)
+    assert stage.compute_macs(x.shape) == stage.unit1.compute_macs(x.shape) + 2 * unit2.compute_macs(out_shape)
+    assert stage.count_params() == stage.unit1.count_params() + 2 * unit2.count_params()
+
+
+def test_stage_bad_arguments():
+    with pytest.raises(ValueError, match="units"):
+        PreActStage("basic", 16, units=0)
+    with pytest.raises(ValueError, match="block='wide'"):
+        PreActStage("wide", 16, units=2)
