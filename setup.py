@@ -16,6 +16,15 @@ def _version():
     raise RuntimeError("no __version__")
 
 
+EXPORT_EXTRAS = [
+    "tf2onnx==1.17.0",
+    "onnx==1.23.2",
+    "onnxruntime==1.32.0",
+    "ai-edge-litert==2.3.0",
+]
+# The JAX and PyTorch backend passes; torch pinned to its CPU build.
+TEST_EXTRAS = ["pytest>=8", "jax>=0.4.30", "torch==2.13.0"] + EXPORT_EXTRAS
+
 with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
     LONG_DESCRIPTION = f.read()
 
@@ -41,19 +50,13 @@ setup(
         "h5py",
         "scikit-learn",
         "matplotlib",
+        "pillow",
     ],
     extras_require={
-        "test": [
-            "pytest>=8",
-            "jax[cpu]>=0.4.30",
-            "torch==2.13.0",
-        ],
-        "dev": [
-            "pytest>=8",
-            "jax[cpu]>=0.4.30",
-            "torch==2.13.0",
-            "build",
-        ],
+        # LiteRT and ONNX export and their parity checks.
+        "export": EXPORT_EXTRAS,
+        "test": TEST_EXTRAS,
+        "dev": TEST_EXTRAS + ["build"],
     },
     entry_points={"console_scripts": ["keras-preact=keras_preact.cli:main"]},
     classifiers=[

@@ -410,7 +410,8 @@ class _ServingParts:
             "top_k_scores": scores,
         }
         if self.include_features:
-            result["features"] = out["features"]
+            # float32 whatever the model's dtype policy (e.g. mixed_bfloat16).
+            result["features"] = ops.cast(out["features"], "float32")
         return keras.Model(inputs, result, name=name)
 
     def describe_outputs(self, class_names=None):
@@ -501,6 +502,11 @@ def _staged_folder(target, *, overwrite, argument="path"):
     try:
         os.makedirs(parent, exist_ok=True)
         staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.partial-", dir=parent)
+        # mkdtemp makes the folder private (0700); an export must be readable by the
+        # server (e.g. TF Serving in a container under another user), as any folder.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)
     except OSError as err:
         raise ValueError(
             f"Cannot write an export under {parent!r}: {err.strerror or err}. "
@@ -826,10 +832,10 @@ class _Progress:
             self.bar.update(self.done)
 
 
-def _common_checks(model, path, *, class_names, weights_info, metrics, overwrite, check_parity, argument="path"):
+def _common_checks(model, path, *, class_names, weights_info, metrics, overwrite, check_parity):
     _check_bool("overwrite", overwrite)
     _check_bool("check_parity", check_parity)
-    target = _check_path(argument, path)
+    target = _check_path("path", path)
     _model_input_shape(model)
     names = _check_class_names(class_names, _num_classes(model))
     return (

@@ -247,19 +247,17 @@ def _cmd_predict(args):
         preprocessing = _parse_preprocessing(args.preprocessing)
         export._resolve_export(args.model)  # a clear error for a wrong path, first
         class_names = _read_class_names(args.class_names)
+        # Read from the model card (or a .keras file's config): no model loaded yet.
+        shape = export.expected_input_shape(args.model)
         arrays, errors = [], []
         for path in args.images:
             try:
-                arrays.append((path, read_image(path)))
+                array = read_image(path)
+                if shape is not None:
+                    check_image(path, array, shape)
+                arrays.append((path, array))
             except CommandError as err:
                 errors.append(str(err))
-        shape = export.expected_input_shape(args.model)
-        if shape is not None:
-            for path, array in arrays:
-                try:
-                    check_image(path, array, shape)
-                except CommandError as err:
-                    errors.append(str(err))
         if errors:
             raise CommandError("; ".join(errors))
         served = export.load_export(args.model, preprocessing=preprocessing)

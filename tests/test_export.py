@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import stat
 
 import numpy as np
 import pytest
@@ -251,10 +252,14 @@ def test_failed_overwrite_keeps_the_old_export(tmp_path, monkeypatch):
     x = images(3)
     expected = serve(folder, images=x)["probabilities"]
 
-    def broken(*args, **kwargs):
+    real_save = tf.saved_model.save
+
+    def broken(obj, export_dir, *args, **kwargs):
+        # Write a real SavedModel, then fail as if the process died half-way.
+        real_save(obj, export_dir, *args, **kwargs)
         raise RuntimeError("crash while writing (injected)")
 
-    monkeypatch.setattr(keras.export.ExportArchive, "write_out", broken)
+    monkeypatch.setattr(tf.saved_model, "save", broken)
     with pytest.raises(RuntimeError, match="injected"):
         export.export_saved_model(model, tmp_path / "m", top_k=4, overwrite=True)
     after = {name: os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder)
@@ -292,6 +297,11 @@ def test_existing_export_needs_overwrite(tmp_path):
     export.export_saved_model(model, tmp_path / "m", top_k=3, overwrite=True)
     assert serve(folder, images=images(1))["top_k_classes"].shape == (1, 3)
     assert _listing(tmp_path / "m") == ["1"]
+    # Renamed from a private temporary folder, the export still gets the usual
+    # permissions, so a server running as another user can read it.
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o777 & ~umask
 
 
 def test_overwrite_refuses_a_folder_that_is_not_an_export(tmp_path):

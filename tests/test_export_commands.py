@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import keras
 
 import keras_preact as kp
 from keras_preact import cli

@@ -91,7 +91,9 @@ def test_small_model_battery(name, tmp_path):
 
     # SGD steps on one batch: the (training-mode) loss moves from step to step, and
     # every trainable weight changes, i.e. got a non-zero gradient.
-    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.05), loss="sparse_categorical_crossentropy")
+    # jit_compile=False: for two steps, compiling a deep net with XLA costs more than it saves.
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.05),
+                  loss="sparse_categorical_crossentropy", jit_compile=False)
     before = [to_numpy(w).copy() for w in model.trainable_weights]
     loss0 = float(model.train_on_batch(x, y))
     loss1 = float(model.train_on_batch(x, y))

@@ -41,8 +41,8 @@ def add_commands(subparsers):
         description="Evaluate a run (--workdir) or a weights file (--model + --weights).",
     )
     p.add_argument("--workdir", help="a training workdir (uses its model.keras or newest checkpoint)")
-    p.add_argument("--model", help="a model name from `keras-preact list` (with --weights)")
-    p.add_argument("--weights", help="a .keras or .weights.h5 file (with --model)")
+    p.add_argument("--model", help="a model name from `keras-preact list` (for a .weights.h5)")
+    p.add_argument("--weights", help="a .keras file, or a .weights.h5 file with --model")
     p.add_argument("--dataset", help="dataset name (default: the workdir's)")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--data-source", default="auto", help="auto, tfds or archive")
@@ -210,8 +210,11 @@ def cmd_train(args):
 
 def cmd_evaluate(args):
     _setup_logging()
-    if args.workdir is None and (args.model is None or args.dataset is None):
-        return _fail("give --workdir, or --model, --weights and --dataset")
+    if args.workdir is None and (args.dataset is None or (args.model is None and args.weights is None)):
+        return _fail(
+            "give --workdir, or --dataset with --weights (a .keras file, or --model and "
+            "its .weights.h5)"
+        )
     try:
         from keras_preact.training.trainer import evaluate
 

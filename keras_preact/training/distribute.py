@@ -19,6 +19,8 @@ import os
 
 logger = logging.getLogger(__name__)
 
+_STRATEGIES = {}
+
 
 def _tf():
     import tensorflow as tf
@@ -106,7 +108,15 @@ def make_strategy(name):
             # MirroredStrategy() without GPUs takes only CPU:0; use every logical
             # CPU device so `cpu_devices` gives real replicas.
             devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-        return tf.distribute.MirroredStrategy(devices=devices)
+        key = ("mirrored", tuple(devices or ()))
+        if key not in _STRATEGIES:
+            # One instance per device set and process: a second MirroredStrategy
+            # over the same devices restarts the collective instance keys, and its
+            # first all-reduce then collides with the first strategy's cached
+            # collective of another shape ("Shape mismatch in the collective
+            # instance 100"), e.g. two runs in one process, one with synchronized BN.
+            _STRATEGIES[key] = tf.distribute.MirroredStrategy(devices=devices)
+        return _STRATEGIES[key]
     if name == "tpu":
         try:
             resolver = tf.distribute.cluster_resolver.TPUClusterResolver()

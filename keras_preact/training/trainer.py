@@ -51,6 +51,20 @@ def build_model(config, info):
 
     kwargs = dict(config.model_kwargs)
     architecture = kwargs.pop("architecture", None)
+    import inspect
+
+    from keras_preact.models.cifar import preact_resnet_cifar
+
+    valid = set(inspect.signature(keras_preact.PreActResNet.__init__).parameters) - {"self", "kwargs"}
+    valid |= {"trainable"}
+    if architecture is None:
+        valid |= set(inspect.signature(preact_resnet_cifar).parameters) - {"kwargs", "depth"}
+    unknown = sorted((set(kwargs) | set(architecture or {})) - valid)
+    if unknown:
+        raise ValueError(
+            f"Invalid model arguments for {config.model!r}: unknown {unknown}. "
+            f"Received: model_kwargs={config.model_kwargs!r}. Valid: {sorted(valid)}"
+        )
     dtype = precision_dtype(config.precision)
     defaults = {"classes": info["num_classes"], "input_shape": tuple(info["image_shape"])}
     if config.preprocessing_in_model:
@@ -74,6 +88,16 @@ def build_model(config, info):
         ) from None
 
 
+def weights_fingerprint(model):
+    """``[[name, shape], ...]`` of the model's variables in creation order.
+
+    Weights files are matched by creation order, so two networks with the same
+    fingerprint load each other's checkpoints; any other pair is refused before
+    loading (Keras may skip a mismatched nested layer with only a warning).
+    """
+    return [[v.name, [int(d) for d in v.shape]] for v in model.weights]
+
+
 def _step(optimizer):
     """The optimizer's iteration count as an int (also for a MirroredVariable)."""
     import numpy as np
@@ -81,6 +105,14 @@ def _step(optimizer):
     value = optimizer.iterations
     value = getattr(value, "value", value)
     return int(np.asarray(value.numpy() if hasattr(value, "numpy") else value))
+
+
+def dataset_info(name, path=None):
+    """`keras_preact.data.dataset_info`; `path` is passed only where it means something
+    (the image folder), since CIFAR's published sizes do not depend on it."""
+    from keras_preact import data
+
+    return data.dataset_info(name, path=path if name == "folder" else None)
 
 
 def _accepts(cls, name):
@@ -144,7 +176,8 @@ def check_workdir(config, workdir):
     return workdir.read_state()
 
 
-def _make_callbacks(keras, *, config, workdir, schedule, spe, history, total_steps):
+def _make_callbacks(keras, *, config, workdir, schedule, spe, history, total_steps,
+                    fingerprint):
     class EpochCheckpoint(keras.callbacks.Callback):
         """Checkpoint + state + metrics after every completed epoch, atomically."""
 
@@ -173,7 +206,7 @@ def _make_callbacks(keras, *, config, workdir, schedule, spe, history, total_ste
             # previous epoch's state and checkpoint intact.
             workdir.write_state(
                 {"epoch": epoch + 1, "step": step, "checkpoint": name, "history": history,
-                 "complete": False}
+                 "complete": False, "fingerprint": fingerprint}
             )
             workdir.prune_checkpoints(config.keep_checkpoints, name)
             _write_reports(workdir, config, history, schedule_info=None)
@@ -317,22 +350,7 @@ def train_and_evaluate(config, workdir):
 
     from keras_preact import data
 
-    info = data.dataset_info(config.dataset, path=config.data_path)
-    spe = int(info["num_train"]) // config.batch_size
-    if spe < 1:
-        raise ValueError(
-            f"batch_size={config.batch_size} is larger than the {config.dataset!r} "
-            f"training split ({info['num_train']} images)."
-        )
-    sched = config.resolve_schedule(spe)
-    epochs, total_steps = sched["epochs"], sched["total_steps"]
-    start_epoch = state["epoch"] if state else 0
-    history = list(state["history"]) if state else []
-    if start_epoch > epochs:
-        raise ValueError(
-            f"The workdir's checkpoint is at epoch {start_epoch}, past this run's "
-            f"{epochs} epochs; the workdir does not belong to this run."
-        )
+    info = dataset_info(config.dataset, config.data_path)
 
     def data_kwargs():
         return dict(
@@ -350,16 +368,46 @@ def train_and_evaluate(config, workdir):
         config.dataset, "test", shuffle=False, augment=False, drop_remainder=False,
         **data_kwargs(),
     )
+    # Steps per epoch from the files actually read (not the published split size).
+    one_epoch = data.make_dataset(
+        config.dataset, "train", augment=config.augment, drop_remainder=True,
+        **{**data_kwargs(), "batch_size": 1},
+    )
+    num_train = int(one_epoch.cardinality())
+    num_test = int(
+        data.make_dataset(
+            config.dataset, "test", shuffle=False, augment=False, drop_remainder=False,
+            **{**data_kwargs(), "batch_size": 1},
+        ).cardinality()
+    )
+    spe = num_train // config.batch_size
+    if spe < 1:
+        raise ValueError(
+            f"batch_size={config.batch_size} is larger than the {config.dataset!r} "
+            f"training split ({num_train} images)."
+        )
+    sched = config.resolve_schedule(spe)
+    epochs, total_steps = sched["epochs"], sched["total_steps"]
+    start_epoch = state["epoch"] if state else 0
+    history = list(state["history"]) if state else []
+    if start_epoch > epochs:
+        raise ValueError(
+            f"The workdir's checkpoint is at epoch {start_epoch}, past this run's "
+            f"{epochs} epochs; the workdir does not belong to this run."
+        )
     train_ds = None
     if start_epoch < epochs:
         train_ds = data.make_dataset(
             config.dataset, "train", augment=config.augment, epoch=start_epoch,
             drop_remainder=True, repeat_epochs=epochs - start_epoch, **data_kwargs(),
         )
+        expected = (epochs - start_epoch) * spe
+        if int(train_ds.cardinality()) != expected:
+            raise ValueError(
+                f"The training data yields {int(train_ds.cardinality())} batches for "
+                f"{epochs - start_epoch} epochs, expected {expected}."
+            )
 
-    if state is None:
-        os.makedirs(workdir.path, exist_ok=True)
-        workdir.write_config(_config_document(config))
     distribute.seed_everything(config.seed)
 
     with strategy.scope():
@@ -376,8 +424,23 @@ def train_and_evaluate(config, workdir):
             jit_compile=bool(config.jit_compile),
         )
         optimizer.build(model.trainable_variables)
+        fingerprint = weights_fingerprint(model)
         if state is not None:
             ckpt = workdir.file(CHECKPOINT_DIR, state["checkpoint"])
+            stored_print = state.get("fingerprint")
+            if stored_print is not None and stored_print != fingerprint:
+                first = next(
+                    (i for i, (a, b) in enumerate(zip(stored_print, fingerprint)) if a != b),
+                    min(len(stored_print), len(fingerprint)),
+                )
+                raise ValueError(
+                    f"The checkpoint {ckpt} does not fit the model {config.model!r}: it "
+                    f"holds {len(stored_print)} variables, the model {len(fingerprint)}; "
+                    f"the first difference is variable {first} (checkpoint: "
+                    f"{stored_print[first] if first < len(stored_print) else None}, model: "
+                    f"{fingerprint[first] if first < len(fingerprint) else None}). "
+                    "Nothing was changed. Use a new --workdir."
+                )
             try:
                 model.load_weights(ckpt)
             except Exception as err:  # Keras raises several types for a mismatch.
@@ -398,14 +461,19 @@ def train_and_evaluate(config, workdir):
 
     schedule_info = {**sched, "num_replicas": replicas,
                      "per_replica_batch": config.batch_size // replicas}
+    for path in workdir.remove_stale_temporaries():
+        logger.info("Removed %s (a write interrupted by a crash).", path)
     if state is None:
+        # The first write: everything that can fail on bad input has run by now.
+        os.makedirs(workdir.path, exist_ok=True)
+        workdir.write_config(_config_document(config))
         _write_reports(workdir, config, history, schedule_info=schedule_info)
 
     t0 = time.time()
     if start_epoch < epochs:
         callbacks = _make_callbacks(
             keras, config=config, workdir=workdir, schedule=config.make_schedule(spe),
-            spe=spe, history=history, total_steps=total_steps,
+            spe=spe, history=history, total_steps=total_steps, fingerprint=fingerprint,
         )
         model.fit(
             train_ds,
@@ -426,7 +494,8 @@ def train_and_evaluate(config, workdir):
     final = {
         "test_accuracy": float(results["accuracy"]),
         "test_loss": float(results["loss"]),
-        "num_test_examples": int(info["num_test"]),
+        "num_train_examples": num_train,
+        "num_test_examples": num_test,
         "num_params": int(model.count_params()),
         "num_replicas": replicas,
         "input_normalization": {
@@ -463,6 +532,16 @@ def has_preprocessing_layer(model):
     )
 
 
+def _load_weights(model, path, label):
+    try:
+        model.load_weights(path)
+    except Exception as err:  # Keras raises several types for a mismatch.
+        raise ValueError(
+            f"The weights {path} do not fit {label!r} ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:300] if str(err) else ''})."
+        ) from None
+
+
 def load_workdir_model(workdir):
     """The trained model of a workdir: ``model.keras``, else its newest checkpoint.
 
@@ -490,9 +569,9 @@ def load_workdir_model(workdir):
         raise ValueError(f"The run in {wd.path} has no completed epoch to evaluate yet.")
     from keras_preact import data
 
-    model = build_model(config, data.dataset_info(config.dataset, path=config.data_path))
+    model = build_model(config, dataset_info(config.dataset, config.data_path))
     ckpt = wd.file(CHECKPOINT_DIR, state["checkpoint"])
-    model.load_weights(ckpt)
+    _load_weights(model, ckpt, config.model)
     return model, config, ckpt
 
 
@@ -537,40 +616,46 @@ def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=N
         if data_source == "auto":
             data_source = config.data_source
     else:
-        if model is None or dataset is None:
+        if dataset is None or (model is None and weights is None):
             raise ValueError(
-                "Give `workdir`, or `model` and `dataset` (with `weights`). Received: "
-                f"workdir=None, model={model!r}, dataset={dataset!r}"
+                "Give `workdir`, or `dataset` with `weights` (a .keras file, or a "
+                "model name and its .weights.h5). Received: workdir=None, "
+                f"model={model!r}, weights={weights!r}, dataset={dataset!r}"
             )
         if dataset not in data.list_datasets():
             raise ValueError(
                 f"Unknown dataset. Received: dataset={dataset!r}. Valid: {data.list_datasets()}"
             )
-        if isinstance(model, str):
-            source = weights
-            if weights is not None and not os.path.exists(weights):
-                raise ValueError(f"Weights file not found. Received: weights={weights!r}")
-            if weights is not None and str(weights).endswith(".keras"):
+        if weights is not None and not os.path.isfile(weights):
+            raise ValueError(f"Weights file not found. Received: weights={weights!r}")
+        source = weights
+        if model is not None and not isinstance(model, str):
+            net = model
+            if weights is not None:
+                _load_weights(net, weights, getattr(net, "name", "the model"))
+        elif weights is not None and str(weights).endswith(".keras"):
+            try:
                 net = keras.saving.load_model(weights, compile=False)
-            else:
-                info = data.dataset_info(dataset, path=data_path)
-                kwargs = dict(model_kwargs or {})
-                kwargs.setdefault("classes", info["num_classes"])
-                kwargs.setdefault("input_shape", tuple(info["image_shape"]))
-                # As `train` builds it (the layer has no weights, so weights
-                # trained either way load).
-                kwargs.setdefault("preprocessing", dataset_preprocessing(info))
-                net = keras_preact.get_model(model, **kwargs)
-                if weights is not None:
-                    try:
-                        net.load_weights(weights)
-                    except Exception as err:
-                        raise ValueError(
-                            f"The weights {weights} do not fit {model!r} "
-                            f"({type(err).__name__}: {str(err).splitlines()[0][:300]})."
-                        ) from None
+            except Exception as err:
+                raise ValueError(
+                    f"Cannot load the model file {weights} ({type(err).__name__}: "
+                    f"{str(err).splitlines()[0][:300] if str(err) else ''})."
+                ) from None
         else:
-            net, source = model, None
+            if model not in keras_preact.list_models():
+                raise ValueError(
+                    f"Unknown model. Received: model={model!r}. Valid: {keras_preact.list_models()}"
+                )
+            info = dataset_info(dataset, data_path)
+            kwargs = dict(model_kwargs or {})
+            kwargs.setdefault("classes", info["num_classes"])
+            kwargs.setdefault("input_shape", tuple(info["image_shape"]))
+            # As `train` builds it (the layer has no weights, so weights trained
+            # either way load).
+            kwargs.setdefault("preprocessing", dataset_preprocessing(info))
+            net = keras_preact.get_model(model, **kwargs)
+            if weights is not None:
+                _load_weights(net, weights, model)
     ds = data.make_dataset(
         dataset, split, batch_size=batch_size, data_dir=data_dir, source=data_source,
         path=data_path, shuffle=False, augment=False, drop_remainder=False,
@@ -581,8 +666,12 @@ def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=N
         metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
     )
     results = net.evaluate(ds, return_dict=True, verbose=verbose)
-    info = data.dataset_info(dataset, path=data_path)
-    n = int(info["num_test"] if split == "test" else info["num_train"])
+    n = int(
+        data.make_dataset(
+            dataset, split, batch_size=1, data_dir=data_dir, source=data_source,
+            path=data_path, shuffle=False, augment=False, drop_remainder=False,
+        ).cardinality()
+    )
     return {
         "loss": float(results["loss"]),
         "accuracy": float(results["accuracy"]),

@@ -207,6 +207,22 @@ class Workdir:
 
         atomic_write_bytes(self.file(CURVE_PNG), plot_training_curve(history, title=title))
 
+    def remove_stale_temporaries(self):
+        """Deletes ``.tmp-*`` files a killed writer left behind (never read).
+
+        Returns:
+            list of the removed paths.
+        """
+        removed = []
+        for folder in (self.path, self.file(CHECKPOINT_DIR)):
+            if not os.path.isdir(folder):
+                continue
+            for name in os.listdir(folder):
+                if name.startswith(".tmp-"):
+                    _remove_quietly(os.path.join(folder, name))
+                    removed.append(os.path.join(folder, name))
+        return removed
+
     def has_files(self):
         return os.path.isdir(self.path) and bool(os.listdir(self.path))
 

@@ -1,0 +1,344 @@
+"""`train_and_evaluate`, `evaluate` and the `train`/`evaluate` commands (TensorFlow).
+
+Tiny networks on real data (scikit-learn's digits) and on CIFAR-10 files the tests
+write in the original python-pickle layout. The heavier checks (kill and resume,
+two replicas, the demo's accuracy) are in the e2e test files.
+"""
+
+import glob
+import hashlib
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from tests import data_fixtures as F
+
+TINY = {"architecture": {"stage_blocks": [1, 1, 1], "stage_filters": [8, 16, 32], "stem_filters": 8}}
+
+
+def tiny_config(**kw):
+    from keras_preact.training import TrainConfig
+
+    values = dict(model="tiny", model_kwargs=TINY, dataset="digits", batch_size=64, epochs=2,
+                  seed=0, verbose=0)
+    values.update(kw)
+    return TrainConfig(**values)
+
+
+def file_hashes(folder):
+    out = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, folder)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    """A complete two-epoch run of a tiny network on digits."""
+    from keras_preact.training import train_and_evaluate
+
+    workdir = str(tmp_path_factory.mktemp("runs") / "tiny")
+    config = tiny_config()
+    result = train_and_evaluate(config, workdir)
+    return config, workdir, result
+
+
+@pytest.fixture
+def cifar_dir(tmp_path):
+    """CIFAR-10 in the python-pickle layout: 5 x 4 train images, 6 test images."""
+    train, test = F.cifar10_splits(per_batch=4, num_test=6)
+    return F.write_cifar10_python(str(tmp_path / "data"), train, test)
+
+
+def cifar_config(folder, **kw):
+    values = dict(dataset="cifar10", data_source="archive", data_path=folder, batch_size=5,
+                  epochs=1, eval_every=0)
+    values.update(kw)
+    return tiny_config(**values)
+
+
+def test_run_writes_checkpoints_metrics_curve_logs_and_model(digits_run):
+    import keras
+
+    from keras_preact.training import evaluate
+
+    config, workdir, result = digits_run
+    stored = json.load(open(os.path.join(workdir, "config.json")))
+    assert stored["train_config"] == config.to_dict()
+
+    metrics = json.load(open(os.path.join(workdir, "metrics.json")))
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
+    assert [e["step"] for e in metrics["epochs"]] == [22, 44]  # 1438 // 64 per epoch
+    for entry in metrics["epochs"]:
+        assert {"loss", "accuracy", "val_loss", "val_accuracy", "learning_rate"} <= set(entry)
+    assert metrics["complete"] is True
+    assert metrics["test_accuracy"] == result["test_accuracy"]
+    assert metrics["test_loss"] == result["test_loss"]
+    assert metrics["num_train_examples"] == 1438 and metrics["num_test_examples"] == 359
+    # The last epoch's evaluation and the final one see the same weights and data.
+    assert metrics["epochs"][-1]["val_accuracy"] == pytest.approx(metrics["test_accuracy"], abs=1e-6)
+    assert metrics["epochs"][0]["learning_rate"] == pytest.approx(0.05)  # 0.1 * 64 / 128
+
+    rows = open(os.path.join(workdir, "metrics.csv")).read().splitlines()
+    assert rows[0].split(",")[:3] == ["epoch", "step", "learning_rate"]
+    assert [r.split(",")[0] for r in rows[1:]] == ["1", "2"]
+    with open(os.path.join(workdir, "training_curve.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert glob.glob(os.path.join(workdir, "tensorboard", "*", "events.out.tfevents.*"))
+
+    state = json.load(open(os.path.join(workdir, "checkpoints", "state.json")))
+    assert (state["epoch"], state["step"], state["complete"]) == (2, 44, True)
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == [
+        "ckpt-00001.weights.h5", "ckpt-00002.weights.h5", "state.json",
+    ]
+    assert not [n for n in os.listdir(workdir) if n.startswith(".tmp-")]
+
+    # The saved model takes raw pixels (it carries the dataset's normalisation) and
+    # reproduces the reported accuracy.
+    model = keras.saving.load_model(os.path.join(workdir, "model.keras"), compile=False)
+    assert model.get_layer("preprocessing") is not None
+    again = evaluate(workdir, verbose=0)
+    assert again["accuracy"] == pytest.approx(result["test_accuracy"], abs=1e-6)
+    assert again["num_examples"] == 359
+    from_file = evaluate(weights=os.path.join(workdir, "model.keras"), dataset="digits", verbose=0)
+    assert from_file["accuracy"] == pytest.approx(result["test_accuracy"], abs=1e-6)
+
+
+def test_rerunning_a_complete_run_changes_nothing(digits_run):
+    from keras_preact.training import train_and_evaluate
+
+    config, workdir, result = digits_run
+    before = file_hashes(workdir)
+    again = train_and_evaluate(config.replace(verbose=2), workdir)  # verbosity may change
+    assert again["resumed_from_epoch"] is None
+    assert again["test_accuracy"] == result["test_accuracy"]
+    assert file_hashes(workdir) == before
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"epochs": 3}, "epochs"),
+        ({"model_kwargs": {"architecture": {**TINY["architecture"], "stem_filters": 16}}}, "model_kwargs"),
+        ({"model": "preact_resnet20", "model_kwargs": {}}, "model"),
+        ({"seed": 1}, "seed"),
+        ({"weight_decay": 5e-4}, "weight_decay"),
+    ],
+)
+def test_a_different_config_in_the_workdir_is_refused(digits_run, tmp_path, change, field):
+    from keras_preact.training import train_and_evaluate
+
+    config, workdir, _ = digits_run
+    copy = str(tmp_path / "copy")
+    shutil.copytree(workdir, copy)
+    os.remove(os.path.join(copy, "model.keras"))  # so a matching config would resume
+    before = file_hashes(copy)
+    with pytest.raises(ValueError, match=rf"holds a run with a different config \({field}: stored"):
+        train_and_evaluate(config.replace(**change), copy)
+    assert file_hashes(copy) == before
+
+
+def test_a_checkpoint_of_another_model_is_refused(digits_run, tmp_path):
+    from keras_preact.training import train_and_evaluate
+
+    config, workdir, _ = digits_run
+    copy = str(tmp_path / "copy")
+    shutil.copytree(workdir, copy)
+    os.remove(os.path.join(copy, "model.keras"))
+    # A config.json that claims another network than the checkpoints hold.
+    other = config.replace(model_kwargs={"architecture": {**TINY["architecture"], "stage_filters": [8, 16, 24]}})
+    doc = json.load(open(os.path.join(copy, "config.json")))
+    doc["train_config"] = other.to_dict()
+    with open(os.path.join(copy, "config.json"), "w") as f:
+        json.dump(doc, f)
+    before = file_hashes(copy)
+    with pytest.raises(ValueError, match=r"checkpoint .*ckpt-00002.weights.h5 does not fit the model 'tiny'"):
+        train_and_evaluate(other, copy)
+    assert file_hashes(copy) == before
+
+
+def test_checkpoints_without_a_config_are_refused(digits_run, tmp_path):
+    from keras_preact.training import train_and_evaluate
+
+    config, workdir, _ = digits_run
+    copy = str(tmp_path / "copy")
+    shutil.copytree(workdir, copy)
+    os.remove(os.path.join(copy, "config.json"))
+    before = file_hashes(copy)
+    with pytest.raises(ValueError, match="holds checkpoints but no config.json"):
+        train_and_evaluate(config, copy)
+    assert file_hashes(copy) == before
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"model": "preact_resnet21", "model_kwargs": {}}, r"Unknown model.*preact_resnet21.*Valid"),
+        ({"dataset": "mnist"}, r"Unknown dataset.*'mnist'.*Valid.*cifar10"),
+        ({"strategy": "tpu"}, r"strategy='tpu' was requested but no TPU was found"),
+        ({"batch_size": 2048}, r"batch_size=2048 is larger than the 'digits' training split \(1438"),
+        ({"model_kwargs": {"architecture": {"stage_blocks": [1, 1], "stage_filters": [8, 16, 32]}}},
+         r"one entry per stage"),
+        ({"model_kwargs": {"architecture": TINY["architecture"], "no_such_argument": 1}},
+         r"Invalid model arguments.*no_such_argument"),
+    ],
+)
+def test_bad_input_fails_before_anything_is_written(tmp_path, kwargs, message):
+    from keras_preact.training import train_and_evaluate
+
+    workdir = tmp_path / "run"
+    with pytest.raises(ValueError, match=message):
+        train_and_evaluate(tiny_config(**kwargs), str(workdir))
+    assert not workdir.exists()
+
+
+def test_missing_data_files_fail_before_anything_is_written(tmp_path):
+    from keras_preact.training import train_and_evaluate
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    workdir = tmp_path / "run"
+    config = tiny_config(dataset="cifar10", data_source="archive", data_dir=str(empty))
+    with pytest.raises(ValueError, match=r"No cifar10 files"):
+        train_and_evaluate(config, str(workdir))
+    assert not workdir.exists()
+
+
+def test_corrupt_data_on_restart_loses_no_checkpoint(cifar_dir, tmp_path):
+    from keras_preact.training import train_and_evaluate
+
+    workdir = str(tmp_path / "run")
+    config = cifar_config(cifar_dir)
+    result = train_and_evaluate(config, workdir)
+    assert result["steps"] == 4  # 20 images // 5
+    # The final step (evaluate + save the model) has to run again ...
+    os.remove(os.path.join(workdir, "model.keras"))
+    # ... but a train file is now truncated.
+    path = os.path.join(cifar_dir, "data_batch_2")
+    blob = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(blob[: len(blob) // 2])
+    from keras_preact.data import clear_cache
+
+    clear_cache()
+    before = file_hashes(workdir)
+    with pytest.raises(ValueError, match=r"data_batch_2.*truncated or corrupt"):
+        train_and_evaluate(config, workdir)
+    assert file_hashes(workdir) == before
+
+
+@pytest.mark.parametrize("precision", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_trains(cifar_dir, tmp_path, precision):
+    import keras
+
+    from keras_preact.training import train_and_evaluate
+
+    workdir = str(tmp_path / "run")
+    result = train_and_evaluate(cifar_config(cifar_dir, precision=precision, steps=2, epochs=None), workdir)
+    assert np.isfinite(result["test_loss"])
+    model = keras.saving.load_model(result["model_path"], compile=False)
+    assert model.get_layer("stem_conv").dtype_policy.name == precision
+    assert model.output.dtype == "float32"  # softmax in float32
+    history = json.load(open(os.path.join(workdir, "metrics.json")))["epochs"]
+    assert np.isfinite(history[0]["loss"])
+
+
+def test_jit_compile_trains(cifar_dir, tmp_path):
+    from keras_preact.training import train_and_evaluate
+
+    result = train_and_evaluate(cifar_config(cifar_dir, jit_compile=True, steps=2, epochs=None),
+                                str(tmp_path / "run"))
+    assert result["steps"] == 2 and np.isfinite(result["test_loss"])
+
+
+def test_synchronized_batch_norm_switch_reaches_every_batch_norm(tiny_model_kwargs):
+    import keras
+
+    import keras_preact
+    from keras_preact.training.distribute import batch_norm_layers
+    from keras_preact.training.distribute import set_synchronized_batch_norm
+
+    model = keras_preact.PreActResNet(**tiny_model_kwargs)
+    layers = batch_norm_layers(model)
+    # post_bn plus the units' own BatchNorm (as layers or as the units themselves).
+    assert any(isinstance(layer, keras.layers.BatchNormalization) for layer in layers)
+    assert len(layers) >= 2
+    assert set_synchronized_batch_norm(model, True) == len(layers)
+    assert all(layer.synchronized is True for layer in layers)
+    set_synchronized_batch_norm(model, False)
+    assert all(layer.synchronized is False for layer in layers)
+
+
+def test_global_batch_must_divide_across_replicas():
+    from keras_preact.training.distribute import check_global_batch
+
+    assert check_global_batch(128, 2) == 64
+    with pytest.raises(ValueError, match=r"divide evenly across the 3 replicas.*batch_size=128.*126 or 129"):
+        check_global_batch(128, 3)
+
+
+# ----------------------------------------------------------------------------------
+# The commands
+# ----------------------------------------------------------------------------------
+
+
+def test_train_and_evaluate_commands(cifar_dir, tmp_path, capsys):
+    from keras_preact.cli import main
+
+    workdir = str(tmp_path / "run")
+    argv = ["train", "--model", "tiny", "--model-kwargs", json.dumps(TINY), "--dataset", "cifar10",
+            "--data-source", "archive", "--data-path", cifar_dir, "--batch-size", "5",
+            "--epochs", "1", "--eval-every", "0", "--workdir", workdir, "--verbose", "0"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    metrics = json.load(open(os.path.join(workdir, "metrics.json")))
+    assert f"test accuracy {100 * metrics['test_accuracy']:.2f}%" in out
+    stored = json.load(open(os.path.join(workdir, "config.json")))["train_config"]
+    assert (stored["batch_size"], stored["epochs"], stored["boundaries"]) == (5, 1, [32000, 48000])
+
+    assert main(["evaluate", "--workdir", workdir, "--verbose", "0"]) == 0
+    out = capsys.readouterr().out
+    assert f"accuracy {100 * metrics['test_accuracy']:.2f}%" in out and "(6 images" in out
+
+    # The same command again: nothing to do.
+    assert main(argv) == 0
+    assert "already complete" in capsys.readouterr().out
+    # Another batch size in that workdir: refused, exit 2.
+    argv[argv.index("--batch-size") + 1] = "4"
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "batch_size: stored 5, requested 4" in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--model", "preact_resnet7", "--dataset", "digits"], "Unknown model"),
+        (["train", "--dataset", "svhn"], "Unknown dataset"),
+        (["train", "--dataset", "digits", "--strategy", "tpu", "--model", "preact_resnet20"],
+         "no TPU was found"),
+        (["evaluate"], "give --workdir"),
+        (["evaluate", "--workdir", "{tmp}/nothing-here"], "No training run in"),
+        (["evaluate", "--dataset", "digits", "--weights", "{tmp}/missing.keras"], "Weights file not found"),
+        (["evaluate", "--dataset", "digits", "--model", "preact_resnet20",
+          "--weights", "{tmp}/bad.weights.h5"], "do not fit 'preact_resnet20'"),
+    ],
+)
+def test_commands_report_bad_input_as_error_exit_2(tmp_path, capsys, argv, message):
+    from keras_preact.cli import main
+
+    (tmp_path / "bad.weights.h5").write_bytes(b"not an hdf5 file")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    if argv[0] == "train":
+        argv += ["--workdir", str(tmp_path / "run")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "run").exists()
