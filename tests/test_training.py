@@ -121,6 +121,22 @@ def test_rerunning_a_complete_run_changes_nothing(digits_run):
     assert file_hashes(workdir) == before
 
 
+def test_a_run_stopped_before_its_final_step_finishes_it(digits_run, tmp_path):
+    # Killed after the last epoch's checkpoint, before evaluating and saving.
+    from keras_preact.training import train_and_evaluate
+
+    config, workdir, result = digits_run
+    copy = str(tmp_path / "copy")
+    shutil.copytree(workdir, copy)
+    os.remove(os.path.join(copy, "model.keras"))
+    ckpts = {k: v for k, v in file_hashes(copy).items() if k.endswith(".weights.h5")}
+    again = train_and_evaluate(config, copy)
+    assert again["resumed_from_epoch"] == 2 and again["steps"] == 44
+    assert again["test_accuracy"] == pytest.approx(result["test_accuracy"], abs=1e-6)
+    assert os.path.exists(os.path.join(copy, "model.keras"))
+    assert {k: v for k, v in file_hashes(copy).items() if k.endswith(".weights.h5")} == ckpts
+
+
 @pytest.mark.parametrize(
     "change, field",
     [
@@ -249,6 +265,7 @@ def test_mixed_precision_trains(cifar_dir, tmp_path, precision):
     assert np.isfinite(history[0]["loss"])
 
 
+@pytest.mark.slow
 def test_jit_compile_trains(cifar_dir, tmp_path):
     from keras_preact.training import train_and_evaluate
 

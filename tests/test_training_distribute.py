@@ -20,6 +20,10 @@ Tolerances, and why:
   genuine amount (measured 5e-4..2e-3 relative, weights 2e-2 absolute). Asserted:
   within 2% (the same training), and at least 10x further from the single-device
   run than the synchronized run is -- the difference is the BN statistics.
+
+Per-replica moving statistics: each replica's copy follows its own share of the
+batch; `average_replica_statistics` (run by `train_and_evaluate` at every epoch end
+and before evaluation) gives every copy their mean.
 """
 
 import json
@@ -57,6 +61,25 @@ try:
 except ValueError as err:
     out["odd"] = str(err)
 out["odd_workdir_exists"] = os.path.exists(os.path.join(root, "odd"))
+
+# Per-replica moving statistics drift apart; averaging gives every copy the mean.
+import keras, tensorflow as tf
+from keras_preact.training.distribute import average_replica_statistics, make_strategy
+strategy = make_strategy("mirrored")
+rng = np.random.default_rng(0)
+x = np.concatenate([rng.normal(0, 1, (8, 4)), rng.normal(5, 1, (8, 4))]).astype("float32")
+with strategy.scope():
+    net = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization(momentum=0.0),
+                            keras.layers.Dense(1)])
+    net.compile("sgd", "mse")
+net.fit(tf.data.Dataset.from_tensor_slices((x, np.zeros((16, 1), "float32"))).batch(16),
+        verbose=0, shuffle=False)
+copies = lambda: [c.numpy() for c in net.layers[0].moving_mean.value.values]
+before = copies()
+out["stats_before"] = [b.tolist() for b in before]
+out["stats_changed"] = average_replica_statistics(net)
+out["stats_after"] = [a.tolist() for a in copies()]
+out["stats_halves"] = [x[:8].mean(0).tolist(), x[8:].mean(0).tolist()]
 print("RESULT " + json.dumps(out))
 """
 
@@ -92,3 +115,12 @@ def test_two_replica_mirrored_matches_single_device(tmp_path):
 
     assert "divide evenly across the 2 replicas" in out["odd"] and "batch_size=63" in out["odd"]
     assert out["odd_workdir_exists"] is False
+
+    # Without synchronized BN each replica's moving mean follows its own half ...
+    halves = np.array(out["stats_halves"])
+    np.testing.assert_allclose(np.array(out["stats_before"]), halves, atol=1e-5)
+    # ... until they are averaged (at every epoch end and before evaluation).
+    assert out["stats_changed"] == 2  # moving mean and variance
+    after = np.array(out["stats_after"])
+    np.testing.assert_allclose(after[0], halves.mean(0), atol=1e-5)
+    np.testing.assert_array_equal(after[0], after[1])

@@ -35,7 +35,7 @@ def train_command(workdir):
 
 
 def start(workdir, log):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     return subprocess.Popen(train_command(workdir), cwd=REPO, env=env, stdout=log,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -62,16 +62,20 @@ def test_sigkill_mid_epoch_then_restart_equals_uninterrupted_run(tmp_path):
     reference = start(reference_dir, logs["reference"])
     victim = start(killed_dir, logs["killed"])
     try:
+        # Wait for epoch 1's checkpoint, and for Keras to announce epoch 2 (printed
+        # when it begins, after epoch 1's files are all written).
         deadline = time.time() + 300
         state = None
         while time.time() < deadline and victim.poll() is None:
             state = read_state(killed_dir)
-            if state and state["epoch"] >= 1:
+            logs["killed"].flush()
+            started = "Epoch 2/3" in open(logs["killed"].name).read()
+            if state and state["epoch"] >= 1 and started:
                 break
-            time.sleep(0.05)
+            time.sleep(0.02)
         assert state and state["epoch"] == 1, "the first epoch never completed"
-        # Into the second epoch: a third of an epoch after the first one ended.
-        time.sleep(max(0.5, state["history"][-1]["time_s"] / 3))
+        # A few of epoch 2's 22 steps (about 0.1 s each here) run, then the kill.
+        time.sleep(0.6)
         assert read_state(killed_dir)["epoch"] == 1, "epoch 2 finished before the kill"
         victim.send_signal(signal.SIGKILL)
         victim.wait(60)

@@ -71,7 +71,7 @@ def add_commands(subparsers):
     p.set_defaults(func=cmd_demo)
 
 
-def add_train_arguments(p):
+def add_train_arguments(p, *, workdir_required=True):
     """The `train` flags (shared with examples/train_cifar.py)."""
     d = _DEFAULTS
     g = p.add_argument_group("what to train")
@@ -87,7 +87,8 @@ def add_train_arguments(p):
     g.add_argument("--data-path", default=None, help="an archive, extracted folder or image folder")
     g.add_argument("--download", action="store_true", help="let TFDS download (default: offline)")
     g.add_argument("--no-augment", dest="augment", action="store_const", const=False, default=None)
-    g.add_argument("--workdir", required=True, help="folder for checkpoints, metrics and the model")
+    g.add_argument("--workdir", required=workdir_required, default=None,
+                   help="folder for checkpoints, metrics and the model")
 
     g = p.add_argument_group("recipe")
     length = g.add_mutually_exclusive_group()

@@ -40,11 +40,14 @@ PRECISIONS = ("fp32", "mixed_float16", "mixed_bfloat16")
 SCHEDULE_UNITS = ("iterations", "epochs")
 LR_SCALINGS = ("linear", "sqrt", "none")
 
-#: Fields that may change between a run and its resumption: where the data lives
-#: and how the machine runs, none of which changes the numbers that are computed.
+#: Fields that may change between a run and its resumption: where TFDS / the CIFAR
+#: files live, how often to evaluate, how many checkpoints to keep, thread pools and
+#: verbosity -- none of which changes the weights that training computes.
 RUNTIME_FIELDS = (
     "data_dir",
     "download",
+    "eval_every",
+    "keep_checkpoints",
     "verbose",
     "intra_op_threads",
     "inter_op_threads",
@@ -318,8 +321,9 @@ class TrainConfig:
             if b >= 1 and (not boundaries or b > boundaries[-1]) and b < total_steps:
                 boundaries.append(b)
         scale = self.lr_multiplier()
+        # Rounded to 12 significant digits: 0.0025, not 0.0025000000000000005.
         values = [
-            float(self.learning_rate) * scale * float(self.decay_factor) ** i
+            _round(float(self.learning_rate) * scale * float(self.decay_factor) ** i)
             for i in range(len(boundaries) + 1)
         ]
         if boundaries:
@@ -327,7 +331,7 @@ class TrainConfig:
         return {
             "total_steps": total_steps,
             "warmup_steps": warmup_steps,
-            "warmup_learning_rate": float(self.warmup_learning_rate) * scale,
+            "warmup_learning_rate": _round(float(self.warmup_learning_rate) * scale),
             "boundaries": boundaries,
             "values": values,
             "steps_per_epoch": int(steps_per_epoch),
@@ -376,6 +380,10 @@ def _choice(name, value, valid):
 def _positive_int(name, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+
+
+def _round(value):
+    return float(f"{value:.12g}")
 
 
 def _normal(value):

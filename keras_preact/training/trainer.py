@@ -17,11 +17,11 @@ counts, verbosity -- may change).
 """
 
 import logging
-import math
 import os
 import time
 
 from keras_preact.training.config import RUNTIME_FIELDS
+from keras_preact.training.distribute import average_replica_statistics
 from keras_preact.training.config import TrainConfig
 from keras_preact.training.workdir import CHECKPOINT_DIR
 from keras_preact.training.workdir import CURVE_PNG
@@ -69,8 +69,6 @@ def build_model(config, info):
     defaults = {"classes": info["num_classes"], "input_shape": tuple(info["image_shape"])}
     if config.preprocessing_in_model:
         defaults["preprocessing"] = dataset_preprocessing(info)
-    if config.synchronized_bn and _accepts(keras_preact.PreActResNet, "synchronized_bn"):
-        defaults["synchronized_bn"] = True
     try:
         if architecture is not None:
             arch = {**defaults, "name": config.model, **dict(architecture), **kwargs}
@@ -115,10 +113,10 @@ def dataset_info(name, path=None):
     return data.dataset_info(name, path=path if name == "folder" else None)
 
 
-def _accepts(cls, name):
-    import inspect
-
-    return name in inspect.signature(cls.__init__).parameters
+def _short(err, limit=400):
+    """An exception's message on one line, cut to `limit` characters."""
+    text = " ".join(str(err).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def dataset_preprocessing(info):
@@ -219,7 +217,18 @@ def _make_callbacks(keras, *, config, workdir, schedule, spe, history, total_ste
             if _step(self.model.optimizer) >= total_steps:
                 self.model.stop_training = True
 
-    callbacks = [EpochCheckpoint(), StopAtStep()]
+    class AverageReplicaStatistics(keras.callbacks.Callback):
+        """One set of BatchNorm moving statistics across replicas (see
+        `distribute.average_replica_statistics`); a no-op on one device."""
+
+        def on_test_begin(self, logs=None):
+            average_replica_statistics(self.model)
+
+        def on_epoch_end(self, epoch, logs=None):
+            average_replica_statistics(self.model)
+
+    # Averaging runs before the checkpoint is written (callbacks run in order).
+    callbacks = [AverageReplicaStatistics(), EpochCheckpoint(), StopAtStep()]
     import importlib.util
 
     if importlib.util.find_spec("tensorboard") is not None:
@@ -297,8 +306,8 @@ def train_and_evaluate(config, workdir):
     Example:
         >>> from keras_preact.training import TrainConfig, train_and_evaluate
         >>> result = train_and_evaluate(
-        ...     TrainConfig(model="preact_resnet20", dataset="digits", epochs=15,
-        ...                 batch_size=64, seed=0), "runs/digits")
+        ...     TrainConfig(model="preact_resnet20", dataset="digits", epochs=8,
+        ...                 batch_size=32, lr_scaling="sqrt", seed=0), "runs/digits")
         >>> result["test_accuracy"] > 0.97
         True
     """
@@ -328,14 +337,6 @@ def train_and_evaluate(config, workdir):
                 "workdir": workdir.path,
             }
 
-    from keras_preact.training import distribute
-
-    distribute.configure_runtime(
-        cpu_devices=config.cpu_devices,
-        intra_op_threads=config.intra_op_threads,
-        inter_op_threads=config.inter_op_threads,
-        deterministic=config.deterministic,
-    )
     import keras
 
     if keras.backend.backend() != "tensorflow":
@@ -344,6 +345,14 @@ def train_and_evaluate(config, workdir):
             f"tf.distribute). Received backend: {keras.backend.backend()!r}. "
             "Set KERAS_BACKEND=tensorflow."
         )
+    from keras_preact.training import distribute
+
+    distribute.configure_runtime(
+        cpu_devices=config.cpu_devices,
+        intra_op_threads=config.intra_op_threads,
+        inter_op_threads=config.inter_op_threads,
+        deterministic=config.deterministic,
+    )
     strategy = distribute.make_strategy(config.strategy)
     replicas = strategy.num_replicas_in_sync
     distribute.check_global_batch(config.batch_size, replicas)
@@ -413,6 +422,9 @@ def train_and_evaluate(config, workdir):
     with strategy.scope():
         model = build_model(config, info)
         if config.synchronized_bn:
+            # Switched on the built layers rather than through the constructor, so
+            # the saved model's config stays free of a TensorFlow-only training
+            # setting (it loads on every backend).
             distribute.set_synchronized_batch_norm(model, True)
         optimizer = config.make_optimizer(spe)
         if config.precision == "mixed_float16":
@@ -446,7 +458,7 @@ def train_and_evaluate(config, workdir):
             except Exception as err:  # Keras raises several types for a mismatch.
                 raise ValueError(
                     f"The checkpoint {ckpt} does not fit the model {config.model!r} "
-                    f"({type(err).__name__}: {str(err).splitlines()[0][:300]}). "
+                    f"({type(err).__name__}: {_short(err)}). "
                     "Nothing was changed. Use a new --workdir."
                 ) from None
             if _step(optimizer) != int(state["step"]):
@@ -488,6 +500,7 @@ def train_and_evaluate(config, workdir):
         )
     train_time = time.time() - t0
 
+    average_replica_statistics(model)
     results = model.evaluate(test_ds, return_dict=True, verbose=config.verbose)
     atomic_save(workdir.final_model_path, model.save)
     state = workdir.read_state()
@@ -538,7 +551,7 @@ def _load_weights(model, path, label):
     except Exception as err:  # Keras raises several types for a mismatch.
         raise ValueError(
             f"The weights {path} do not fit {label!r} ({type(err).__name__}: "
-            f"{str(err).splitlines()[0][:300] if str(err) else ''})."
+            f"{_short(err)})."
         ) from None
 
 
@@ -639,7 +652,7 @@ def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=N
             except Exception as err:
                 raise ValueError(
                     f"Cannot load the model file {weights} ({type(err).__name__}: "
-                    f"{str(err).splitlines()[0][:300] if str(err) else ''})."
+                    f"{_short(err)})."
                 ) from None
         else:
             if model not in keras_preact.list_models():

@@ -1,0 +1,56 @@
+"""The offline demo learns for real, and the CIFAR example runs under mirrored (e2e)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+
+
+def run(argv, timeout=600):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.e2e
+def test_demo_reaches_97_percent_on_held_out_digits(tmp_path):
+    from keras_preact.training.demo import DEMO_EPOCHS
+
+    workdir = str(tmp_path / "demo")
+    proc = run([sys.executable, "-m", "keras_preact", "demo", "--workdir", workdir,
+                "--verbose", "2", "--no-export"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.load(open(os.path.join(workdir, "metrics.json")))
+    assert len(metrics["epochs"]) == DEMO_EPOCHS
+    assert metrics["num_test_examples"] == 359  # the held-out digits, never trained on
+    assert metrics["test_accuracy"] >= 0.97, metrics["test_accuracy"]
+    match = re.search(r"Held-out accuracy on digits: ([\d.]+)%", proc.stdout)
+    assert match and float(match.group(1)) == pytest.approx(100 * metrics["test_accuracy"], abs=0.01)
+    with open(os.path.join(workdir, "training_curve.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert os.path.exists(os.path.join(workdir, "model.keras"))
+    # Learning, not luck: the first epoch is far from the final accuracy.
+    assert metrics["epochs"][0]["val_accuracy"] < 0.9
+
+
+@pytest.mark.e2e
+def test_cifar_example_runs_a_few_steps_under_mirrored(tmp_path):
+    workdir = str(tmp_path / "run")
+    proc = run([sys.executable, os.path.join("examples", "train_cifar.py"), "--model",
+                "preact_resnet20", "--dataset", "digits", "--steps", "4", "--batch-size", "16",
+                "--cpu-devices", "2", "--eval-every", "0", "--verbose", "2",
+                "--workdir", workdir])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "replicas: 2" in proc.stdout
+    metrics = json.load(open(os.path.join(workdir, "metrics.json")))
+    assert metrics["num_replicas"] == 2
+    assert metrics["schedule"]["per_replica_batch"] == 8
+    assert metrics["epochs"][-1]["step"] == 4
+    config = json.load(open(os.path.join(workdir, "config.json")))["train_config"]
+    assert config["strategy"] == "mirrored"  # the example's default
+    # The paper's recipe, stretched to 4 steps at batch 16 (linear scaling).
+    assert metrics["schedule"]["values"][0] == pytest.approx(0.1 * 16 / 128)
