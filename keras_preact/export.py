@@ -1398,6 +1398,46 @@ def export_demo_model(
     return {f: export_model(model, os.path.join(root, f), format=f, **common) for f in formats}
 
 
+def export_demo(*, workdir, model_path, dataset="digits"):
+    """The offline demo's last step: exports its trained model for serving.
+
+    Writes ``workdir/export/saved_model/1/`` with the dataset's class names and the
+    run's held-out metrics in the model card. The folder belongs to the demo, so a
+    rerun of the demo replaces its own earlier export (never a folder without a model
+    card; see `export_saved_model`).
+
+    Args:
+        workdir: the demo's training folder (holds ``metrics.json``).
+        model_path: the trained ``.keras`` model.
+        dataset: the dataset name, for the class names (default "digits").
+
+    Returns:
+        dict: format -> folder written.
+    """
+    import json
+
+    import keras
+
+    from keras_preact.data import dataset_info
+
+    model = keras.saving.load_model(model_path)
+    metrics = None
+    metrics_path = os.path.join(workdir, "metrics.json")
+    if os.path.isfile(metrics_path):
+        with open(metrics_path) as f:
+            final = json.load(f)
+        metrics = {k: final[k] for k in ("test_accuracy", "test_loss") if k in final}
+    class_names = [str(c) for c in dataset_info(dataset)["class_names"]]
+    return export_demo_model(
+        model,
+        os.path.join(workdir, "export"),
+        class_names=class_names,
+        metrics=metrics,
+        weights_info={"path": os.path.abspath(model_path), "sha256": file_sha256(model_path)},
+        overwrite=True,
+    )
+
+
 # ----------------------------------------------------------------------------------
 # Loading an export
 # ----------------------------------------------------------------------------------
