@@ -51,6 +51,7 @@ setup(
         "scikit-learn",
         "matplotlib",
         "pillow",
+        "tensorboard>=2.21,<2.22",
     ],
     extras_require={
         # LiteRT and ONNX export and their parity checks.
