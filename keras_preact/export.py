@@ -585,6 +585,8 @@ def _architecture(model):
     try:
         arch["config"] = json.loads(json.dumps(model.get_config(), default=str))
     except (NotImplementedError, TypeError, ValueError):
+        # A subclassed model without a serialisable config: the card keeps the
+        # architecture fields above and omits "config".
         pass
     return arch
 
