@@ -22,8 +22,10 @@ EXPORT_EXTRAS = [
     "onnxruntime==1.32.0",
     "ai-edge-litert==2.3.0",
 ]
-# The JAX and PyTorch backend passes; torch pinned to its CPU build.
-TEST_EXTRAS = ["pytest>=8", "jax>=0.4.30", "torch==2.13.0"] + EXPORT_EXTRAS
+# Converters of published PyTorch checkpoints; torch pinned to its CPU build.
+TORCH_EXTRAS = ["torch==2.13.0"]
+# The JAX and PyTorch backend passes.
+TEST_EXTRAS = ["pytest>=8", "jax>=0.4.30"] + TORCH_EXTRAS + EXPORT_EXTRAS
 
 with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
     LONG_DESCRIPTION = f.read()
@@ -52,10 +54,12 @@ setup(
         "matplotlib",
         "pillow",
         "tensorboard>=2.21,<2.22",
+        "filelock>=3.12",
     ],
     extras_require={
         # LiteRT and ONNX export and their parity checks.
         "export": EXPORT_EXTRAS,
+        "torch": TORCH_EXTRAS,
         "test": TEST_EXTRAS,
         "dev": TEST_EXTRAS + ["build"],
     },

@@ -12,8 +12,10 @@ Example:
 
 __version__ = "0.1.0"
 
+from keras_preact import finetune
 from keras_preact import layers
 from keras_preact import models
+from keras_preact import weights
 from keras_preact.models import PreActResNet
 from keras_preact.models import count_macs
 from keras_preact.models import count_params
@@ -31,4 +33,11 @@ from keras_preact.models import preact_resnet542
 from keras_preact.models import preact_resnet1001
 from keras_preact.models import preact_resnet1202
 from keras_preact.models import preact_resnet_cifar
+from keras_preact.models import preact_resnet18
+from keras_preact.models import preact_resnet34
+from keras_preact.models import preact_resnet50
+from keras_preact.models import preact_resnet101
+from keras_preact.models import preact_resnet152
+from keras_preact.models import preact_resnet200
+from keras_preact.models import preact_resnet_imagenet
 from keras_preact.models import register_model

@@ -69,6 +69,9 @@ def _cmd_summary(args):
 COMMAND_MODULES = (
     "keras_preact.training.commands",
     "keras_preact.export_commands",
+    "keras_preact.weights.commands",
+    "keras_preact.diagnostics_commands",
+    "keras_preact.tuning.commands",
 )
 
 

@@ -23,9 +23,21 @@ PUBLISHED_PARAMS = {
     "preact_resnet1202": 19_423_834,
 }
 
+# Trainable parameters of the published pytorchcv ImageNet-1k models of the same layout.
+PUBLISHED_IMAGENET_PARAMS = {
+    "preact_resnet18": 11_687_848,
+    "preact_resnet34": 21_796_008,
+    "preact_resnet50": 25_549_480,
+    "preact_resnet101": 44_541_608,
+    "preact_resnet152": 60_185_256,
+    "preact_resnet200": 64_666_280,
+}
+
 ALL = kp.list_models()
-SMALL = [n for n in ALL if kp.model_info(n)["depth"] <= 56]
-DEEP = [n for n in ALL if kp.model_info(n)["depth"] > 56]
+CIFAR = kp.list_models(family="cifar")
+IMAGENET = kp.list_models(family="imagenet")
+SMALL = [n for n in CIFAR if kp.model_info(n)["depth"] <= 56]
+DEEP = [n for n in CIFAR if kp.model_info(n)["depth"] > 56]
 
 
 def _images(n=4, size=32, seed=0):
@@ -34,10 +46,16 @@ def _images(n=4, size=32, seed=0):
 
 def test_registry_lists_the_paper_networks():
     expected = {f"preact_resnet{d}" for d in (20, 32, 44, 56, 110, 164, 272, 542, 1001, 1202)}
-    assert expected <= set(ALL)
-    assert [kp.model_info(n)["depth"] for n in ALL] == sorted(kp.model_info(n)["depth"] for n in ALL)
-    assert kp.list_models("preact_resnet1*") == [
+    assert expected == set(CIFAR)
+    assert set(IMAGENET) == set(PUBLISHED_IMAGENET_PARAMS)
+    assert ALL == CIFAR + IMAGENET
+    for family in (CIFAR, IMAGENET):
+        assert [kp.model_info(n)["depth"] for n in family] == sorted(kp.model_info(n)["depth"] for n in family)
+    assert kp.list_models("preact_resnet1*", family="cifar") == [
         "preact_resnet110", "preact_resnet164", "preact_resnet1001", "preact_resnet1202"
+    ]
+    assert kp.list_models("preact_resnet1*", family="imagenet") == [
+        "preact_resnet18", "preact_resnet101", "preact_resnet152"
     ]
 
 
@@ -51,6 +69,8 @@ def test_catalog_table_agrees_with_the_registry():
         assert (row["depth"], row["block"]) == (info["depth"], info["block"])
         if name in PUBLISHED_PARAMS:
             assert row["params_cifar10"] == PUBLISHED_PARAMS[name]
+        if name in PUBLISHED_IMAGENET_PARAMS:
+            assert row["params_imagenet"] == PUBLISHED_IMAGENET_PARAMS[name]
 
 
 @pytest.mark.parametrize(
@@ -241,3 +261,38 @@ print("DIFF", float(np.abs(y - z).max()), kp.count_params(m))
     diff, params = proc.stdout.split("DIFF")[1].split()
     assert float(diff) < 1e-5 and int(params) == PUBLISHED_PARAMS["preact_resnet1001"]
 
+
+
+# --- ImageNet family: build, exact parameter count, a small forward (TensorFlow) ---
+@pytest.mark.slow
+@pytest.mark.parametrize("name", IMAGENET)
+def test_imagenet_model_builds_with_exact_params(name):
+    model = kp.get_model(name)
+    assert model.input_shape == (None, 224, 224, 3)
+    assert kp.count_params(model) == PUBLISHED_IMAGENET_PARAMS[name]
+    # The same weights run on a small input: 64x64 leaves a 2x2 map before pooling.
+    small = kp.get_model(name, input_shape=(64, 64, 3), classes=5)
+    out = to_numpy(small(_images(2, size=64), training=True))
+    assert out.shape == (2, 5) and np.all(np.isfinite(out))
+
+
+def test_imagenet_layout_and_feature_extraction():
+    model = kp.preact_resnet50(input_shape=(64, 64, 3), include_top=False)
+    names = [layer.name for layer in model.layers]
+    assert names[:7] == ["images", "stem_pad", "stem_conv", "stem_bn", "stem_relu",
+                         "stem_pool_pad", "stem_pool"]
+    assert model.get_config()["stem"] == "imagenet"
+    assert model.get_config()["bottleneck_stride"] == "first"  # the paper's code
+    assert model.output_shape == (None, 2, 2, 2048)  # total stride 32
+    pooled = kp.preact_resnet18(input_shape=(64, 64, 3), include_top=False, pooling="avg")
+    assert pooled.output_shape == (None, 512)
+    # 7x7 stride-2 stem + 3x3 stride-2 pool + stages: 1,820.6M multiply-adds at 224
+    # for ResNet-18 in imgclsmob's table (which also counts the element-wise work).
+    macs18 = kp.count_macs(kp.preact_resnet18())
+    assert 1.78e9 < macs18 < 1.83e9
+    with pytest.raises(ValueError, match="depth=19"):
+        kp.preact_resnet_imagenet(19)
+    with pytest.raises(ValueError, match="stem.*set by the depth"):
+        kp.preact_resnet18(stem="cifar")
+    with pytest.raises(ValueError, match="stem='vgg'"):
+        kp.PreActResNet(stem="vgg")

@@ -136,7 +136,7 @@ def test_epochs_and_steps_stretch_the_whole_schedule():
     [
         ({"model": "resnet_nope"}, r"Unknown model.*resnet_nope.*preact_resnet20"),
         ({"dataset": "imagenet22k"}, r"Unknown dataset.*imagenet22k.*cifar10"),
-        ({"strategy": "multiworker"}, r"`strategy` must be one of.*multiworker"),
+        ({"strategy": "parameter_server"}, r"`strategy` must be one of.*parameter_server"),
         ({"precision": "fp16"}, r"`precision` must be one of.*fp16"),
         ({"batch_size": 0}, r"batch_size.*positive integer.*0"),
         ({"weight_decay_on": "biases"}, r"weight_decay_on.*biases"),

@@ -24,6 +24,7 @@ import keras
 from keras import ops
 
 from keras_preact.layers import functional as F
+from keras_preact.layers import variants
 from keras_preact.layers.utils import normalize_data_format
 
 #: Where a strided bottleneck puts its stride.
@@ -45,6 +46,10 @@ _INITIALIZERS = {
     "moving_mean": "zeros",
     "moving_variance": "ones",
 }
+
+
+_TRAINABLE_KINDS = ("kernel", "gamma", "beta", "gate_bias")
+_AUTOCAST_KINDS = ("kernel", "gate_bias")
 
 
 def _check_positive_int(name, value):
@@ -106,6 +111,45 @@ class _UnitConfigMixin:
         self.data_format = normalize_data_format(data_format)
         self._channel_axis = -1 if self.data_format == "channels_last" else 1
 
+    def _init_unit(self, *, unit, shortcut_scale, residual_scale, gate_bias, dropout_rate, seed):
+        self.unit = variants.check_unit_name(unit)
+        self.unit_options = variants.resolve_unit_options(
+            unit, shortcut_scale=shortcut_scale, residual_scale=residual_scale,
+            gate_bias=gate_bias, dropout_rate=dropout_rate,
+        )
+        # The arguments as given (None = the paper's value), for get_config.
+        self.shortcut_scale = shortcut_scale
+        self.residual_scale = residual_scale
+        self.gate_bias = gate_bias
+        self.dropout_rate = dropout_rate
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"`seed` must be None or an int. Received: seed={seed!r}")
+        if seed is not None and unit != "dropout_shortcut":
+            raise ValueError(
+                "`seed` is used only by unit='dropout_shortcut'. "
+                f"Received: seed={seed!r} with unit={unit!r}"
+            )
+        self.seed = seed
+        # Only the dropout unit gets a generator: its state is a variable, and the
+        # other units' variable lists must stay as they are.
+        self.seed_generator = (
+            keras.random.SeedGenerator(seed, name="shortcut_dropout_seed")
+            if unit == "dropout_shortcut" else None
+        )
+
+    def _spec_kwargs(self):
+        return dict(unit=self.unit, options=self.unit_options)
+
+    def _unit_config(self):
+        return {
+            "unit": self.unit,
+            "shortcut_scale": self.shortcut_scale,
+            "residual_scale": self.residual_scale,
+            "gate_bias": self.gate_bias,
+            "dropout_rate": self.dropout_rate,
+            "seed": self.seed,
+        }
+
     def _check_input(self, input_shape):
         if len(input_shape) != 4:
             raise ValueError(
@@ -121,13 +165,17 @@ class _UnitConfigMixin:
         return int(channels)
 
     def _run_kwargs(self, training):
-        return dict(
+        kwargs = dict(
             training=bool(training) and self.trainable,
             momentum=self.bn_momentum,
             epsilon=self.bn_epsilon,
             data_format=self.data_format,
             synchronized=self.synchronized,
         )
+        if self.seed_generator is not None:
+            # Dropout follows `training` even in a frozen layer, as keras' Dropout.
+            kwargs.update(seed_generator=self.seed_generator, dropout_training=bool(training))
+        return kwargs
 
     def _common_config(self):
         return {
@@ -160,7 +208,9 @@ class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
     def __init__(self, filters, strides=1, projection=None, shared_preact=None,
                  expansion=1, bottleneck_stride="middle", kernel_initializer="he_normal",
                  kernel_regularizer=None, bn_momentum=BN_MOMENTUM, bn_epsilon=BN_EPSILON,
-                 synchronized=False, data_format=None, **kwargs):
+                 synchronized=False, data_format=None, unit=variants.DEFAULT_UNIT,
+                 shortcut_scale=None, residual_scale=None, gate_bias=None, dropout_rate=None,
+                 seed=None, **kwargs):
         super().__init__(**kwargs)
         self._init_common(
             filters=filters, strides=strides, expansion=expansion,
@@ -168,8 +218,21 @@ class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
             kernel_regularizer=kernel_regularizer, bn_momentum=bn_momentum,
             bn_epsilon=bn_epsilon, synchronized=synchronized, data_format=data_format,
         )
+        self._init_unit(unit=unit, shortcut_scale=shortcut_scale, residual_scale=residual_scale,
+                        gate_bias=gate_bias, dropout_rate=dropout_rate, seed=seed)
         _check_optional_bool("projection", projection)
         _check_optional_bool("shared_preact", shared_preact)
+        if unit == "conv_shortcut" and projection is False:
+            raise ValueError(
+                "unit='conv_shortcut' has a 1x1 conv on every shortcut (paper Fig. 2e). "
+                "Received: projection=False"
+            )
+        if shared_preact and unit not in variants.PREACTIVATION_UNITS:
+            raise ValueError(
+                f"`shared_preact` needs a unit with a pre-activation "
+                f"{list(variants.PREACTIVATION_UNITS)}. Received: shared_preact=True "
+                f"with unit={unit!r}"
+            )
         self.projection = projection
         self.shared_preact = shared_preact
 
@@ -182,21 +245,32 @@ class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
                 f"strides={self.strides}). Received: projection=False"
             )
         has_projection = needed if self.projection is None else self.projection
+        if self.unit == "conv_shortcut":
+            has_projection = True
         shares = has_projection if self.shared_preact is None else self.shared_preact
+        if self.unit not in variants.PREACTIVATION_UNITS:
+            shares = False  # nothing precedes the first conv: the shortcut sees x
         return F.UnitSpec(self.block_type, in_channels, self.filters, self.strides,
-                          self.expansion, self.bottleneck_stride, has_projection, shares)
+                          self.expansion, self.bottleneck_stride, has_projection, shares,
+                          **self._spec_kwargs())
 
     def build(self, input_shape):
         self.spec = self._make_spec(self._check_input(input_shape))
         self._vars = {}
         for name, shape, kind in self.spec.variable_specs():
+            if kind == "kernel":
+                init = self.kernel_initializer
+            elif kind == "gate_bias":
+                init = keras.initializers.Constant(self.unit_options["gate_bias"])
+            else:
+                init = _INITIALIZERS[kind]
             self._vars[name] = self.add_weight(
                 name=name,
                 shape=shape,
-                initializer=self.kernel_initializer if kind == "kernel" else _INITIALIZERS[kind],
+                initializer=init,
                 regularizer=self.kernel_regularizer if kind == "kernel" else None,
-                trainable=kind in ("kernel", "gamma", "beta"),
-                autocast=kind == "kernel",
+                trainable=kind in _TRAINABLE_KINDS,
+                autocast=kind in _AUTOCAST_KINDS,
             )
 
     # Read-only views used by tests, converters and diagnostics.
@@ -236,6 +310,7 @@ class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
         config = super().get_config()
         config.update(self._common_config())
         config.update({"projection": self.projection, "shared_preact": self.shared_preact})
+        config.update(self._unit_config())
         return config
 
 
@@ -264,10 +339,25 @@ class PreActBasicBlock(_PreActUnit):
             `tf.distribute` (TensorFlow backend only).
         data_format: "channels_last" or "channels_first"; None uses
             `keras.config.image_data_format()`.
+        unit: default "full_preact" (this docstring). Any name in
+            `keras_preact.layers.UNIT_TYPES` makes this layer that unit of the paper
+            (Fig. 2, Fig. 4; see `keras_preact.layers.variants`): e.g. "original",
+            ``relu(h(x) + F(x))``. Units without a BN pre-activation give their
+            1x1 projection a BN (conv-BN, as in the 2015 ResNet) and ignore
+            `shared_preact` (True is an error).
+        shortcut_scale, residual_scale: the lambdas of "constant_scaling"
+            (None: 0.5, 0.5).
+        gate_bias: initial gate bias b_g of "exclusive_gating" and
+            "shortcut_only_gating" (None: -6).
+        dropout_rate: shortcut drop rate of "dropout_shortcut" (None: 0.5);
+            classic dropout (a 0/1 mask in training, the scale 1 - rate at
+            inference), as the paper reads it.
+        seed: optional int, the dropout seed ("dropout_shortcut" only).
         **kwargs: base Layer arguments (`name`, `dtype`, `trainable`).
 
     Example:
         >>> block = PreActBasicBlock(32, strides=2)
+        >>> original = PreActBasicBlock(32, strides=2, unit="original")
         >>> block(keras.ops.zeros((1, 16, 16, 16))).shape
         (1, 8, 8, 32)
     """
@@ -295,7 +385,8 @@ class PreActBottleneckBlock(_PreActUnit):
             pytorchcv, timm and the published CIFAR weights do; "first" puts it on
             the first 1x1 conv, as the paper's official Torch code does.
         projection, shared_preact, kernel_initializer, kernel_regularizer,
-        bn_momentum, bn_epsilon, synchronized, data_format, **kwargs: as in
+        bn_momentum, bn_epsilon, synchronized, data_format, unit, shortcut_scale,
+        residual_scale, gate_bias, dropout_rate, seed, **kwargs: as in
         `PreActBasicBlock`.
 
     Example:
@@ -371,6 +462,9 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
             (None: the paper's rule, shared exactly when it projects).
         expansion, bottleneck_stride, kernel_initializer, kernel_regularizer,
         bn_momentum, bn_epsilon, synchronized, data_format, **kwargs: as in the units.
+        unit, shortcut_scale, residual_scale, gate_bias, dropout_rate, seed: the
+            residual unit of every unit of the stage (see `PreActBasicBlock`); the
+            stacked units get the same variables a unit layer would.
 
     Example:
         >>> stage = PreActStage("basic", 32, units=18, strides=2)
@@ -381,7 +475,9 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
     def __init__(self, block, filters, units, strides=1, first_shared_preact=None,
                  expansion=4, bottleneck_stride="middle", kernel_initializer="he_normal",
                  kernel_regularizer=None, bn_momentum=BN_MOMENTUM, bn_epsilon=BN_EPSILON,
-                 synchronized=False, data_format=None, **kwargs):
+                 synchronized=False, data_format=None, unit=variants.DEFAULT_UNIT,
+                 shortcut_scale=None, residual_scale=None, gate_bias=None, dropout_rate=None,
+                 seed=None, **kwargs):
         super().__init__(**kwargs)
         if block not in BLOCK_TYPES:
             raise ValueError(f"Unknown `block`. Received: block={block!r}. Valid: {list(BLOCK_TYPES)}")
@@ -400,6 +496,8 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
                 "`filters` must be divisible by `expansion`. "
                 f"Received: filters={filters}, expansion={expansion}"
             )
+        self._init_unit(unit=unit, shortcut_scale=shortcut_scale, residual_scale=residual_scale,
+                        gate_bias=gate_bias, dropout_rate=dropout_rate, seed=seed)
         self.block = block
         self.units = units
         self.first_shared_preact = first_shared_preact
@@ -410,6 +508,14 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         )
         if block == "bottleneck":
             unit_kwargs.update(expansion=expansion, bottleneck_stride=bottleneck_stride)
+        if unit != variants.DEFAULT_UNIT:
+            # The first unit's dropout draws from its own seed (seed + 1) so that it
+            # does not repeat the stacked units' masks.
+            unit_kwargs.update(
+                unit=unit, shortcut_scale=shortcut_scale, residual_scale=residual_scale,
+                gate_bias=gate_bias, dropout_rate=dropout_rate,
+                seed=None if seed is None else seed + 1,
+            )
         self.unit1 = UNIT_CLASSES[block](
             filters, strides=strides, shared_preact=first_shared_preact, name="unit1", **unit_kwargs
         )
@@ -417,14 +523,15 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
     def build(self, input_shape):
         self._check_input(input_shape)
         self.unit1.build(input_shape)
-        self.repeat_spec = F.UnitSpec(self.block, self.filters, self.filters, 1,
-                                      self.expansion, self.bottleneck_stride, False, False)
+        self.repeat_spec = self._repeat_spec()
         self._stacked = {}
         n = self.units - 1
         if n:
             for name, shape, kind in self.repeat_spec.variable_specs():
                 if kind == "kernel":
                     init = _StackedInitializer(self.kernel_initializer, n)
+                elif kind == "gate_bias":
+                    init = keras.initializers.Constant(self.unit_options["gate_bias"])
                 else:
                     init = keras.initializers.get(_INITIALIZERS[kind])
                 self._stacked[name] = self.add_weight(
@@ -432,9 +539,15 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
                     shape=(n,) + tuple(shape),
                     initializer=init,
                     regularizer=self.kernel_regularizer if kind == "kernel" else None,
-                    trainable=kind in ("kernel", "gamma", "beta"),
-                    autocast=kind == "kernel",
+                    trainable=kind in _TRAINABLE_KINDS,
+                    autocast=kind in _AUTOCAST_KINDS,
                 )
+
+    def _repeat_spec(self):
+        # Units 2..n keep the shape; only the 1x1-conv-shortcut unit projects there.
+        return F.UnitSpec(self.block, self.filters, self.filters, 1, self.expansion,
+                          self.bottleneck_stride, self.unit == "conv_shortcut", False,
+                          **self._spec_kwargs())
 
     def get_variable(self, name):
         """The stacked variable `name` of units 2..units (leading axis: unit - 2)."""
@@ -482,9 +595,7 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         total = self.unit1.compute_macs(input_shape)
         out = self.compute_output_shape(input_shape)
         h, w = (out[1], out[2]) if self.data_format == "channels_last" else (out[2], out[3])
-        spec = F.UnitSpec(self.block, self.filters, self.filters, 1, self.expansion,
-                          self.bottleneck_stride, False, False)
-        return int(total + (self.units - 1) * spec.macs(h, w))
+        return int(total + (self.units - 1) * self._repeat_spec().macs(h, w))
 
     def get_config(self):
         config = super().get_config()
@@ -496,4 +607,5 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
             "expansion": self.expansion,
             "bottleneck_stride": self.bottleneck_stride,
         })
+        config.update(self._unit_config())
         return config

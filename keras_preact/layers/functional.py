@@ -7,6 +7,12 @@ single-unit layers compute exactly the same thing (a test checks it).
 import math
 
 from keras import ops
+from keras import random as keras_random
+
+from keras_preact.layers.variants import DEFAULT_UNIT
+from keras_preact.layers.variants import GATING_UNITS
+from keras_preact.layers.variants import POST_RELU_UNITS
+from keras_preact.layers.variants import PREACTIVATION_UNITS
 
 BN_FIELDS = ("gamma", "beta", "moving_mean", "moving_variance")
 
@@ -22,11 +28,18 @@ class UnitSpec:
         expansion: bottleneck ratio (ignored for basic units).
         bottleneck_stride: "middle" or "first".
         has_projection: bool, a 1x1 projection shortcut.
-        shares_preact: bool, the shortcut takes the pre-activated input.
+        shares_preact: bool, the shortcut takes the pre-activated input (units with
+            a pre-activation only).
+        unit: one of `keras_preact.layers.variants.UNIT_TYPES`.
+        options: the unit's resolved parameters (shortcut/residual scale, gate bias,
+            dropout rate).
     """
 
     def __init__(self, block, in_channels, filters, strides, expansion, bottleneck_stride,
-                 has_projection, shares_preact):
+                 has_projection, shares_preact, *, unit=DEFAULT_UNIT, options=None):
+        self.unit = unit
+        # Resolved parameters of the variant (`variants.resolve_unit_options`).
+        self.options = dict(options or {})
         self.block = block
         self.in_channels = in_channels
         self.filters = filters
@@ -50,12 +63,26 @@ class UnitSpec:
         # The BN before each conv: "preact_bn" (shared with the shortcut), bn2, bn3.
         self.bns = ("preact_bn",) + tuple(f"bn{i}" for i in range(2, len(self.convs) + 1))
         self.bn_channels = tuple(c[2] for c in self.convs)
+        if unit != "full_preact":
+            # Every other unit puts its BN *after* each conv ("bn1" follows "conv1"),
+            # except Fig. 4b, which moves the last one after the addition ("add_bn").
+            n = len(self.convs)
+            self.bns = tuple(
+                None if (unit == "bn_after_addition" and i == n) else f"bn{i}"
+                for i in range(1, n + 1)
+            )
+            self.bn_channels = tuple(c[3] for c in self.convs)
 
     def variable_specs(self):
         """(name, shape, kind) of every variable, in the frozen creation order.
 
-        kind is "kernel" or one of `BN_FIELDS`.
+        kind is "kernel", "gate_bias" or one of `BN_FIELDS`. The default unit's order
+        (BN then conv, then the projection) is frozen: weights files depend on it.
+        The other units list each conv then the BN after it, then the projection,
+        then "add_bn" (Fig. 4b) or the gate's "gate_kernel" and "gate_bias".
         """
+        if self.unit != "full_preact":
+            return self._variant_variable_specs()
         specs = []
         for bn, channels, (conv, k, cin, cout, _) in zip(self.bns, self.bn_channels, self.convs):
             for field in BN_FIELDS:
@@ -65,6 +92,26 @@ class UnitSpec:
             specs.append(("shortcut_kernel", (1, 1, self.in_channels, self.filters), "kernel"))
         return specs
 
+    def _variant_variable_specs(self):
+        specs = []
+        for bn, channels, (conv, k, cin, cout, _) in zip(self.bns, self.bn_channels, self.convs):
+            specs.append((f"{conv}_kernel", (k, k, cin, cout), "kernel"))
+            if bn is not None:
+                for field in BN_FIELDS:
+                    specs.append((f"{bn}_{field}", (channels,), field))
+        if self.has_projection:
+            specs.append(("shortcut_kernel", (1, 1, self.in_channels, self.filters), "kernel"))
+            if self.unit not in PREACTIVATION_UNITS:
+                for field in BN_FIELDS:
+                    specs.append((f"shortcut_bn_{field}", (self.filters,), field))
+        if self.unit == "bn_after_addition":
+            for field in BN_FIELDS:
+                specs.append((f"add_bn_{field}", (self.filters,), field))
+        if self.unit in GATING_UNITS:
+            specs.append(("gate_kernel", (1, 1, self.in_channels, self.filters), "kernel"))
+            specs.append(("gate_bias", (self.filters,), "gate_bias"))
+        return specs
+
     def macs(self, height, width):
         """Multiply-adds of the convs for one example of spatial size (height, width)."""
         total = 0
@@ -72,10 +119,12 @@ class UnitSpec:
         for _, k, cin, cout, s in self.convs:
             h, w = math.ceil(h / s), math.ceil(w / s)
             total += h * w * k * k * cin * cout
-        if self.has_projection:
-            total += math.ceil(height / self.strides) * math.ceil(width / self.strides) * (
-                self.in_channels * self.filters
-            )
+        # The 1x1 projection, and the 1x1 gate of the gating units.
+        for present in (self.has_projection, self.unit in GATING_UNITS):
+            if present:
+                total += math.ceil(height / self.strides) * math.ceil(width / self.strides) * (
+                    self.in_channels * self.filters
+                )
         return int(total)
 
 
@@ -140,19 +189,31 @@ def conv(x, kernel, strides, data_format):
     )
 
 
-def unit_forward(x, params, spec, *, training, momentum, epsilon, data_format, synchronized=False):
-    """One full pre-activation unit: ``y = s(x) + F(x)``, nothing after the addition.
+def unit_forward(x, params, spec, *, training, momentum, epsilon, data_format, synchronized=False,
+                 seed_generator=None, dropout_training=None):
+    """One residual unit. The default is the full pre-activation unit:
+    ``y = s(x) + F(x)``, nothing after the addition; `spec.unit` selects a variant
+    (see `keras_preact.layers.variants`).
 
     Args:
         x: 4D input tensor.
         params: dict name -> tensor, with the names of `UnitSpec.variable_specs`.
         spec: a `UnitSpec`.
-        training: bool.
+        training: bool, BatchNorm uses (and updates) batch statistics.
+        seed_generator: a `keras.random.SeedGenerator` (``dropout_shortcut`` only).
+        dropout_training: bool, whether the shortcut dropout is active; None: as
+            `training`.
 
     Returns:
         (y, updates) where updates maps a BN name to its new moving statistics
         (empty when not training).
     """
+    if spec.unit != "full_preact":
+        return _variant_forward(
+            x, params, spec, training=training, momentum=momentum, epsilon=epsilon,
+            data_format=data_format, synchronized=synchronized, seed_generator=seed_generator,
+            dropout_training=training if dropout_training is None else dropout_training,
+        )
     channel_axis = -1 if data_format == "channels_last" else 1
     updates = {}
 
@@ -176,3 +237,78 @@ def unit_forward(x, params, spec, *, training, momentum, epsilon, data_format, s
     if spec.has_projection:
         shortcut = conv(shortcut, params["shortcut_kernel"], spec.strides, data_format)
     return ops.add(shortcut, r), updates
+
+
+def _variant_forward(x, params, spec, *, training, momentum, epsilon, data_format, synchronized,
+                     seed_generator, dropout_training):
+    """Every unit but the default one, written as the paper's figures draw them."""
+    channel_axis = -1 if data_format == "channels_last" else 1
+    updates = {}
+    unit = spec.unit
+    opts = spec.options
+
+    def bn(t, name):
+        y, stats = batch_norm(
+            t, {f: params[f"{name}_{f}"] for f in BN_FIELDS}, training=training,
+            momentum=momentum, epsilon=epsilon, channel_axis=channel_axis,
+            synchronized=synchronized,
+        )
+        if stats is not None:
+            updates[name] = stats
+        return y
+
+    # Fig. 4d: a ReLU (no BN) before the first conv, shared with a projection.
+    pre = ops.relu(x) if unit == "relu_only_preact" else x
+    r = pre
+    last = len(spec.convs) - 1
+    for i, (bn_name, (name, _, _, _, s)) in enumerate(zip(spec.bns, spec.convs)):
+        if i and unit == "relu_only_preact":
+            r = ops.relu(r)
+        r = conv(r, params[f"{name}_kernel"], s, data_format)
+        if bn_name is not None:
+            r = bn(r, bn_name)
+        if i < last and unit != "relu_only_preact":
+            r = ops.relu(r)
+    shortcut = pre if (unit == "relu_only_preact" and spec.shares_preact) else x
+    if spec.has_projection:
+        shortcut = conv(shortcut, params["shortcut_kernel"], spec.strides, data_format)
+        if unit not in PREACTIVATION_UNITS:
+            # The 2015 projection shortcut is conv-BN (option B of fb.resnet.torch,
+            # torchvision's `downsample`). Without the BN the growing scale of the
+            # post-ReLU path would pass unnormalised into the next stage.
+            shortcut = bn(shortcut, "shortcut_bn")
+
+    if unit == "constant_scaling":
+        shortcut = shortcut * opts["shortcut_scale"]
+        r = r * opts["residual_scale"]
+    elif unit in GATING_UNITS:
+        # g(x) = sigmoid(W_g x + b_g), a 1x1 conv of the unit's input (Fig. 2c, 2d).
+        gate = conv(x, params["gate_kernel"], spec.strides, data_format)
+        bias = ops.cast(params["gate_bias"], gate.dtype)
+        if data_format == "channels_first":
+            bias = ops.reshape(bias, (1, -1, 1, 1))
+        gate = ops.sigmoid(gate + bias)
+        shortcut = (1.0 - gate) * shortcut
+        if unit == "exclusive_gating":
+            r = gate * r
+    elif unit == "dropout_shortcut":
+        # The paper reads dropout as a scale whose expectation is 1 - rate (Section
+        # 3.1), i.e. classic dropout: a 0/1 mask in training and the expected scale
+        # at inference. Keras' dropout is the inverted form (x / keep in training),
+        # hence the factor.
+        keep = 1.0 - opts["dropout_rate"]
+        if dropout_training and opts["dropout_rate"] > 0:
+            shortcut = keras_random.dropout(
+                shortcut, opts["dropout_rate"], seed=seed_generator
+            ) * keep
+        else:
+            shortcut = shortcut * keep
+    elif unit == "relu_before_addition":
+        r = ops.relu(r)
+
+    y = ops.add(shortcut, r)
+    if unit == "bn_after_addition":
+        y = bn(y, "add_bn")
+    if unit in POST_RELU_UNITS:
+        y = ops.relu(y)
+    return y, updates

@@ -12,6 +12,13 @@ from keras_preact.models.cifar import preact_resnet542
 from keras_preact.models.cifar import preact_resnet1001
 from keras_preact.models.cifar import preact_resnet1202
 from keras_preact.models.cifar import preact_resnet_cifar
+from keras_preact.models.imagenet import preact_resnet18
+from keras_preact.models.imagenet import preact_resnet34
+from keras_preact.models.imagenet import preact_resnet50
+from keras_preact.models.imagenet import preact_resnet101
+from keras_preact.models.imagenet import preact_resnet152
+from keras_preact.models.imagenet import preact_resnet200
+from keras_preact.models.imagenet import preact_resnet_imagenet
 from keras_preact.models.costs import count_macs
 from keras_preact.models.costs import count_params
 from keras_preact.models.preact_resnet import PreActResNet

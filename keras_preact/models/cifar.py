@@ -8,9 +8,7 @@ the first unit of stages 2 and 3 (paper Section 4 and Table 3 / 4).
 from keras_preact.layers.utils import normalize_data_format
 from keras_preact.models.preact_resnet import PreActResNet
 from keras_preact.models.registry import register_model
-from keras_preact.weights.local import check_weights_compatible
-from keras_preact.weights.local import load_weights_file
-from keras_preact.weights.local import resolve_weights_argument
+from keras_preact.weights import hooks as weights_hooks
 
 CIFAR_BLOCKS = ("auto", "basic", "bottleneck")
 CIFAR_WIDTHS = {"basic": (16, 32, 64), "bottleneck": (64, 128, 256)}
@@ -60,7 +58,7 @@ def preact_resnet_cifar(
     input_tensor=None,
     input_shape=None,
     pooling=None,
-    classes=10,
+    classes=None,
     classifier_activation="softmax",
     name=None,
     **kwargs,
@@ -72,11 +70,17 @@ def preact_resnet_cifar(
         block: "auto" (default), "basic" or "bottleneck"; see
             `cifar_units_per_stage`.
         include_top: bool, default True.
-        weights: None (random He initialisation) or a path to a `.weights.h5`.
+        weights: None (random He initialisation), a catalog tag ("cifar10",
+            "cifar100", "svhn", "DEFAULT" or "preact_resnet110.cifar10"), a path to
+            a `.weights.h5` or `.keras` file, or a URL with its hash
+            ("https://host/f.weights.h5#sha256=<hex>"); see
+            `keras_preact.weights.hooks`. The weights' architecture arguments and
+            preprocessing are applied unless passed explicitly.
         input_tensor: optional Keras tensor used as the input.
-        input_shape: default (32, 32, 3); height and width must be >= 8.
+        input_shape: default the weights' input size or (32, 32, 3); height and
+            width must be >= 8.
         pooling: None, "avg" or "max" (see `PreActResNet`).
-        classes: int >= 1, default 10.
+        classes: int >= 1; default None: the weights' classes, or 10.
         classifier_activation: default "softmax"; None returns logits.
         name: model name, default "preact_resnet{depth}".
         **kwargs: any other `PreActResNet` argument (`preprocessing`,
@@ -100,37 +104,98 @@ def preact_resnet_cifar(
             )
     if input_shape is None and input_tensor is None:
         fmt = normalize_data_format(kwargs.get("data_format"))
-        input_shape = (32, 32, 3) if fmt == "channels_last" else (3, 32, 32)
-    weights_path = resolve_weights_argument(weights)
-    config = dict(
+        default_shape = (32, 32, 3) if fmt == "channels_last" else (3, 32, 32)
+    else:
+        default_shape = None
+    architecture = dict(
         block=block,
         stage_blocks=(units,) * 3,
         stage_filters=CIFAR_WIDTHS[block],
         stage_strides=(1, 2, 2),
-        include_top=include_top,
-        pooling=pooling,
-        classes=classes,
-        classifier_activation=classifier_activation,
-        input_shape=input_shape,
-        input_tensor=input_tensor,
-        name=name or f"preact_resnet{depth}",
-        **kwargs,
     )
-    if weights_path is not None:
-        # Checked before any layer is built.
-        shape = tuple(input_tensor.shape[1:]) if input_tensor is not None else tuple(input_shape)
-        fmt = normalize_data_format(kwargs.get("data_format"))
-        check_weights_compatible(
-            weights_path,
-            channels=shape[-1] if fmt == "channels_last" else shape[0],
-            stem_filters=kwargs.get("stem_filters", 16),
-            include_top=include_top,
-            classes=classes,
-        )
+    return build_with_weights(
+        f"preact_resnet{depth}", architecture, weights=weights, include_top=include_top,
+        input_tensor=input_tensor, input_shape=input_shape, default_input_shape=default_shape,
+        pooling=pooling, classes=classes, default_classes=weights_hooks.DEFAULT_CLASSES,
+        classifier_activation=classifier_activation, name=name or f"preact_resnet{depth}",
+        kwargs=kwargs,
+    )
+
+
+def build_with_weights(model_name, architecture, *, weights, include_top, input_tensor,
+                       input_shape, default_input_shape, pooling, classes, default_classes,
+                       classifier_activation, name, kwargs, defaults=None):
+    """Builds a registered model's `PreActResNet` and loads its `weights`.
+
+    Shared by the model families' factories. The weights are validated (and fetched)
+    before any layer is built; they may set architecture arguments, the preprocessing
+    and the input size (see `keras_preact.weights.hooks`).
+
+    Args:
+        model_name: the registered name (for catalog tags).
+        architecture: the `PreActResNet` arguments fixed by the model's name.
+        defaults: optional `PreActResNet` arguments of the family that the weights'
+            architecture and the caller's `kwargs` may override.
+        default_input_shape: the input shape when neither the caller nor the weights
+            give one.
+        default_classes: the classes when neither the caller nor the weights give them.
+        kwargs: the caller's other `PreActResNet` arguments.
+        (the rest: the factory's keras.applications arguments.)
+
+    Returns:
+        A `PreActResNet`.
+    """
+    if weights is None and classes is None:
+        classes = default_classes
+    # The weights are validated (and fetched) before any layer is built; they may
+    # set architecture arguments, the preprocessing and the input size (see
+    # `keras_preact.weights.hooks`).
+    weights_args = dict(
+        include_top=include_top,
+        classes=classes,
+        input_shape=tuple(input_tensor.shape[1:]) if input_tensor is not None else input_shape,
+        channels_last=normalize_data_format(kwargs.get("data_format")) == "channels_last",
+        kwargs=kwargs,
+        weights=weights,
+    )
+    plan = weights_hooks.plan_weights(
+        weights,
+        model=model_name,
+        **{k: v for k, v in weights_args.items() if k != "weights"},
+    )
+    classes = plan["classes"]
+    overrides = dict(plan["overrides"])
+    if input_shape is None and input_tensor is None:
+        input_shape = overrides.get("input_shape")
+    overrides.pop("input_shape", None)
+    if input_shape is None and input_tensor is None:
+        input_shape = default_input_shape
+    config = {
+        **(defaults or {}),
+        **architecture,
+        "include_top": include_top,
+        "pooling": pooling,
+        "classes": classes,
+        "classifier_activation": classifier_activation,
+        "input_shape": input_shape,
+        "input_tensor": input_tensor,
+        "name": name,
+        **overrides,
+        **kwargs,
+    }
+    if plan["kind"] in ("entry", "url"):
+        # Bad arguments must not cost a download (a URL's classes come with its file).
+        classes_known = config["classes"] if config["classes"] is not None else 1
+        weights_hooks.check_model_arguments({**config, "classes": classes_known})
+    weights_hooks.materialize(plan, **weights_args)
+    if plan["kind"] == "url":
+        # The verified file decided the classes and may record the input size.
+        config["classes"] = plan["classes"]
+        if input_tensor is None and weights_args["input_shape"] is None and "input_shape" in plan["overrides"]:
+            config["input_shape"] = plan["overrides"]["input_shape"]
+        config.update({k: v for k, v in plan["overrides"].items() if k != "input_shape" and k not in kwargs})
     model = PreActResNet(**config)
-    if weights_path is not None:
-        load_weights_file(model, weights_path)
-    return model
+    return weights_hooks.load_planned_weights(model, plan)
 
 
 def _factory(depth, block):
@@ -141,7 +206,7 @@ def _factory(depth, block):
         input_tensor=None,
         input_shape=None,
         pooling=None,
-        classes=10,
+        classes=None,
         classifier_activation="softmax",
         **kwargs,
     ):
@@ -163,8 +228,9 @@ def _factory(depth, block):
     factory.__doc__ = (
         f"Pre-activation ResNet-{depth} for CIFAR ({block} units, {units} per stage).\n\n"
         "Keyword-only arguments as in keras.applications: include_top=True, "
-        "weights=None, input_tensor=None, input_shape=None (32, 32, 3), pooling=None, "
-        "classes=10, classifier_activation='softmax'; any other `PreActResNet` "
+        "weights=None (or a tag, .weights.h5, .keras or URL#sha256=...), "
+        "input_tensor=None, input_shape=None (32, 32, 3), pooling=None, "
+        "classes=None (the weights' or 10), classifier_activation='softmax'; any other `PreActResNet` "
         "argument is forwarded. See `preact_resnet_cifar`.\n"
     )
     return register_model(depth=depth, block=block, family="cifar")(factory)

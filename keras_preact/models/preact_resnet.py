@@ -17,9 +17,14 @@ from keras_preact.layers.blocks import BLOCK_TYPES
 from keras_preact.layers.blocks import PreActStage
 from keras_preact.layers.preprocessing import ImageNormalization
 from keras_preact.layers.preprocessing import resolve_preprocessing
+from keras_preact.layers import variants
 from keras_preact.layers.utils import normalize_data_format
 
 BLOCKS = BLOCK_TYPES
+#: Stems: "cifar" is a single conv (the paper's CIFAR nets); "imagenet" is conv, BN,
+#: ReLU and a 3x3 stride-2 max pool (the paper's ImageNet nets, Section 5), with
+#: symmetric padding as in Torch.
+STEMS = ("cifar", "imagenet")
 POOLINGS = (None, "avg", "max")
 
 
@@ -55,6 +60,12 @@ def validate_config(
     classifier_activation,
     input_shape,
     data_format,
+    unit=variants.DEFAULT_UNIT,
+    shortcut_scale=None,
+    residual_scale=None,
+    gate_bias=None,
+    dropout_rate=None,
+    stem="cifar",
 ):
     """Checks every `PreActResNet` argument before any layer is built.
 
@@ -69,6 +80,10 @@ def validate_config(
         raise ValueError(
             f"Unknown `block`. Received: block={block!r}. Valid: {sorted(BLOCKS)}"
         )
+    variants.resolve_unit_options(
+        unit, shortcut_scale=shortcut_scale, residual_scale=residual_scale,
+        gate_bias=gate_bias, dropout_rate=dropout_rate,
+    )
     stage_blocks = _positive_int_tuple("stage_blocks", stage_blocks)
     stage_filters = _positive_int_tuple("stage_filters", stage_filters)
     stage_strides = _positive_int_tuple("stage_strides", stage_strides)
@@ -122,8 +137,11 @@ def validate_config(
                     "'linear' or any keras.activations name"
                 ) from None
     data_format = normalize_data_format(data_format)
+    if stem not in STEMS:
+        raise ValueError(f"Unknown `stem`. Received: stem={stem!r}. Valid: {list(STEMS)}")
 
-    total_stride = stem_strides * math.prod(stage_strides)
+    # The ImageNet stem's max pool halves the size once more.
+    total_stride = stem_strides * (2 if stem == "imagenet" else 1) * math.prod(stage_strides)
     min_size = 2 * total_stride
     if input_shape is None:
         input_shape = (None, None, 3) if data_format == "channels_last" else (3, None, None)
@@ -185,6 +203,9 @@ class PreActResNet(keras.Model):
         stem_filters: width of the stem conv, default 16.
         stem_kernel_size: default 3.
         stem_strides: default 1.
+        stem: "cifar" (default: the conv alone) or "imagenet" (the conv with
+            symmetric padding, then BN, ReLU and a 3x3 stride-2 max pool; use with
+            ``stem_kernel_size=7, stem_strides=2, stem_filters=64``).
         bottleneck_stride: "middle" (default, the 3x3 conv; pytorchcv/timm and the
             published CIFAR weights) or "first" (the first 1x1; the official code).
         bottleneck_expansion: output width / inner width of a bottleneck, default 4.
@@ -215,6 +236,17 @@ class PreActResNet(keras.Model):
             under `tf.distribute` (TensorFlow only). By default each replica
             normalises with the statistics of its own per-replica batch; with True
             every replica uses the statistics of the global batch.
+        unit: the residual unit, one of `keras_preact.layers.UNIT_TYPES`; default
+            "full_preact" (Fig. 4e). The others are the units the paper compares
+            (Fig. 2 / Table 1, Fig. 4 / Table 2; see `keras_preact.layers.variants`).
+            Units with a ReLU after the addition (the 2015 "original" design and its
+            shortcut variants) get a conv-BN-ReLU stem and nothing after the last
+            unit, as in He et al. 2015; "relu_only_preact" gets a plain conv stem and
+            a final ReLU (its pre-activation has no BN).
+        shortcut_scale, residual_scale: the lambdas of unit="constant_scaling"
+            (None: 0.5 and 0.5, the paper's only converging setting).
+        gate_bias: initial gate bias b_g of the gating units (None: -6).
+        dropout_rate: shortcut drop rate of unit="dropout_shortcut" (None: 0.5).
         dtype: optional dtype policy for every layer (e.g. "mixed_bfloat16").
             The final activation always computes in float32.
         name: model name, default "preact_resnet".
@@ -237,6 +269,7 @@ class PreActResNet(keras.Model):
         stem_filters=16,
         stem_kernel_size=3,
         stem_strides=1,
+        stem="cifar",
         bottleneck_stride="middle",
         bottleneck_expansion=4,
         first_unit_shared_preact=True,
@@ -252,6 +285,11 @@ class PreActResNet(keras.Model):
         bn_momentum=BN_MOMENTUM,
         bn_epsilon=BN_EPSILON,
         synchronized_bn=False,
+        unit=variants.DEFAULT_UNIT,
+        shortcut_scale=None,
+        residual_scale=None,
+        gate_bias=None,
+        dropout_rate=None,
         dtype=None,
         name="preact_resnet",
         **kwargs,
@@ -264,6 +302,7 @@ class PreActResNet(keras.Model):
             stem_filters=stem_filters,
             stem_kernel_size=stem_kernel_size,
             stem_strides=stem_strides,
+            stem=stem,
             bottleneck_stride=bottleneck_stride,
             bottleneck_expansion=bottleneck_expansion,
             include_top=include_top,
@@ -272,6 +311,11 @@ class PreActResNet(keras.Model):
             classifier_activation=classifier_activation,
             input_shape=input_shape,
             data_format=data_format,
+            unit=unit,
+            shortcut_scale=shortcut_scale,
+            residual_scale=residual_scale,
+            gate_bias=gate_bias,
+            dropout_rate=dropout_rate,
         )
         resolved_preprocessing = resolve_preprocessing(preprocessing)
         data_format = checked["data_format"]
@@ -293,17 +337,45 @@ class PreActResNet(keras.Model):
                 dtype=dtype,
                 name="preprocessing",
             )(x)
+        stem_padding = "same"
+        if stem == "imagenet" and stem_strides > 1:
+            # Torch pads (k - 1) // 2 on every side; Keras' "same" would pad only
+            # bottom/right of an even input and shift the grid of converted weights.
+            x = keras.layers.ZeroPadding2D(
+                (stem_kernel_size - 1) // 2, data_format=data_format, dtype=dtype,
+                name="stem_pad",
+            )(x)
+            stem_padding = "valid"
         x = keras.layers.Conv2D(
             stem_filters,
             stem_kernel_size,
             strides=stem_strides,
-            padding="same",
+            padding=stem_padding,
             use_bias=False,
             kernel_initializer=kernel_initializer,
             data_format=data_format,
             dtype=dtype,
             name="stem_conv",
         )(x)
+        if stem == "imagenet" or unit not in variants.PREACTIVATION_UNITS:
+            # He et al. 2015: a conv-BN-ReLU stem, since these units start with a
+            # conv (Fig. 4a-c and the Fig. 2 shortcut variants).
+            x = keras.layers.BatchNormalization(
+                axis=channel_axis,
+                momentum=bn_momentum,
+                epsilon=bn_epsilon,
+                synchronized=synchronized_bn,
+                dtype=dtype,
+                name="stem_bn",
+            )(x)
+            x = keras.layers.Activation("relu", dtype=dtype, name="stem_relu")(x)
+        if stem == "imagenet":
+            # After the ReLU every value is >= 0, so zero padding acts as Torch's
+            # -inf padding for the max.
+            x = keras.layers.ZeroPadding2D(1, data_format=data_format, dtype=dtype,
+                                           name="stem_pool_pad")(x)
+            x = keras.layers.MaxPooling2D(3, strides=2, data_format=data_format,
+                                          dtype=dtype, name="stem_pool")(x)
         stage_kwargs = dict(
             kernel_initializer=kernel_initializer,
             bn_momentum=bn_momentum,
@@ -314,6 +386,12 @@ class PreActResNet(keras.Model):
         )
         if block == "bottleneck":
             stage_kwargs.update(expansion=bottleneck_expansion, bottleneck_stride=bottleneck_stride)
+        if unit != variants.DEFAULT_UNIT:
+            # Only non-default units get the keys, so the default graph is unchanged.
+            stage_kwargs.update(
+                unit=unit, shortcut_scale=shortcut_scale, residual_scale=residual_scale,
+                gate_bias=gate_bias, dropout_rate=dropout_rate,
+            )
         for stage, (num_units, filters, stride) in enumerate(
             zip(checked["stage_blocks"], checked["stage_filters"], checked["stage_strides"]),
             start=1,
@@ -321,6 +399,8 @@ class PreActResNet(keras.Model):
             # First-unit rule: the activation goes before the split (shared with the
             # shortcut) in the very first unit after the stem.
             first_shared = True if (stage == 1 and first_unit_shared_preact) else None
+            if unit not in variants.PREACTIVATION_UNITS:
+                first_shared = None  # no pre-activation to share
             x = PreActStage(
                 block,
                 filters,
@@ -330,16 +410,21 @@ class PreActResNet(keras.Model):
                 name=f"stage{stage}",
                 **stage_kwargs,
             )(x)
-        # Last-unit rule: one BN-ReLU after the final addition.
-        x = keras.layers.BatchNormalization(
-            axis=channel_axis,
-            momentum=bn_momentum,
-            epsilon=bn_epsilon,
-            synchronized=synchronized_bn,
-            dtype=dtype,
-            name="post_bn",
-        )(x)
-        x = keras.layers.Activation("relu", dtype=dtype, name="post_relu")(x)
+        # Last-unit rule: one BN-ReLU after the final addition (the unit's own
+        # activation: ReLU only for Fig. 4d; nothing for units that end in a ReLU).
+        # Deviation: for "relu_before_addition" (Fig. 4c) the paper does not say
+        # what follows the last unit; like the original design, nothing does.
+        if unit == variants.DEFAULT_UNIT:
+            x = keras.layers.BatchNormalization(
+                axis=channel_axis,
+                momentum=bn_momentum,
+                epsilon=bn_epsilon,
+                synchronized=synchronized_bn,
+                dtype=dtype,
+                name="post_bn",
+            )(x)
+        if unit in variants.PREACTIVATION_UNITS:
+            x = keras.layers.Activation("relu", dtype=dtype, name="post_relu")(x)
         if include_top:
             pool = keras.layers.GlobalMaxPooling2D if pooling == "max" else keras.layers.GlobalAveragePooling2D
             x = pool(data_format=data_format, dtype=dtype, name="pool")(x)
@@ -366,6 +451,7 @@ class PreActResNet(keras.Model):
         self.stem_filters = stem_filters
         self.stem_kernel_size = stem_kernel_size
         self.stem_strides = stem_strides
+        self.stem = stem
         self.bottleneck_stride = bottleneck_stride
         self.bottleneck_expansion = bottleneck_expansion
         self.first_unit_shared_preact = first_unit_shared_preact
@@ -379,6 +465,11 @@ class PreActResNet(keras.Model):
         self.bn_momentum = bn_momentum
         self.bn_epsilon = bn_epsilon
         self.synchronized_bn = synchronized_bn
+        self.unit = unit
+        self.shortcut_scale = shortcut_scale
+        self.residual_scale = residual_scale
+        self.gate_bias = gate_bias
+        self.dropout_rate = dropout_rate
         self._input_shape_arg = checked["input_shape"]
         self._dtype_arg = dtype
 
@@ -400,6 +491,7 @@ class PreActResNet(keras.Model):
             "stem_filters": self.stem_filters,
             "stem_kernel_size": self.stem_kernel_size,
             "stem_strides": self.stem_strides,
+            "stem": self.stem,
             "bottleneck_stride": self.bottleneck_stride,
             "bottleneck_expansion": self.bottleneck_expansion,
             "first_unit_shared_preact": self.first_unit_shared_preact,
@@ -419,6 +511,11 @@ class PreActResNet(keras.Model):
             "bn_momentum": self.bn_momentum,
             "bn_epsilon": self.bn_epsilon,
             "synchronized_bn": self.synchronized_bn,
+            "unit": self.unit,
+            "shortcut_scale": self.shortcut_scale,
+            "residual_scale": self.residual_scale,
+            "gate_bias": self.gate_bias,
+            "dropout_rate": self.dropout_rate,
             "dtype": dtype,
             "name": self.name,
             "trainable": self.trainable,

@@ -27,6 +27,9 @@ _LAZY = {
     "DEMO_EPOCHS": "keras_preact.training.demo",
     "make_strategy": "keras_preact.training.distribute",
     "set_synchronized_batch_norm": "keras_preact.training.distribute",
+    "train_multiworker": "keras_preact.training.multiworker",
+    "parse_tf_config": "keras_preact.training.multiworker",
+    "train_data_parallel": "keras_preact.training.jax_parallel",
 }
 
 __all__ = [

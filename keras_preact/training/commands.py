@@ -15,6 +15,7 @@ from keras_preact.training.config import SCHEDULE_UNITS
 from keras_preact.training.config import STRATEGIES
 from keras_preact.training.config import TrainConfig
 from keras_preact.training.optimizers import DECAY_VARIABLES
+from keras_preact.weights.download import WeightsDownloadError
 
 _DEFAULTS = TrainConfig()
 
@@ -86,6 +87,15 @@ def add_train_arguments(p, *, workdir_required=True):
     g.add_argument("--data-source", default=d.data_source, help="auto, tfds or archive")
     g.add_argument("--data-path", default=None, help="an archive, extracted folder or image folder")
     g.add_argument("--download", action="store_true", help="let TFDS download (default: offline)")
+    g.add_argument(
+        "--weights", default=None,
+        help="fine-tune from pretrained weights: a catalog tag of --model (e.g. cifar10), "
+        "a .weights.h5 or .keras file (e.g. another run's checkpoint), or URL#sha256=<hex>",
+    )
+    g.add_argument(
+        "--freeze", default="",
+        help="comma-separated parts kept frozen: stem, stage1, stage2, ..., head, backbone",
+    )
     g.add_argument("--no-augment", dest="augment", action="store_const", const=False, default=None)
     g.add_argument("--workdir", required=workdir_required, default=None,
                    help="folder for checkpoints, metrics and the model")
@@ -138,6 +148,8 @@ def config_from_args(args):
         data_path=args.data_path,
         download=args.download,
         augment=args.augment,
+        weights=getattr(args, "weights", None),
+        freeze=getattr(args, "freeze", "") or (),
         batch_size=args.batch_size,
         base_batch_size=args.base_batch_size,
         learning_rate=args.learning_rate,
@@ -199,13 +211,24 @@ def cmd_train(args):
         from keras_preact.training.trainer import train_and_evaluate
 
         result = train_and_evaluate(config, args.workdir)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, WeightsDownloadError) as err:
+        return _fail(err)
+    except RuntimeError as err:
+        # A multi-worker peer was lost: a clear message and the way to resume.
+        if type(err).__name__ != "ClusterError":
+            raise
         return _fail(err)
     if result["resumed_from_epoch"] is None:
         print("The run was already complete.")
     elif result["resumed_from_epoch"]:
         print(f"Resumed from epoch {result['resumed_from_epoch']}.")
-    print_result(result)
+    if result.get("task") is not None and not result.get("is_chief"):
+        # A multi-worker run: only the chief writes (and reports) the outputs.
+        print(f"{result['task']} done; the chief wrote the outputs.")
+    else:
+        print_result(result)
+    if result.get("weights_digest"):
+        print(f"weights digest: {result['weights_digest']}")
     return 0
 
 

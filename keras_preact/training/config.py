@@ -35,7 +35,7 @@ from typing import Optional
 
 from keras_preact.training.optimizers import DECAY_VARIABLES
 
-STRATEGIES = ("default", "mirrored", "tpu")
+STRATEGIES = ("default", "mirrored", "tpu", "multiworker")
 PRECISIONS = ("fp32", "mixed_float16", "mixed_bfloat16")
 SCHEDULE_UNITS = ("iterations", "epochs")
 LR_SCALINGS = ("linear", "sqrt", "none")
@@ -71,6 +71,15 @@ class TrainConfig:
             so the saved model and its exports need no outside preprocessing. False:
             the pipeline normalises and the model takes normalised floats. An
             explicit ``model_kwargs["preprocessing"]`` wins over both.
+        weights: optional pretrained weights to fine-tune from: a catalog tag of
+            `model`, a `.weights.h5` or `.keras` path (e.g. another run's
+            checkpoint or model.keras) or a URL with its hash. Every variable but the
+            classifier is loaded (the classifier too when it has the dataset's
+            number of classes); see `keras_preact.finetune.load_pretrained`.
+            Loaded at a fresh start only: a resumed run continues from its own
+            checkpoint.
+        freeze: parts kept frozen during training ("stem", "stage1", ...,
+            "head", or "backbone"); their BatchNorm runs in inference mode.
         dataset: "cifar10" (default), "cifar100", "digits" or "folder".
         data_dir, data_source, data_path, download: where the data comes from (see
             `keras_preact.data.make_dataset`): defaults None, "auto", None, False.
@@ -93,7 +102,9 @@ class TrainConfig:
         deterministic: bool, default False: enable TensorFlow's op determinism
             (bit-identical reruns and resumes; slower on GPUs, and some GPU ops
             have no deterministic kernel).
-        strategy: "default", "mirrored" or "tpu".
+        strategy: "default", "mirrored", "tpu" or "multiworker" (every worker of
+            the ``TF_CONFIG`` environment variable; see
+            `keras_preact.training.multiworker`).
         cpu_devices: optional int: split the CPU into this many logical devices
             before TensorFlow starts (lets "mirrored" run several replicas on a
             CPU-only machine; for tests and demos).
@@ -111,6 +122,8 @@ class TrainConfig:
     model: str = "preact_resnet110"
     model_kwargs: dict = dataclasses.field(default_factory=dict)
     preprocessing_in_model: bool = True
+    weights: Optional[str] = None
+    freeze: tuple = ()
     dataset: str = "cifar10"
     data_dir: Optional[str] = None
     data_source: str = "auto"
@@ -149,6 +162,9 @@ class TrainConfig:
     def __post_init__(self):
         self.boundaries = tuple(self.boundaries)
         self.model_kwargs = dict(self.model_kwargs or {})
+        if isinstance(self.freeze, str):
+            self.freeze = tuple(p.strip() for p in self.freeze.split(",") if p.strip())
+        self.freeze = tuple(self.freeze or ())
 
     # -- validation -----------------------------------------------------------
     def validate(self):
@@ -222,11 +238,39 @@ class TrainConfig:
         if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int) or self.eval_every < 0:
             raise ValueError(f"`eval_every` must be an int >= 0. Received: eval_every={self.eval_every!r}")
         _positive_int("keep_checkpoints", self.keep_checkpoints)
+        self._validate_finetuning()
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ValueError(f"`seed` must be an int >= 0. Received: seed={self.seed!r}")
         if self.verbose not in ("auto", 0, 1, 2):
             raise ValueError(f"`verbose` must be 'auto', 0, 1 or 2. Received: verbose={self.verbose!r}")
         return self
+
+    def _validate_finetuning(self):
+        import os
+        import re
+
+        if self.weights is not None:
+            if not isinstance(self.weights, str) or not self.weights:
+                raise ValueError(
+                    "`weights` must be None, a catalog tag, a .weights.h5 / .keras path "
+                    f"or a URL with its hash. Received: weights={self.weights!r}"
+                )
+            from keras_preact.weights import catalog
+
+            if catalog.looks_like_tag(self.weights):
+                catalog.resolve_tag(self.model, self.weights)
+            elif not self.weights.startswith(catalog.URL_SCHEMES) and not os.path.isfile(
+                os.path.expanduser(self.weights)
+            ):
+                raise ValueError(
+                    f"The weights file does not exist. Received: weights={self.weights!r}"
+                )
+        for part in self.freeze:
+            if not isinstance(part, str) or not re.fullmatch(r"stem|head|backbone|stage[1-9][0-9]*", part):
+                raise ValueError(
+                    f"Unknown part to freeze. Received: freeze={list(self.freeze)!r}. "
+                    "Valid: 'stem', 'stage1', 'stage2', ..., 'head', or 'backbone'"
+                )
 
     def model_normalizes(self):
         """Whether the model (not the data pipeline) normalises the pixels."""
@@ -241,6 +285,7 @@ class TrainConfig:
         """A JSON-ready dict of every field (tuples become lists)."""
         out = dataclasses.asdict(self)
         out["boundaries"] = list(self.boundaries)
+        out["freeze"] = list(self.freeze)
         return out
 
     def to_json(self):

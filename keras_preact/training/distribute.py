@@ -1,4 +1,8 @@
-"""Single-host tf.distribute strategies, precision and determinism (TensorFlow only).
+"""tf.distribute strategies, precision and determinism (TensorFlow only).
+
+Multi-worker training (``strategy="multiworker"``) lives in
+`keras_preact.training.multiworker`; its BatchNorm handling follows the same rules
+as below, with the moving statistics averaged across all workers.
 
 BatchNorm under `MirroredStrategy`: each replica normalises its activations with the
 mean and variance of *its own share* of the global batch (global batch / replicas),
@@ -95,7 +99,11 @@ def make_strategy(name):
     Args:
         name: "default" (TensorFlow's default strategy: one device), "mirrored"
             (`MirroredStrategy` over every visible GPU, or the logical CPUs when
-            there is no GPU) or "tpu" (`TPUStrategy` on an attached TPU).
+            there is no GPU), "tpu" (`TPUStrategy` on an attached TPU) or
+            "multiworker" (`MultiWorkerMirroredStrategy` over the workers of the
+            ``TF_CONFIG`` environment variable; train with
+            `keras_preact.training.multiworker`, since ``model.fit`` fails under
+            it in Keras 3).
 
     Returns:
         A `tf.distribute.Strategy`.
@@ -121,6 +129,12 @@ def make_strategy(name):
             # instance 100"), e.g. two runs in one process, one with synchronized BN.
             _STRATEGIES[key] = tf.distribute.MirroredStrategy(devices=devices)
         return _STRATEGIES[key]
+    if name == "multiworker":
+        # Every worker of TF_CONFIG; bounded waits (see keras_preact.training.multiworker).
+        from keras_preact.training.multiworker import make_multiworker_strategy
+        from keras_preact.training.multiworker import parse_tf_config
+
+        return make_multiworker_strategy(parse_tf_config())
     if name == "tpu":
         try:
             resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
@@ -134,7 +148,8 @@ def make_strategy(name):
             ) from None
         return tf.distribute.TPUStrategy(resolver)
     raise ValueError(
-        f"Unknown strategy. Received: strategy={name!r}. Valid: ['default', 'mirrored', 'tpu']"
+        f"Unknown strategy. Received: strategy={name!r}. "
+        "Valid: ['default', 'mirrored', 'tpu', 'multiworker']"
     )
 
 

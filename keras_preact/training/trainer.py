@@ -69,6 +69,12 @@ def build_model(config, info):
     defaults = {"classes": info["num_classes"], "input_shape": tuple(info["image_shape"])}
     if config.preprocessing_in_model:
         defaults["preprocessing"] = dataset_preprocessing(info)
+    if getattr(config, "weights", None) is not None and architecture is None:
+        # A catalog tag fixes architecture arguments its weights need (e.g.
+        # first_unit_shared_preact=False for the converted pytorchcv nets).
+        from keras_preact.finetune import pretrained_architecture
+
+        defaults.update(pretrained_architecture(config.model, config.weights))
     try:
         if architecture is not None:
             arch = {**defaults, "name": config.model, **dict(architecture), **kwargs}
@@ -318,6 +324,11 @@ def train_and_evaluate(config, workdir):
             f"`config` must be a TrainConfig or its dict. Received: {type(config).__name__}"
         )
     config.validate()
+    if config.strategy == "multiworker":
+        # model.fit fails under MultiWorkerMirroredStrategy in Keras 3: own loop.
+        from keras_preact.training.multiworker import train_multiworker
+
+        return train_multiworker(config, workdir)
     workdir = Workdir(workdir)
     state = check_workdir(config, workdir)
     if state is not None and state.get("complete") and os.path.exists(workdir.final_model_path):
@@ -426,6 +437,19 @@ def train_and_evaluate(config, workdir):
             # the saved model's config stays free of a TensorFlow-only training
             # setting (it loads on every backend).
             distribute.set_synchronized_batch_norm(model, True)
+        if getattr(config, "freeze", ()):
+            from keras_preact import finetune
+
+            # Before compiling, so the optimizer holds only the trainable part.
+            finetune.freeze(model, list(config.freeze))
+        if state is None and getattr(config, "weights", None) is not None:
+            from keras_preact import finetune
+
+            loaded = finetune.load_pretrained(model, config.weights, model_name=config.model)
+            logger.info(
+                "Fine-tuning from %s (%s).", loaded["source"],
+                "classifier loaded too" if loaded["copied_head"] else "new classifier",
+            )
         optimizer = config.make_optimizer(spe)
         if config.precision == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)

@@ -2,9 +2,13 @@
 
 Keras matches `.weights.h5` variables by layer class and creation order, not by layer
 name, so a file from another architecture can load silently wrong when shapes agree.
-These helpers inspect the file before any layer is built and fail loudly instead.
+These helpers inspect the file before any layer is built and fail loudly instead:
+files written by `save_weights_file` record the model's variable paths and
+architecture arguments, compared on load (`load_weights_file`); `.keras` files are
+read with ``safe_mode=True`` after refusing Lambda layers (`load_keras_file`).
 """
 
+import json
 import os
 
 WEIGHTS_SUFFIX = ".weights.h5"
@@ -77,41 +81,332 @@ def inspect_weights_file(path):
         }
 
 
-def check_weights_compatible(path, *, channels, stem_filters, include_top, classes):
-    """Raises ValueError when a weights file cannot fit the requested model."""
-    info = inspect_weights_file(path)
-    if info["in_channels"] != channels:
+# --- layout records: reordered or mismatched layers fail loudly -----------------------
+
+#: Root attributes keras-preact writes into every `.weights.h5` it saves: the model's
+#: variables (path and shape) in creation order, and its architecture arguments.
+LAYOUT_ATTR = "keras_preact_layout"
+ARCHITECTURE_ATTR = "keras_preact_architecture"
+#: The model's `preprocessing`, `input_shape` and `data_format`: the defaults of a
+#: model built for the file.
+DEFAULTS_ATTR = "keras_preact_defaults"
+#: `PreActResNet` arguments that change what the weights mean without always changing
+#: a shape (e.g. `first_unit_shared_preact`), so they are recorded and compared.
+ARCHITECTURE_KEYS = (
+    "block", "stage_blocks", "stage_filters", "stage_strides", "stem_filters",
+    "stem_kernel_size", "stem_strides", "bottleneck_stride", "bottleneck_expansion",
+    "first_unit_shared_preact",
+)
+#: Variables of the classifier head (the `logits` Dense layer of `PreActResNet`).
+HEAD_LAYER = "logits"
+
+
+def model_layout(model):
+    """``[[path, shape], ...]`` of the model's variables in creation order.
+
+    `.weights.h5` files are matched by layer class and creation order, so two models
+    whose layouts differ only in the order of equally shaped layers would load each
+    other's files silently wrong; the variable paths (built from the layer names)
+    tell them apart.
+    """
+    # Subclassed models prefix their variables with the model's (uniquified) name,
+    # which says nothing about the architecture.
+    prefix = model.name + "/"
+    return [
+        [v.path[len(prefix):] if v.path.startswith(prefix) else v.path, [int(d) for d in v.shape]]
+        for v in model.weights
+    ]
+
+
+def model_architecture(model):
+    """The architecture arguments of a `PreActResNet` (None for other models)."""
+    from keras_preact.models.preact_resnet import PreActResNet
+
+    if not isinstance(model, PreActResNet):
+        return None
+    config = model.get_config()
+    return {k: _jsonable(config.get(k)) for k in ARCHITECTURE_KEYS}
+
+
+def _jsonable(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _has_head(model):
+    return any(layer.name == HEAD_LAYER for layer in getattr(model, "layers", []))
+
+
+def save_weights_file(model, path):
+    """Saves `model`'s weights to `path` with its layout recorded; atomic.
+
+    The file is a plain Keras `.weights.h5` (any Keras loads it) with two extra root
+    attributes, the variable layout and the architecture arguments, that
+    `load_weights_file` checks before loading. It is written to a temporary file
+    beside `path` and renamed into place, so `path` is never left half written.
+
+    Returns:
+        The absolute path.
+    """
+    import h5py
+
+    path = os.path.abspath(os.fspath(path))
+    if not path.endswith(WEIGHTS_SUFFIX):
         raise ValueError(
-            f"The weights expect {info['in_channels']}-channel input, but the model "
-            f"was asked for {channels} channels. Received: input_shape with "
-            f"{channels} channels, weights={path!r}"
+            f"A weights file name must end in '{WEIGHTS_SUFFIX}'. Received: path={path!r}"
         )
-    if info["stem_filters"] != stem_filters:
-        raise ValueError(
-            f"The weights have a stem of {info['stem_filters']} filters; this model "
-            f"has {stem_filters}. Received: weights={path!r}"
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(path)[:-len(WEIGHTS_SUFFIX)]}.{os.getpid()}.{id(model)}.tmp{WEIGHTS_SUFFIX}")
+    try:
+        model.save_weights(tmp)
+        with h5py.File(tmp, "a") as f:
+            f.attrs[LAYOUT_ATTR] = json.dumps(model_layout(model))
+            arch = model_architecture(model)
+            if arch is not None:
+                f.attrs[ARCHITECTURE_ATTR] = json.dumps(arch)
+            if arch is not None:
+                config = model.get_config()
+                f.attrs[DEFAULTS_ATTR] = json.dumps(
+                    {k: config.get(k) for k in ("preprocessing", "input_shape", "data_format")}
+                )
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def read_recorded_layout(path):
+    """The (layout, architecture) recorded in a file by `save_weights_file`, or Nones."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        layout = f.attrs.get(LAYOUT_ATTR)
+        arch = f.attrs.get(ARCHITECTURE_ATTR)
+    return (
+        None if layout is None else json.loads(layout),
+        None if arch is None else json.loads(arch),
+    )
+
+
+def read_recorded_defaults(path):
+    """The preprocessing, input shape and data format recorded by
+    `save_weights_file` (an empty dict for other files)."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        value = f.attrs.get(DEFAULTS_ATTR)
+    return {} if value is None else json.loads(value)
+
+
+def _h5_datasets(path):
+    import h5py
+
+    out = {}
+    with h5py.File(path, "r") as f:
+        def visit(name, obj):
+            # The optimizer's state (in training checkpoints) is not the model's.
+            if isinstance(obj, h5py.Dataset) and not name.startswith("optimizer"):
+                out[name] = [int(d) for d in obj.shape]
+
+        f.visititems(visit)
+    return out
+
+
+def _first_difference(expected, found):
+    for i, (a, b) in enumerate(zip(expected, found)):
+        if a != b:
+            return i, a, b
+    n = min(len(expected), len(found))
+    return (
+        n,
+        expected[n] if n < len(expected) else None,
+        found[n] if n < len(found) else None,
+    )
+
+
+def _mismatch(model, path, detail):
+    return ValueError(
+        f"The weights file does not match the architecture of {model.name!r}: "
+        f"{detail}. Nothing was loaded. Received: weights={path!r}"
+    )
+
+
+def compare_layouts(model, stored_layout, stored_arch, *, source):
+    """Raises ValueError unless a stored layout and architecture fit `model`.
+
+    A model without the classifier head (include_top=False) accepts a layout that
+    has one: the head's variables are the only ones it may skip.
+    """
+    expected = model_layout(model)
+    found = [list(x) for x in stored_layout]
+    found = [[p, list(s)] for p, s in found]
+    if not _has_head(model):
+        found = [x for x in found if not x[0].startswith(HEAD_LAYER + "/")]
+    if found != expected:
+        i, want, got = _first_difference(expected, found)
+        raise _mismatch(
+            model,
+            source,
+            f"the file holds {len(found)} variables, the model {len(expected)}; the "
+            f"first difference is variable {i} (model: {want}, file: {got})",
         )
-    if include_top:
-        if info["classes"] is None:
-            raise ValueError(
-                "The weights have no classifier head; use include_top=False. "
-                f"Received: include_top=True, weights={path!r}"
+    arch = model_architecture(model)
+    if arch is not None and stored_arch is not None:
+        diff = {k: (stored_arch.get(k), arch[k]) for k in arch if stored_arch.get(k) != arch[k]}
+        if diff:
+            raise _mismatch(
+                model,
+                source,
+                "architecture arguments differ (file, model): "
+                + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in sorted(diff.items())),
             )
-        if info["classes"] != classes:
-            raise ValueError(
-                f"The weights' classifier has {info['classes']} classes. Received: "
-                f"classes={classes}. Pass classes={info['classes']}, or "
-                "include_top=False to reuse the features."
-            )
-    return info
+
+
+def check_weights_file_layout(model, path):
+    """Raises ValueError unless the `.weights.h5` at `path` fits `model` exactly.
+
+    Files written by `save_weights_file` carry the model's variable paths, so even
+    equally shaped layers created in another order are detected. Other Keras files
+    are compared by their stored variables and shapes against what `model` itself
+    writes, which catches another depth, unit or head but not a reordering.
+    """
+    layout, arch = read_recorded_layout(path)
+    if layout is not None:
+        compare_layouts(model, layout, arch, source=path)
+        return "recorded"
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        own = os.path.join(tmp, "own" + WEIGHTS_SUFFIX)
+        model.save_weights(own)
+        expected = _h5_datasets(own)
+    found = _h5_datasets(path)
+    if not _has_head(model):
+        head = {k for k in set(found) - set(expected) if k.startswith("layers/dense/")}
+        found = {k: v for k, v in found.items() if k not in head}
+    if found != expected:
+        missing = sorted(set(expected) - set(found))[:3]
+        extra = sorted(set(found) - set(expected))[:3]
+        shapes = sorted(k for k in set(found) & set(expected) if found[k] != expected[k])[:3]
+        raise _mismatch(
+            model,
+            path,
+            f"the file holds {len(found)} variables, the model {len(expected)} "
+            f"(missing in the file: {missing}; not in the model: {extra}; other "
+            f"shapes: {[(k, found[k], expected[k]) for k in shapes]})",
+        )
+    return "structure"
 
 
 def load_weights_file(model, path):
-    """Loads `path` into `model`, turning Keras' shape errors into a clear message."""
+    """Loads `path` into `model` after checking that the file fits it exactly.
+
+    Raises:
+        ValueError: when the file holds another architecture (another depth, unit,
+            head, or the same shapes in another order); nothing is loaded then.
+    """
+    check_weights_file_layout(model, path)
     try:
         model.load_weights(path)
     except ValueError as err:
+        raise _mismatch(model, path, str(err)) from None
+
+
+# --- .keras files -----------------------------------------------------------------------
+
+KERAS_SUFFIX = ".keras"
+
+
+def read_keras_file_config(path):
+    """The model config stored in a `.keras` file, read without building anything.
+
+    Raises:
+        ValueError: if the file is not a `.keras` archive, or holds a Lambda layer
+            (arbitrary Python code, which keras-preact never loads).
+    """
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            config = json.loads(archive.read("config.json"))
+    except (zipfile.BadZipFile, KeyError, json.JSONDecodeError):
         raise ValueError(
-            f"The weights file does not match the architecture of {model.name!r}: "
-            f"{err}. Received: weights={path!r}"
+            "The file is not a Keras .keras archive (no readable config.json). "
+            f"Received: weights={path!r}"
         ) from None
+    lambdas = list(_find_class(config, "Lambda"))
+    if lambdas:
+        raise ValueError(
+            f"The .keras file holds a Lambda layer ({lambdas[0]!r}); Lambda layers run "
+            "arbitrary Python code, so keras-preact refuses to load them (it loads "
+            "model files only with safe_mode=True). Re-save the model without the "
+            f"Lambda layer, or save its weights as a .weights.h5. Received: weights={path!r}"
+        )
+    return config
+
+
+def _find_class(node, class_name):
+    if isinstance(node, dict):
+        if node.get("class_name") == class_name:
+            yield (node.get("config") or {}).get("name", class_name)
+        for value in node.values():
+            yield from _find_class(value, class_name)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _find_class(value, class_name)
+
+
+def keras_file_info(path):
+    """Stem and head facts of a `.keras` file holding a `PreActResNet`, from its config.
+
+    Returns:
+        dict like `inspect_weights_file`'s ("classes" None without a head), or None
+        for a model that is not a `PreActResNet` (checked after loading instead).
+    """
+    config = read_keras_file_config(path)
+    if config.get("class_name") != "PreActResNet":
+        return None
+    inner = config.get("config", {})
+    shape = inner.get("input_shape") or [None, None, 3]
+    channels = shape[-1] if inner.get("data_format", "channels_last") == "channels_last" else shape[0]
+    return {
+        "kernel_size": inner.get("stem_kernel_size", 3),
+        "in_channels": channels,
+        "stem_filters": inner.get("stem_filters", 16),
+        "classes": inner.get("classes") if inner.get("include_top", True) else None,
+        "preprocessing": inner.get("preprocessing"),
+        "input_shape": inner.get("input_shape"),
+        "data_format": inner.get("data_format", "channels_last"),
+    }
+
+
+def load_keras_file(path):
+    """Loads a `.keras` model with ``safe_mode=True`` after refusing Lambda layers."""
+    import keras
+
+    read_keras_file_config(path)
+    try:
+        return keras.saving.load_model(path, compile=False, safe_mode=True)
+    except Exception as err:  # Keras raises several types for a bad archive.
+        raise ValueError(
+            f"Cannot load the .keras file ({type(err).__name__}: {err}). "
+            f"Received: weights={path!r}"
+        ) from None
+
+
+def _keep(variable, target):
+    return _has_head(target) or not variable.path.startswith(HEAD_LAYER + "/")
+
+
+def copy_weights_from_model(source, target, *, source_label):
+    """Assigns `source`'s weights to `target` after checking their layouts match.
+
+    Raises:
+        ValueError: if the layouts or architecture arguments differ (nothing is
+            assigned then); a `target` without a head skips only the head.
+    """
+    compare_layouts(target, model_layout(source), model_architecture(source), source=source_label)
+    # Equal layouts: the variables correspond one to one, in order.
+    for variable, value in zip(target.weights, [v for v in source.weights if _keep(v, target)]):
+        variable.assign(value)

@@ -1,0 +1,93 @@
+"""One benchmark case: training throughput and peak memory of a keras-preact model.
+
+Runs in its own process (the harness starts one per case, so peak resident memory is
+this case's alone). Works on the TensorFlow, JAX and PyTorch backends (set
+KERAS_BACKEND); uses only NumPy data, so a machine without TensorFlow can run it.
+
+    KERAS_BACKEND=tensorflow python benchmarks/keras_step.py --model preact_resnet110 \
+        --batch 128 --steps 20 [--precision mixed_bfloat16] [--jit-compile] [--threads 2]
+
+prints one JSON line: images/s, seconds per step, peak resident memory, MACs.
+"""
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="preact_resnet110")
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--precision", default="fp32", choices=("fp32", "mixed_float16", "mixed_bfloat16"))
+    p.add_argument("--jit-compile", action="store_true")
+    p.add_argument("--threads", type=int, default=None, help="TF intra-op threads (inter-op 1)")
+    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--model-kwargs", default="{}", help="JSON of extra factory arguments")
+    args = p.parse_args(argv)
+
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "tensorflow" and args.threads:
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    if args.precision != "fp32":
+        keras.mixed_precision.set_global_policy(args.precision)
+    import numpy as np
+
+    import keras_preact as kp
+    from keras_preact.training import CoupledSGD
+
+    keras.utils.set_random_seed(0)
+    t0 = time.perf_counter()
+    model = kp.get_model(args.model, input_shape=(args.image_size, args.image_size, 3),
+                         classifier_activation=None, **json.loads(args.model_kwargs))
+    build_s = time.perf_counter() - t0
+    model.compile(
+        optimizer=CoupledSGD(learning_rate=0.1, momentum=0.9, l2=1e-4),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=bool(args.jit_compile),
+    )
+    rng = np.random.RandomState(0)
+
+    def data(steps):
+        n = args.batch * steps
+        x = rng.uniform(-1, 1, (n, args.image_size, args.image_size, 3)).astype("float32")
+        y = rng.randint(0, 10, (n,)).astype("int32")
+        return x, y
+
+    x, y = data(args.warmup)
+    model.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0)
+    x, y = data(args.steps)
+    t0 = time.perf_counter()
+    model.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0)
+    elapsed = time.perf_counter() - t0
+    print(json.dumps({
+        "framework": f"keras-{backend}",
+        "model": args.model,
+        "batch": args.batch,
+        "precision": args.precision,
+        "jit_compile": bool(args.jit_compile),
+        "threads": args.threads,
+        "steps": args.steps,
+        "images_per_s": args.batch * args.steps / elapsed,
+        "s_per_step": elapsed / args.steps,
+        "build_s": build_s,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "macs": kp.count_macs(model),
+        "params": kp.count_params(model),
+        "pid": os.getpid(),
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

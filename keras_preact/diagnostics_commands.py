@@ -1,0 +1,63 @@
+"""`keras-preact diagnose`: the gradient-flow measurement of `keras_preact.diagnostics`.
+
+Bad input prints ``error: ...`` to stderr and returns exit status 2. TensorFlow only.
+"""
+
+import os
+import sys
+
+
+def add_commands(subparsers):
+    """Adds ``diagnose`` to the `keras-preact` parser."""
+    p = subparsers.add_parser(
+        "diagnose",
+        help="gradient flow at initialisation: RMS of dL/dx at every unit's input",
+        description=(
+            "Build MODEL with each --unit (He initialisation, seeded by --seed), run one "
+            "random batch with BatchNorm in training mode, and report the per-element "
+            "RMS of dL/dx_l at every residual unit's input and the statistics of x_l. "
+            "Prints a table with the first-to-last ratio and writes "
+            "OUT_DIR/MODEL_gradient_flow.csv and .png. TensorFlow backend."
+        ),
+    )
+    p.add_argument("model", help="a model name from `keras-preact list`, e.g. preact_resnet164")
+    p.add_argument(
+        "--unit", action="append", default=None, metavar="UNIT",
+        help="residual unit (repeat to compare several; default: full_preact). "
+             "One of keras_preact.layers.UNIT_TYPES",
+    )
+    p.add_argument("--batch", type=int, default=16, help="batch size (default 16)")
+    p.add_argument("--seed", type=int, default=0, help="initialisation and batch seed (default 0)")
+    p.add_argument("--input-size", type=int, default=32, help="image height and width (default 32)")
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--out-dir", default="diagnostics", help="where the CSV and PNG go (default ./diagnostics)")
+    p.add_argument("--every", type=int, default=None, help="print every n-th unit (default: about 20 lines)")
+    p.set_defaults(func=cmd_diagnose)
+
+
+def cmd_diagnose(args):
+    from keras_preact import diagnostics
+
+    units = args.unit or ["full_preact"]
+    if args.every is not None and args.every < 1:
+        print(f"error: `--every` must be >= 1. Received: --every={args.every}", file=sys.stderr)
+        return 2
+    try:
+        reports = diagnostics.compare_units(
+            args.model, units, batch_size=args.batch, seed=args.seed,
+            input_size=args.input_size, classes=args.classes,
+        )
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"{args.model}, batch {args.batch} of random {args.input_size}x{args.input_size} "
+          f"images, seed {args.seed}, BatchNorm in training mode")
+    print(diagnostics.format_table(reports, every=args.every))
+    stem = os.path.join(args.out_dir, f"{args.model}_gradient_flow")
+    csv_path = diagnostics.write_csv(reports, stem + ".csv")
+    png_path = diagnostics.plot_gradient_flow(
+        reports, stem + ".png", title=f"{args.model}: gradient flow at initialisation (seed {args.seed})"
+    )
+    print(f"wrote {csv_path}")
+    print(f"wrote {png_path}")
+    return 0

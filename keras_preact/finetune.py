@@ -1,0 +1,273 @@
+"""Fine-tuning a pretrained pre-activation ResNet on a new task.
+
+- `load_pretrained`: load weights (a catalog tag, `.weights.h5`, `.keras` or URL with
+  hash) into a model whose head may differ: every variable but the classifier's is
+  checked and copied; the head is copied too when its shape fits.
+- `replace_head`: the same network with a fresh classifier for another number of
+  classes (all other weights kept).
+- `freeze` / `unfreeze`: by part: "stem", "stage1" ... "stageN", "head". The final
+  BN-ReLU (`post_bn`, the paper's last-unit rule) belongs to the last stage.
+- Frozen parts keep BatchNorm in inference mode: Keras' BatchNormalization and
+  keras-preact's units use their moving statistics whenever ``trainable=False``,
+  even inside ``fit`` (``training=True``), so freezing never updates or uses batch
+  statistics (the known pitfall of fine-tuning with BatchNorm).
+
+Discriminative learning rates are not provided: with the stage-wise freezing above a
+two-phase schedule (head first, then everything at a lower rate) covers the common
+use, and Keras 3 optimizers have no per-variable learning rate.
+
+Example:
+    >>> import keras_preact as kp
+    >>> from keras_preact import finetune
+    >>> base = kp.preact_resnet56(weights="cifar10")
+    >>> model = finetune.replace_head(base, classes=5)
+    >>> finetune.freeze(model, ["stem", "stage1", "stage2"])
+    >>> model.compile(...)  # compile after changing what is trainable
+"""
+
+import os
+
+HEAD_PARTS = ("logits",)
+STEM_PARTS = ("stem_conv",)
+LAST_STAGE_EXTRA = ("post_bn",)
+
+
+def parts(model):
+    """The part names of a `PreActResNet`: "stem", "stage1".. and "head" if it has one."""
+    _check_model(model)
+    names = ["stem"] + [f"stage{i}" for i in range(1, len(model.stage_blocks) + 1)]
+    if model.include_top:
+        names.append("head")
+    return names
+
+
+def _check_model(model):
+    from keras_preact.models.preact_resnet import PreActResNet
+
+    if not isinstance(model, PreActResNet):
+        raise ValueError(
+            "Fine-tuning helpers need a keras-preact PreActResNet. Received: "
+            f"model of type {type(model).__name__}"
+        )
+
+
+def _layers_of(model, part):
+    valid = parts(model)
+    if part not in valid:
+        raise ValueError(f"Unknown part. Received: part={part!r}. Valid: {valid}")
+    if part == "stem":
+        names = STEM_PARTS
+    elif part == "head":
+        names = HEAD_PARTS
+    else:
+        names = (part,)
+        if part == valid[-2 if model.include_top else -1]:
+            names = names + LAST_STAGE_EXTRA
+    return [model.get_layer(n) for n in names]
+
+
+def _as_list(value, name):
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    try:
+        return list(value)
+    except TypeError:
+        raise ValueError(f"`{name}` must be a list of part names. Received: {name}={value!r}") from None
+
+
+def freeze(model, which="all"):
+    """Makes the named parts untrainable (their BatchNorm then runs in inference mode).
+
+    Args:
+        model: a `PreActResNet`.
+        which: "all", "backbone" (everything but the head), a list of parts, or a
+            comma-separated string ("stem,stage1").
+
+    Returns:
+        The list of parts frozen. Compile the model after calling this.
+
+    Raises:
+        ValueError: for an unknown part (the message lists the valid ones).
+    """
+    return _set(model, which, False)
+
+
+def unfreeze(model, which="all"):
+    """Makes the named parts trainable again; same arguments as `freeze`."""
+    return _set(model, which, True)
+
+
+def _set(model, which, trainable):
+    valid = parts(model)
+    if which == "all":
+        chosen = valid
+    elif which == "backbone":
+        chosen = [p for p in valid if p != "head"]
+    else:
+        chosen = []
+        for part in _as_list(which, "which"):
+            chosen += [p for p in valid if p != "head"] if part == "backbone" else [part]
+    layers = [layer for part in chosen for layer in _layers_of(model, part)]
+    for layer in layers:
+        layer.trainable = trainable
+    return chosen
+
+
+def frozen_parts(model):
+    """The parts of `model` whose layers are all untrainable."""
+    return [p for p in parts(model) if not any(layer.trainable for layer in _layers_of(model, p))]
+
+
+def replace_head(model, classes, *, classifier_activation="softmax", name=None):
+    """The same network with a new, freshly initialised classifier.
+
+    Args:
+        model: a `PreActResNet` (with or without a head).
+        classes: int >= 1, the new number of classes.
+        classifier_activation: default "softmax"; None for logits.
+        name: optional name of the new model (default: the old one).
+
+    Returns:
+        A new `PreActResNet` with every variable but the head's copied from `model`
+        (frozen parts stay frozen).
+    """
+    _check_model(model)
+    if isinstance(classes, bool) or not isinstance(classes, int) or classes < 1:
+        raise ValueError(f"`classes` must be an integer >= 1. Received: classes={classes!r}")
+    from keras_preact.models.preact_resnet import PreActResNet
+
+    config = model.get_config()
+    frozen = frozen_parts(model)
+    config.update(
+        include_top=True,
+        classes=classes,
+        classifier_activation=classifier_activation,
+        name=name or model.name,
+        trainable=True,
+    )
+    new = PreActResNet.from_config(config)
+    _copy_backbone(model, new, source_label=f"model {model.name!r}")
+    if frozen:
+        freeze(new, [p for p in frozen if p != "head"])
+    return new
+
+
+def _backbone_layout(model):
+    from keras_preact.weights.local import model_layout
+
+    return [x for x in model_layout(model) if not x[0].startswith(HEAD_PARTS[0] + "/")]
+
+
+def _copy_backbone(source, target, *, source_label, copy_head="auto"):
+    """Copies every non-head variable (and the head when its shapes fit)."""
+    from keras_preact.weights.local import model_architecture
+
+    src, dst = _backbone_layout(source), _backbone_layout(target)
+    if src != dst:
+        from keras_preact.weights.local import _first_difference
+
+        i, want, got = _first_difference(dst, src)
+        raise ValueError(
+            f"The weights from {source_label} do not match the architecture of "
+            f"{target.name!r}: {len(src)} backbone variables vs {len(dst)}; the first "
+            f"difference is variable {i} (model: {want}, weights: {got}). Nothing was loaded."
+        )
+    arch_src, arch_dst = model_architecture(source), model_architecture(target)
+    if arch_src is not None and arch_dst is not None and arch_src != arch_dst:
+        diff = sorted(k for k in arch_dst if arch_src.get(k) != arch_dst[k])
+        raise ValueError(
+            f"The weights from {source_label} were made for another architecture "
+            f"({', '.join(f'{k}={arch_src.get(k)!r}' for k in diff)}; the model has "
+            f"{', '.join(f'{k}={arch_dst[k]!r}' for k in diff)}). Nothing was loaded."
+        )
+    by_path = {v.path: v for v in source.weights}
+    copied_head = False
+    for variable in target.weights:
+        if variable.path.startswith(HEAD_PARTS[0] + "/"):
+            other = by_path.get(variable.path)
+            if copy_head and other is not None and tuple(other.shape) == tuple(variable.shape):
+                variable.assign(other)
+                copied_head = True
+            continue
+        variable.assign(by_path[variable.path])
+    return copied_head
+
+
+def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
+    """Loads pretrained weights into `model`, whose head may be for another task.
+
+    Args:
+        model: a `PreActResNet` (the network to fine-tune).
+        weights: a catalog tag or key, a `.weights.h5` or `.keras` path, or a URL
+            with its hash (as the factories' `weights=`).
+        model_name: the registered name for tags (default: `model.name`).
+        copy_head: "auto" (default): copy the classifier too when its shape fits
+            (same number of classes); False: keep the model's fresh head.
+
+    Returns:
+        dict: "source" (the file loaded), "copied_head" (bool), "classes" (of the
+        weights' head, or None).
+
+    Raises:
+        ValueError: if the weights hold another architecture (another depth,
+            unit, stem, or the same shapes in another order); nothing is loaded.
+    """
+    _check_model(model)
+    from keras_preact.models.preact_resnet import PreActResNet
+    from keras_preact.weights import catalog
+    from keras_preact.weights import hooks
+    from keras_preact.weights import local
+
+    model_name = model_name or model.name
+    parsed = hooks.parse_url_weights(weights)
+    if parsed is not None:
+        from keras_preact.weights.download import fetch_weights
+
+        path = fetch_weights(hooks.url_entry(model_name, *parsed))
+    elif isinstance(weights, str) and catalog.looks_like_tag(weights):
+        from keras_preact.weights.download import fetch_weights
+
+        path = fetch_weights(catalog.resolve_tag(model_name, weights))
+    else:
+        path = os.path.abspath(os.path.expanduser(os.fspath(weights)))
+        if path.endswith(local.KERAS_SUFFIX):
+            if not os.path.isfile(path):
+                raise ValueError(f"The .keras file does not exist. Received: weights={weights!r}")
+            source = local.load_keras_file(path)
+            _check_model(source)
+            copied = _copy_backbone(source, model, source_label=path, copy_head=copy_head)
+            return {"source": path, "copied_head": copied,
+                    "classes": source.classes if source.include_top else None}
+        path = local.resolve_weights_argument(path)
+    info = local.inspect_weights_file(path)
+    config = model.get_config()
+    config.update(
+        include_top=info["classes"] is not None,
+        classes=info["classes"] or 1,
+        pooling=None,
+        preprocessing=None,
+        name=f"{model.name}_pretrained",
+        trainable=True,
+    )
+    donor = PreActResNet.from_config(config)
+    local.load_weights_file(donor, path)
+    copied = _copy_backbone(donor, model, source_label=path, copy_head=copy_head)
+    return {"source": path, "copied_head": copied, "classes": info["classes"]}
+
+
+def pretrained_architecture(model_name, weights):
+    """Architecture arguments a catalog tag needs (e.g. ``first_unit_shared_preact``).
+
+    Returns:
+        dict (empty for files and URLs: their architecture is checked on load).
+    """
+    from keras_preact.weights import catalog
+
+    if not (isinstance(weights, str) and catalog.looks_like_tag(weights)):
+        return {}
+    entry = catalog.resolve_tag(model_name, weights)
+    return {
+        k: v
+        for k, v in (entry.get("architecture") or {}).items()
+        if k not in ("classes", "include_top", "input_shape", "preprocessing")
+    }

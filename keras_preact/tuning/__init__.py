@@ -1,0 +1,44 @@
+"""Depth sweeps with KerasTuner: which depth fits my data and my budget?
+
+`PreActResNetHyperModel` searches depth, block, unit variant, width, learning rate,
+weight decay and warm-up, building models with the library's factories and training
+them with its data pipeline and recipe. `Budget` makes the objective cost-aware
+(accuracy under a cap on parameters, multiply-adds or measured step time). `tune`
+runs a resumable study in a workdir and writes ``results.csv``, ``results.png`` and
+the best model (``.keras`` and SavedModel); `keras-preact tune` is its command line.
+
+Importing this package imports nothing heavy: KerasTuner loads on first use of its
+names, and `import keras_preact` never imports this package.
+
+Example:
+    >>> from keras_preact.tuning import Budget, tune
+    >>> result = tune("runs/tune", dataset="digits", depths=(8, 14, 20), epochs=2,
+    ...               max_trials=3, budget=Budget("params", 200_000))
+    >>> result["best"]["depth"], result["csv"]
+"""
+
+_LAZY = {
+    "BUDGET_KINDS": "keras_preact.tuning.hypermodel",
+    "Budget": "keras_preact.tuning.hypermodel",
+    "DEFAULT_DEPTHS": "keras_preact.tuning.hypermodel",
+    "OBJECTIVE": "keras_preact.tuning.hypermodel",
+    "PreActResNetHyperModel": "keras_preact.tuning.hypermodel",
+    "search_space_spec": "keras_preact.tuning.hypermodel",
+    "TUNERS": "keras_preact.tuning.study",
+    "make_tuner": "keras_preact.tuning.study",
+    "plot_results": "keras_preact.tuning.study",
+    "retrain": "keras_preact.tuning.study",
+    "tune": "keras_preact.tuning.study",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name):
+    # KerasTuner (and TensorFlow) load on first use, so `keras-preact` subcommands
+    # that do not tune start without them.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'keras_preact.tuning' has no attribute {name!r}")

@@ -1,0 +1,163 @@
+"""`keras-preact tune`: a resumable depth sweep with KerasTuner.
+
+Bad input prints ``error: ...`` on stderr and exits with status 2.
+"""
+
+import argparse
+import logging
+import sys
+
+
+def add_commands(subparsers):
+    """Adds ``tune`` to the `keras-preact` parser."""
+    p = subparsers.add_parser(
+        "tune",
+        help="search depth / unit / recipe with KerasTuner under a cost budget (resumable)",
+        description=(
+            "Depth sweep with KerasTuner. Writes WORKDIR/results.csv, results.png and the "
+            "best trial as best/model.keras and best/saved_model/. Running the same command "
+            "again continues the search; --overwrite starts it again. Distributed: run it in "
+            "several processes with KERASTUNER_ORACLE_IP, KERASTUNER_ORACLE_PORT and "
+            "KERASTUNER_TUNER_ID=chief (one) / tuner0, tuner1, ... (workers)."
+        ),
+    )
+    g = p.add_argument_group("search space")
+    g.add_argument("--dataset", default="cifar10", help="cifar10, cifar100, digits or folder")
+    g.add_argument("--depths", type=_int_list, default=None,
+                   help="comma-separated CIFAR depths, e.g. 20,56,110,164 (default 20..1001)")
+    g.add_argument("--blocks", type=_str_list, default=["auto"], help="auto, basic, bottleneck")
+    g.add_argument("--units", type=_str_list, default=None,
+                   help="residual unit variants to search (default: the library's default unit)")
+    g.add_argument("--widths", type=_float_list, default=[1], help="width multipliers, e.g. 1,2")
+    g.add_argument("--lrs", type=_float_list, default=[0.1], help="learning rates at batch 128")
+    g.add_argument("--weight-decays", type=_float_list, default=[1e-4])
+    g.add_argument("--warmups", type=_float_list, default=[400],
+                   help="warm-up iterations of the paper's 64k schedule (stretched with the run)")
+    g = p.add_argument_group("budget (one of)")
+    b = g.add_mutually_exclusive_group()
+    b.add_argument("--max-params", type=float, default=None, help="trainable parameters")
+    b.add_argument("--max-macs", type=float, default=None, help="multiply-adds per image")
+    b.add_argument("--max-step-time", type=float, default=None,
+                   help="seconds per training step at --batch-size (measured)")
+    g = p.add_argument_group("search")
+    g.add_argument("--tuner", default="random", help="random, bayesian or hyperband")
+    g.add_argument("--max-trials", type=int, default=10)
+    g.add_argument("--epochs", type=int, default=1, help="epochs per trial")
+    g.add_argument("--batch-size", type=int, default=128)
+    g.add_argument("--validation-fraction", type=float, default=0.1,
+                   help="held-out share of the training split that scores trials (0: test split)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--workdir", required=True)
+    g.add_argument("--overwrite", action="store_true", help="start this study again")
+    g.add_argument("--no-export", action="store_true", help="skip exporting the best trial")
+    g.add_argument("--strategy", default=None, choices=("default", "mirrored", "tpu"),
+                   help="mirrored: each trial on every local device (one worker)")
+    g.add_argument("--cpu-devices", type=int, default=None,
+                   help="split the CPU into N logical devices (mirrored on a CPU-only host)")
+    g.add_argument("--data-dir", default=None)
+    g.add_argument("--data-source", default="auto")
+    g.add_argument("--data-path", default=None)
+    g.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2))
+    p.set_defaults(func=cmd_tune)
+
+
+def _fail(err):
+    print(f"error: {err}", file=sys.stderr)
+    return 2
+
+
+def cmd_tune(args):
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log = logging.getLogger("keras_preact.tuning")
+    if not log.handlers:
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    budget = None
+    for kind, value in (("params", args.max_params), ("macs", args.max_macs),
+                        ("step_time", args.max_step_time)):
+        if value is not None:
+            budget = {"kind": kind, "limit": int(value) if kind != "step_time" and value == int(value) else value}
+    space = dict(
+        dataset=args.dataset, blocks=args.blocks, units=args.units,
+        width_multipliers=[int(w) if w == int(w) else w for w in args.widths],
+        learning_rates=args.lrs, weight_decays=args.weight_decays,
+        warmups=[int(w) if w == int(w) else w for w in args.warmups],
+        epochs=args.epochs, batch_size=args.batch_size,
+        validation_fraction=args.validation_fraction, seed=args.seed, budget=budget,
+        data_dir=args.data_dir, data_source=args.data_source, data_path=args.data_path,
+    )
+    if args.depths is not None:
+        space["depths"] = args.depths
+    try:
+        if args.cpu_devices:
+            from keras_preact.training.distribute import configure_runtime
+
+            configure_runtime(cpu_devices=args.cpu_devices)
+        from keras_preact.tuning.study import tune
+
+        result = tune(
+            args.workdir, tuner=args.tuner, max_trials=args.max_trials,
+            overwrite=args.overwrite, export=not args.no_export,
+            distribution_strategy=args.strategy if args.strategy not in (None, "default") else None,
+            verbose=args.verbose, **space,
+        )
+    except (ValueError, FileNotFoundError) as err:
+        return _fail(err)
+    if result["role"] == "worker":
+        print("Worker done: the chief writes the results.")
+        return 0
+    _print_table(result["rows"])
+    best = result["best"]
+    if best is None:
+        print("No finished trial within the budget.")
+    else:
+        print(
+            f"best: trial {best['trial']}, depth {best['depth']} {best['block']}, validation "
+            f"accuracy {100 * best['val_accuracy']:.2f}%, {best['params']:,} parameters, "
+            f"{best['macs'] / 1e6:,.1f}M multiply-adds"
+        )
+    print(f"results: {result['csv']}")
+    print(f"plot:    {result['png']}")
+    if result["best_model"]:
+        print(f"model:   {result['best_model']}")
+        print(f"export:  {result['saved_model']}")
+    return 0
+
+
+def _print_table(rows):
+    header = ("trial", "depth", "block", "width", "lr", "wd", "params", "MACs", "val acc", "time s")
+    lines = []
+    for r in rows:
+        acc = r["val_accuracy"]
+        lines.append((
+            str(r["trial"]), str(r["depth"]), str(r["block"]), f"{r['width']}",
+            f"{r['learning_rate']}", f"{r['weight_decay']}",
+            f"{r['params']:,}" if r["params"] is not None else "",
+            f"{r['macs'] / 1e6:,.1f}M" if r["macs"] is not None else "",
+            (f"{100 * acc:.2f}%" if acc is not None else r["status"])
+            + ("" if r["within_budget"] in (None, 1) else " (over budget)"),
+            f"{r['train_time_s']:.1f}" if r["train_time_s"] is not None else "",
+        ))
+    widths = [max(len(x[i]) for x in lines + [header]) for i in range(len(header))]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    for line in lines:
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths)))
+
+
+def _int_list(value):
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers, not {value!r}") from None
+
+
+def _float_list(value):
+    try:
+        return [float(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated numbers, not {value!r}") from None
+
+
+def _str_list(value):
+    return [v.strip() for v in value.split(",") if v.strip()]

@@ -1,0 +1,304 @@
+"""The `weights=` argument of the model factories.
+
+Accepted forms (validated before any layer is built):
+
+- None: random He initialisation;
+- a catalog tag of the model ("cifar10", "cifar100", "svhn", "imagenet",
+  "DEFAULT") or a full key ("preact_resnet110.cifar10");
+- a local `.weights.h5` path;
+- a local `.keras` path: loaded with ``safe_mode=True`` (Lambda layers refused), its
+  weights go into the factory's architecture and any mismatch fails loudly;
+- a URL plus its hash, as ``"https://host/file.weights.h5#sha256=<hex>"`` (also
+  ``sha1=`` or ``md5=``; ``file://`` and ``http://`` too) or as a dict
+  ``{"url": ..., "hash": "sha256:<hex>"}``. The file must be a keras-preact
+  `.weights.h5` of the factory's architecture; it is verified and cached like the
+  catalog's files.
+
+With ``include_top=True`` the requested `classes` must equal the weights' classes
+(``classes=None`` takes the weights'). The weights' preprocessing (catalog entries,
+`.keras` files, and `.weights.h5` files written by keras-preact) is built into the
+model unless `preprocessing=` is passed.
+"""
+
+import hashlib
+import os
+import urllib.parse
+
+from keras_preact.weights import catalog
+from keras_preact.weights import local
+
+VALID_FORMS = (
+    "None, a tag of the model (see `keras-preact weights list`), a path ending in "
+    "'.weights.h5' or '.keras', or a URL with its hash ('https://...#sha256=<hex>' "
+    "or {'url': ..., 'hash': 'sha256:<hex>'})"
+)
+DEFAULT_CLASSES = 10
+
+
+def _bad(message, weights):
+    return ValueError(f"{message} Received: weights={weights!r}. Valid: {VALID_FORMS}")
+
+
+def parse_url_weights(weights):
+    """Returns (url, hash dict) for a URL-with-hash `weights`, or None otherwise.
+
+    Raises:
+        ValueError: for a URL without a hash, or a malformed hash.
+    """
+    if isinstance(weights, dict):
+        if set(weights) != {"url", "hash"}:
+            raise _bad("A `weights` dict needs exactly the keys 'url' and 'hash'.", weights)
+        url, hash_value = weights["url"], weights["hash"]
+    elif isinstance(weights, str) and weights.startswith(catalog.URL_SCHEMES):
+        url, _, fragment = weights.partition("#")
+        algorithm, sep, value = fragment.partition("=")
+        if not sep:
+            raise _bad(
+                "A weights URL needs its hash, e.g. 'https://host/file.weights.h5#sha256=<hex>'.",
+                weights,
+            )
+        hash_value = {"algorithm": algorithm, "value": value}
+    else:
+        return None
+    if not isinstance(url, str) or not url.startswith(catalog.URL_SCHEMES):
+        raise _bad(f"The weights URL must start with one of {list(catalog.URL_SCHEMES)}.", weights)
+    return url, catalog.parse_hash(hash_value, what=f"the weights at {url}")
+
+
+def url_entry(model, url, hash_value):
+    """The entry dict of a URL-with-hash `weights` argument (cached as published)."""
+    digest = hashlib.sha256(f"{url}#{hash_value['value']}".encode()).hexdigest()[:16]
+    name = os.path.basename(urllib.parse.urlparse(url).path)
+    if not name.endswith(local.WEIGHTS_SUFFIX):
+        raise ValueError(
+            "A weights URL must point to a keras-preact '.weights.h5' file (published "
+            "files of other formats need a catalog entry with a converter). "
+            f"Received: url={url!r}"
+        )
+    return catalog.validate_entry(
+        {
+            "model": model,
+            "tag": f"url-{digest}",
+            "url": url,
+            "hash": hash_value,
+            "converter": "keras_weights",
+            "converter_args": {"verbatim": True},
+        },
+        strict=False,
+    )
+
+
+def plan_weights(weights, *, model, include_top, classes, input_shape, channels_last, kwargs):
+    """Validates `weights` against the other factory arguments; builds nothing.
+
+    Args:
+        weights: the factory's `weights` argument.
+        model: the registered model name (for tags).
+        include_top, classes: the factory's arguments (`classes` may be None).
+        input_shape: the requested input shape or None.
+        channels_last: bool, the data format.
+        kwargs: the other `PreActResNet` arguments (read, not changed).
+
+    Returns:
+        dict: "kind" (None, "entry", "url", "weights_h5" or "keras"), "classes"
+        (resolved), "overrides" (arguments to add: the weights' architecture,
+        preprocessing and input shape), and "entry" / "path" where they apply.
+
+    Raises:
+        ValueError: naming the argument, the value and what is valid.
+    """
+    plan = {"kind": None, "classes": classes, "overrides": {}, "entry": None, "path": None}
+    if weights is None:
+        plan["classes"] = DEFAULT_CLASSES if classes is None else classes
+        return plan
+    parsed = parse_url_weights(weights)
+    if parsed is not None:
+        plan.update(kind="url", entry=url_entry(model, *parsed))
+        return plan  # classes are checked once the verified file is there
+    if not isinstance(weights, (str, os.PathLike)):
+        raise _bad("`weights` has an unsupported type.", weights)
+    weights = os.fspath(weights)
+    if catalog.looks_like_tag(weights):
+        entry = catalog.resolve_tag(model, weights)
+        plan.update(kind="entry", entry=entry)
+        _apply_entry(plan, entry, include_top=include_top, classes=classes,
+                     input_shape=input_shape, channels_last=channels_last, kwargs=kwargs,
+                     weights=weights)
+        return plan
+    path = os.path.abspath(os.path.expanduser(weights))
+    if weights.endswith(local.KERAS_SUFFIX):
+        if not os.path.isfile(path):
+            raise _bad("The .keras file does not exist.", weights)
+        info = local.keras_file_info(path)
+        plan.update(kind="keras", path=path)
+        if info is not None:
+            _check_info(plan, info, include_top=include_top, classes=classes,
+                        input_shape=input_shape, channels_last=channels_last,
+                        kwargs=kwargs, weights=weights)
+            _apply_recorded(plan, info, input_shape=input_shape,
+                            channels_last=channels_last, kwargs=kwargs)
+        else:
+            plan["classes"] = DEFAULT_CLASSES if classes is None else classes
+        return plan
+    if not weights.endswith(local.WEIGHTS_SUFFIX):
+        raise _bad(
+            "`weights` must be None or a path to a Keras weights file ending in "
+            f"'{local.WEIGHTS_SUFFIX}' or a model file ending in '{local.KERAS_SUFFIX}'.",
+            weights,
+        )
+    path = local.resolve_weights_argument(path)
+    plan.update(kind="weights_h5", path=path)
+    check_h5_plan(plan, include_top=include_top, classes=classes, input_shape=input_shape,
+                  channels_last=channels_last, kwargs=kwargs, weights=weights)
+    return plan
+
+
+def check_h5_plan(plan, *, include_top, classes, input_shape, channels_last, kwargs, weights):
+    """Fills `plan` from a local `.weights.h5`'s stem, head and recorded facts."""
+    info = local.inspect_weights_file(plan["path"])
+    _check_info(plan, info, include_top=include_top, classes=classes, input_shape=input_shape,
+                channels_last=channels_last, kwargs=kwargs, weights=weights)
+    recorded = local.read_recorded_defaults(plan["path"])
+    _apply_recorded(plan, recorded, input_shape=input_shape, channels_last=channels_last, kwargs=kwargs)
+
+
+def _apply_recorded(plan, recorded, *, input_shape, channels_last, kwargs):
+    """Preprocessing and input size of the file's model, unless given explicitly."""
+    if recorded.get("preprocessing") is not None and "preprocessing" not in kwargs:
+        plan["overrides"]["preprocessing"] = recorded["preprocessing"]
+    shape = recorded.get("input_shape")
+    if input_shape is None and shape is not None:
+        recorded_last = recorded.get("data_format", "channels_last") == "channels_last"
+        h, w, c = shape if recorded_last else (shape[1], shape[2], shape[0])
+        plan["overrides"]["input_shape"] = (h, w, c) if channels_last else (c, h, w)
+
+
+def _channels(input_shape, channels_last):
+    if input_shape is None:
+        return None
+    return input_shape[-1] if channels_last else input_shape[0]
+
+
+def _check_info(plan, info, *, include_top, classes, input_shape, channels_last, kwargs, weights):
+    want = _channels(input_shape, channels_last)
+    if want is not None and info["in_channels"] is not None and want != info["in_channels"]:
+        raise ValueError(
+            f"The weights expect {info['in_channels']}-channel input, but the model "
+            f"was asked for {want} channels. Received: input_shape with {want} "
+            f"channels, weights={weights!r}"
+        )
+    stem = kwargs.get("stem_filters", 16)
+    if info["stem_filters"] != stem:
+        raise ValueError(
+            f"The weights have a stem of {info['stem_filters']} filters; this model "
+            f"has {stem}. Received: weights={weights!r}"
+        )
+    plan["classes"] = _resolve_classes(info["classes"], include_top, classes, weights)
+
+
+def _resolve_classes(weights_classes, include_top, classes, weights):
+    if not include_top:
+        return DEFAULT_CLASSES if classes is None else classes
+    if weights_classes is None:
+        raise ValueError(
+            "The weights have no classifier head; use include_top=False. "
+            f"Received: include_top=True, weights={weights!r}"
+        )
+    if classes is None:
+        return weights_classes
+    if classes != weights_classes:
+        raise ValueError(
+            f"The weights' classifier has {weights_classes} classes. Received: "
+            f"classes={classes}. Pass classes={weights_classes} (or leave it out), or "
+            "include_top=False to reuse the features."
+        )
+    return classes
+
+
+#: Entry architecture keys the factory itself decides.
+_FACTORY_KEYS = ("classes", "include_top", "input_shape")
+
+
+def _apply_entry(plan, entry, *, include_top, classes, input_shape, channels_last, kwargs, weights):
+    plan["classes"] = _resolve_classes(entry.get("classes"), include_top, classes, weights)
+    overrides = plan["overrides"]
+    for key, value in (entry.get("architecture") or {}).items():
+        if key in _FACTORY_KEYS:
+            continue
+        if key in kwargs and kwargs[key] != value:
+            raise ValueError(
+                f"The weights {entry['key']!r} were made for {key}={value!r}. "
+                f"Received: {key}={kwargs[key]!r}. Leave {key} out to use them."
+            )
+        overrides[key] = value
+    if "preprocessing" not in kwargs and entry.get("preprocessing") is not None:
+        overrides["preprocessing"] = entry["preprocessing"]
+    size = entry.get("input_size")
+    if size is not None:
+        channels = size[-1]
+        want = _channels(input_shape, channels_last)
+        if want is not None and want != channels:
+            raise ValueError(
+                f"The weights {entry['key']!r} expect {channels}-channel input, but the "
+                f"model was asked for {want} channels. Received: input_shape="
+                f"{tuple(input_shape)}"
+            )
+        if input_shape is None:
+            h, w, c = size
+            overrides["input_shape"] = (h, w, c) if channels_last else (c, h, w)
+
+
+def check_model_arguments(config):
+    """Runs `PreActResNet`'s argument checks on a factory's config before a download.
+
+    Args:
+        config: the keyword arguments the factory will pass to `PreActResNet`.
+
+    Raises:
+        ValueError: for any invalid argument (so bad input never costs a download).
+    """
+    import inspect
+
+    from keras_preact.models.preact_resnet import PreActResNet
+    from keras_preact.models.preact_resnet import validate_config
+
+    wanted = set(inspect.signature(validate_config).parameters)
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(PreActResNet.__init__).parameters.items()
+        if name in wanted
+    }
+    validate_config(**{**defaults, **{k: v for k, v in config.items() if k in wanted}})
+
+
+def materialize(plan, *, include_top, classes, input_shape, channels_last, kwargs, weights):
+    """Fetches what the plan needs (catalog or URL weights); returns the local path.
+
+    For URL weights the verified file's classes are checked here, still before the
+    model is built. Returns None for ``weights=None``.
+    """
+    if plan["kind"] is None:
+        return None
+    if plan["kind"] in ("entry", "url"):
+        from keras_preact.weights.download import fetch_weights
+
+        path = fetch_weights(plan["entry"])
+        plan["path"] = path
+        if plan["kind"] == "url":
+            check_h5_plan(plan, include_top=include_top, classes=classes,
+                          input_shape=input_shape, channels_last=channels_last,
+                          kwargs=kwargs, weights=weights)
+        return path
+    return plan["path"]
+
+
+def load_planned_weights(model, plan):
+    """Loads the plan's weights into the freshly built `model` (mismatch: ValueError)."""
+    if plan["kind"] is None:
+        return model
+    if plan["kind"] == "keras":
+        source = local.load_keras_file(plan["path"])
+        local.copy_weights_from_model(source, model, source_label=plan["path"])
+        return model
+    local.load_weights_file(model, plan["path"])
+    return model
