@@ -319,3 +319,18 @@ def test_training_package_is_not_imported_by_keras_preact():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", "False"]
+
+
+def test_paper_imagenet_recipe_schedule():
+    from keras_preact.training import paper_imagenet_recipe
+
+    config = paper_imagenet_recipe(model="preact_resnet18")
+    config.validate()
+    # 1,281,167 images at batch 256: 5,004 steps per epoch.
+    sched = config.resolve_schedule(5004)
+    assert sched["boundaries"] == [30 * 5004, 60 * 5004]
+    assert sched["total_steps"] == 90 * 5004 and sched["warmup_steps"] == 0
+    assert sched["values"] == [0.1, 0.01, 0.001]
+    # Batch 512 follows the linear scaling rule: twice the rate, the same epochs.
+    wide = paper_imagenet_recipe(batch_size=512).resolve_schedule(2502)
+    assert wide["values"][0] == pytest.approx(0.2) and wide["boundaries"] == [30 * 2502, 60 * 2502]

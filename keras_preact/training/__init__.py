@@ -15,6 +15,7 @@ from keras_preact.training.config import PRECISIONS
 from keras_preact.training.config import STRATEGIES
 from keras_preact.training.config import TrainConfig
 from keras_preact.training.config import paper_cifar_recipe
+from keras_preact.training.config import paper_imagenet_recipe
 from keras_preact.training.optimizers import CoupledSGD
 from keras_preact.training.schedules import WarmupPiecewiseConstant
 
@@ -39,6 +40,7 @@ __all__ = [
     "TrainConfig",
     "WarmupPiecewiseConstant",
     "paper_cifar_recipe",
+    "paper_imagenet_recipe",
     *_LAZY,
 ]
 

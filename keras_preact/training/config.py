@@ -417,6 +417,35 @@ def paper_cifar_recipe(**overrides):
     return TrainConfig(**overrides)
 
 
+#: The paper's ImageNet recipe (Section 5, following He et al. 2015a, Sec. 3.4):
+#: batch 256, SGD momentum 0.9, weight decay 1e-4, lr 0.1 divided by 10 at epochs 30
+#: and 60, 90 epochs, no warm-up.
+IMAGENET_RECIPE = dict(
+    model="preact_resnet50",
+    batch_size=256,
+    base_batch_size=256,
+    learning_rate=0.1,
+    schedule_unit="epochs",
+    warmup=0,
+    boundaries=(30, 60),
+    total=90,
+)
+
+
+def paper_imagenet_recipe(**overrides):
+    """The paper's ImageNet recipe as a `TrainConfig` (`IMAGENET_RECIPE`), with
+    `overrides`.
+
+    The ImageNet input pipeline is `keras_preact.data.imagenet.make_imagenet_dataset`.
+
+    Example:
+        >>> config = paper_imagenet_recipe(model="preact_resnet200")
+        >>> config.resolve_schedule(5004)["boundaries"]
+        [150120, 300240]
+    """
+    return TrainConfig(**{**IMAGENET_RECIPE, **overrides})
+
+
 def _choice(name, value, valid):
     if value not in valid:
         raise ValueError(f"`{name}` must be one of {list(valid)}. Received: {name}={value!r}")
