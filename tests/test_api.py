@@ -174,7 +174,9 @@ def test_cli_list_and_summary():
     lines = proc.stdout.splitlines()
     assert lines[0].split() == ["model", "depth", "block", "parameters", "multiply-adds"]
     rows = {l.split()[0]: l.split() for l in lines[2:]}
-    assert set(rows) == {"preact_resnet20", "preact_resnet32", "preact_resnet44", "preact_resnet56"}
+    assert set(rows) == {"preact_resnet20", "preact_resnet32", "preact_resnet44", "preact_resnet56",
+                         "preact_resnet34", "preact_resnet50"}  # ImageNet family too
+    assert rows["preact_resnet50"][1:4] == ["50", "bottleneck", "25,549,480"]
     assert rows["preact_resnet20"][1:4] == ["20", "basic", "272,282"]
     assert rows["preact_resnet20"][4] == f"{kp.count_macs(kp.preact_resnet20()) / 1e6:,.1f}M"
     proc = _cli("summary", "preact_resnet20")
