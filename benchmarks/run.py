@@ -9,10 +9,13 @@ not run it.
 Suites:
 
 * ``cpu``: ResNet-110 at batch 128 against the PyTorch reference (``--pairs``
-  alternating pairs), the fraction of the fp32 matrix-multiply peak that TensorFlow
-  measures on these cores, per-image time against multiply-adds for depths of both
-  block families, the augmented input pipeline's images/s, and ResNet-1001's peak
-  memory at a batch that fits.
+  alternating rounds of keras-preact, keras-preact with TensorFlow's own conv
+  gradient, i.e. the unoptimised path, and PyTorch), the fraction of the fp32
+  matrix-multiply peak that TensorFlow measures on these cores, per-image time against multiply-adds for depths of both
+  block families (basic 20 -> 1202, bottleneck 164 -> 1001), the augmented input
+  pipeline's images/s against the training rate, and ResNet-1001 with
+  rematerialisation: peak memory at batch 128, and per-image time with and without
+  it at a batch that fits (``--parts`` picks a subset).
 * ``gpu``: the JAX backend (no TensorFlow needed) in fp32 and mixed precision with
   larger batches, and a projection of the paper's ResNet-1001 schedule
   (64k iterations x 128 images) in hours from the measured images/s.
@@ -48,14 +51,15 @@ def _run(script, args, *, env=None, timeout=3600):
 
 
 def keras_case(model, batch, steps, *, backend="tensorflow", threads=2, precision="fp32",
-               jit=False, image_size=32, model_kwargs=None):
+               jit=False, image_size=32, model_kwargs=None, warmup=3, extra_env=None):
     args = ["--model", model, "--batch", batch, "--steps", steps, "--precision", precision,
-            "--image-size", image_size, "--model-kwargs", json.dumps(model_kwargs or {})]
+            "--image-size", image_size, "--model-kwargs", json.dumps(model_kwargs or {}),
+            "--warmup", warmup]
     if threads:
         args += ["--threads", threads]
     if jit:
         args.append("--jit-compile")
-    return _run("keras_step.py", args, env={"KERAS_BACKEND": backend})
+    return _run("keras_step.py", args, env={"KERAS_BACKEND": backend, **(extra_env or {})})
 
 
 def torch_case(depth, batch, steps, *, threads=2):
@@ -112,47 +116,114 @@ def _median(values):
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
+def _rate(row):
+    return row.get("images_per_s") if isinstance(row, dict) else None
+
+
 def suite_cpu(args, report):
     rows = report["rows"]
-    pairs = []
-    for i in range(args.pairs):
-        # Alternate which side goes first, so slow drift does not favour one.
-        order = ("keras", "torch") if i % 2 == 0 else ("torch", "keras")
-        pair = {}
-        for side in order:
-            if side == "keras":
-                pair[side] = keras_case("preact_resnet110", args.batch, args.steps)
-            else:
-                pair[side] = torch_case(110, args.batch, args.steps)
-        ratio = None
-        if "images_per_s" in pair["keras"] and "images_per_s" in pair["torch"]:
-            ratio = pair["keras"]["images_per_s"] / pair["torch"]["images_per_s"]
-        pairs.append(ratio)
-        rows.append({"case": f"ResNet-110 b{args.batch} keras/tf (pair {i + 1})", **pair["keras"]})
-        rows.append({"case": f"ResNet-110 b{args.batch} torch reference (pair {i + 1})", **pair["torch"],
-                     "ratio_keras_over_torch": ratio})
-    report["ratio_keras_over_torch"] = {"pairs": pairs, "median": _median(pairs)}
-    peak = matmul_peak()
-    report["matmul_gflops"] = peak
-    if peak:
-        flop_per_image = 2 * 3 * 253.1e6  # forward MACs x 2 FLOP x ~3 (forward + backward)
-        keras_rates = [r["images_per_s"] for r in rows if r["case"].startswith("ResNet-110") and
-                       r.get("framework", "").startswith("keras") and "images_per_s" in r]
-        torch_rates = [r["images_per_s"] for r in rows if "torch reference" in r["case"] and "images_per_s" in r]
-        report["fraction_of_matmul_peak"] = {
-            "keras": _median(keras_rates) * flop_per_image / (peak * 1e9) if keras_rates else None,
-            "torch": _median(torch_rates) * flop_per_image / (peak * 1e9) if torch_rates else None,
+    parts = set(args.parts)
+    if "speed" in parts:
+        # keras-preact as shipped, the same model with TensorFlow's own conv gradient
+        # (the unoptimised path), and the PyTorch reference, alternating.
+        sides = {
+            "keras": lambda: keras_case("preact_resnet110", args.batch, args.steps),
+            "keras_tf_conv_grad": lambda: keras_case(
+                "preact_resnet110", args.batch, args.steps,
+                extra_env={"KERAS_PREACT_FAST_CONV_GRAD": "0"}),
+            "torch": lambda: torch_case(110, args.batch, args.steps),
         }
-    scaling = []
-    for model in args.scaling_models:
-        r = keras_case(model, args.scaling_batch, max(3, args.steps // 2))
-        rows.append({"case": f"{model} b{args.scaling_batch} (cost scaling)", **r})
-        if "images_per_s" in r:
-            scaling.append({"model": model, "s_per_image": 1 / r["images_per_s"], "macs": r["macs"]})
-    report["cost_scaling"] = scaling
-    report["pipeline_images_per_s"] = pipeline_rate()
-    r = keras_case("preact_resnet1001", args.batch_1001, 2)
-    rows.append({"case": f"ResNet-1001 b{args.batch_1001} (memory)", **r})
+        ratios, plain_ratios = [], []
+        for i in range(args.pairs):
+            order = list(sides) if i % 2 == 0 else list(reversed(list(sides)))
+            got = {side: sides[side]() for side in order}
+            torch_rate = _rate(got["torch"])
+            ratio = _rate(got["keras"]) / torch_rate if _rate(got["keras"]) and torch_rate else None
+            plain = (_rate(got["keras_tf_conv_grad"]) / torch_rate
+                     if _rate(got["keras_tf_conv_grad"]) and torch_rate else None)
+            ratios.append(ratio)
+            plain_ratios.append(plain)
+            rows.append({"case": f"ResNet-110 b{args.batch} keras-preact (round {i + 1})", **got["keras"],
+                         "ratio_over_torch": ratio})
+            rows.append({"case": f"ResNet-110 b{args.batch} TF conv grad (round {i + 1})",
+                         **got["keras_tf_conv_grad"], "ratio_over_torch": plain})
+            rows.append({"case": f"ResNet-110 b{args.batch} PyTorch ref (round {i + 1})", **got["torch"]})
+        report["ratio_keras_over_torch"] = {"rounds": ratios, "median": _median(ratios)}
+        report["ratio_unoptimised_over_torch"] = {"rounds": plain_ratios, "median": _median(plain_ratios)}
+        peak = matmul_peak()
+        report["matmul_gflops"] = peak
+        if peak:
+            # ResNet-110 forward multiply-adds x 2 FLOP x 3 (forward + backward).
+            flop_per_image = 2 * 3 * 253.1e6
+            report["train_gflop_per_image"] = flop_per_image / 1e9
+
+            def fraction(prefix):
+                rates = [r["images_per_s"] for r in rows
+                         if r["case"].startswith(prefix) and "images_per_s" in r]
+                return _median(rates) * flop_per_image / (peak * 1e9) if rates else None
+
+            report["fraction_of_matmul_peak"] = {
+                "keras-preact": fraction(f"ResNet-110 b{args.batch} keras-preact"),
+                "torch": fraction(f"ResNet-110 b{args.batch} PyTorch ref"),
+            }
+    if "pipeline" in parts:
+        rate = pipeline_rate()
+        report["pipeline_images_per_s"] = rate
+        train = _median([r["images_per_s"] for r in rows
+                         if "keras-preact (round" in r["case"] and "images_per_s" in r])
+        if rate and train:
+            report["pipeline_over_training"] = rate / train
+    if "scaling" in parts:
+        scaling = []
+        for model in args.scaling_models:
+            r = keras_case(model, args.scaling_batch, args.scaling_steps, warmup=1)
+            rows.append({"case": f"{model} b{args.scaling_batch} (cost scaling)", **r})
+            if "images_per_s" in r:
+                scaling.append({"model": model, "family": "bottleneck" if model in BOTTLENECK_MODELS
+                                else "basic", "s_per_image": 1 / r["images_per_s"], "macs": r["macs"]})
+        report["cost_scaling"] = scaling
+        report["cost_scaling_summary"] = scaling_summary(scaling)
+    if "memory" in parts:
+        # ResNet-1001: at batch 128 with remat (the <= 4 GB target), and per-image time
+        # with and without remat at a batch that fits without it.
+        mem = {}
+        for label, batch, remat in (("remat b128", 128, "segment"),
+                                    (f"plain b{args.batch_1001}", args.batch_1001, None),
+                                    (f"remat b{args.batch_1001}", args.batch_1001, "segment")):
+            r = keras_case("preact_resnet1001", batch, args.steps_1001, warmup=1,
+                           model_kwargs={"remat": remat} if remat else None)
+            rows.append({"case": f"ResNet-1001 {label}", **r})
+            mem[label] = r
+        plain, remat = mem[f"plain b{args.batch_1001}"], mem[f"remat b{args.batch_1001}"]
+        report["resnet1001"] = {
+            "peak_rss_mb_b128_remat": mem["remat b128"].get("peak_rss_mb"),
+            "remat_time_ratio": (_rate(plain) / _rate(remat)) if _rate(plain) and _rate(remat) else None,
+            f"peak_rss_mb_b{args.batch_1001}_plain": plain.get("peak_rss_mb"),
+            f"peak_rss_mb_b{args.batch_1001}_remat": remat.get("peak_rss_mb"),
+        }
+        if _rate(mem["remat b128"]):
+            report["resnet1001_schedule_hours"] = {
+                "cpu fp32 remat b128": PAPER_1001_IMAGES / _rate(mem["remat b128"]) / 3600
+            }
+
+
+BOTTLENECK_MODELS = {"preact_resnet164", "preact_resnet272", "preact_resnet542", "preact_resnet1001"}
+
+
+def scaling_summary(scaling):
+    """Per family: time per MAC of each depth relative to the family's shallowest, and
+    the cross-family ratio of the medians."""
+    out = {}
+    for family in ("basic", "bottleneck"):
+        rows = [r for r in scaling if r["family"] == family]
+        if not rows:
+            continue
+        base = rows[0]["s_per_image"] / rows[0]["macs"]
+        out[family] = {r["model"]: (r["s_per_image"] / r["macs"]) / base for r in rows}
+        out[family + "_ps_per_mac"] = _median([r["s_per_image"] / r["macs"] * 1e12 for r in rows])
+    if "basic_ps_per_mac" in out and "bottleneck_ps_per_mac" in out:
+        out["bottleneck_over_basic_ps_per_mac"] = out["bottleneck_ps_per_mac"] / out["basic_ps_per_mac"]
+    return out
 
 
 def suite_gpu(args, report):
@@ -185,8 +256,9 @@ def print_table(report):
             print(f"{r['case']:46s} error: {r['error']}")
             continue
         print(f"{r['case']:46s} {r['images_per_s']:9.1f} {r['s_per_step']:8.3f} {r['peak_rss_mb']:9.0f}")
-    for key in ("ratio_keras_over_torch", "matmul_gflops", "fraction_of_matmul_peak",
-                "pipeline_images_per_s", "resnet1001_schedule_hours"):
+    for key in ("ratio_keras_over_torch", "ratio_unoptimised_over_torch", "matmul_gflops",
+                "fraction_of_matmul_peak", "pipeline_images_per_s", "pipeline_over_training",
+                "cost_scaling_summary", "resnet1001", "resnet1001_schedule_hours"):
         if key in report:
             print(f"{key}: {report[key]}")
     for row in report.get("cost_scaling", []):
@@ -200,11 +272,15 @@ def main(argv=None):
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--parts", nargs="*", default=["speed", "pipeline", "scaling", "memory"],
+                   help="cpu suite parts to run")
     p.add_argument("--scaling-models", nargs="*",
                    default=["preact_resnet20", "preact_resnet56", "preact_resnet110",
-                            "preact_resnet164", "preact_resnet272"])
-    p.add_argument("--scaling-batch", type=int, default=64)
-    p.add_argument("--batch-1001", type=int, default=16)
+                            "preact_resnet1202", "preact_resnet164", "preact_resnet1001"])
+    p.add_argument("--scaling-batch", type=int, default=32)
+    p.add_argument("--scaling-steps", type=int, default=4)
+    p.add_argument("--batch-1001", type=int, default=32)
+    p.add_argument("--steps-1001", type=int, default=2)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     report = {

@@ -174,11 +174,12 @@ def _copy_backbone(source, target, *, source_label, copy_head="auto"):
         )
     arch_src, arch_dst = model_architecture(source), model_architecture(target)
     if arch_src is not None and arch_dst is not None and arch_src != arch_dst:
-        diff = sorted(k for k in arch_dst if arch_src.get(k) != arch_dst[k])
+        # Optional keys (the keras.applications layout) are recorded only when set.
+        diff = sorted(k for k in set(arch_src) | set(arch_dst) if arch_src.get(k) != arch_dst.get(k))
         raise ValueError(
             f"The weights from {source_label} were made for another architecture "
             f"({', '.join(f'{k}={arch_src.get(k)!r}' for k in diff)}; the model has "
-            f"{', '.join(f'{k}={arch_dst[k]!r}' for k in diff)}). Nothing was loaded."
+            f"{', '.join(f'{k}={arch_dst.get(k)!r}' for k in diff)}). Nothing was loaded."
         )
     by_path = {v.path: v for v in source.weights}
     copied_head = False

@@ -1,6 +1,10 @@
 """Small helpers shared by the tests."""
 
+import contextlib
+import functools
+import http.server
 import os
+import threading
 import subprocess
 import sys
 
@@ -29,3 +33,22 @@ def run_python(code, *, env=None, timeout=600, cwd=None):
         text=True,
         timeout=timeout,
     )
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def serve_directory(root):
+    """A static file server on 127.0.0.1 (a free port) over `root`; yields its base URL."""
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

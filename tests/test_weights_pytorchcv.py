@@ -8,11 +8,8 @@ that server. Needs torch and pytorchcv (``pip install --no-deps pytorchcv==0.0.7
 
 import copy
 import csv
-import functools
 import hashlib
-import http.server
 import os
-import threading
 import zipfile
 
 import numpy as np
@@ -21,6 +18,7 @@ import pytest
 import keras_preact as kp
 from keras_preact.weights import catalog
 from keras_preact.weights import fetch_weights
+from tests.helpers import serve_directory
 
 torch = pytest.importorskip("torch", reason="the torch extra: pip install 'keras-preact[torch]'")
 try:
@@ -40,18 +38,8 @@ BOUND = 1e-4  # the largest allowed logit difference
 def server(tmp_path_factory):
     """A static file server on 127.0.0.1 (free port) over a temporary folder."""
     root = tmp_path_factory.mktemp("release")
-    handler = functools.partial(_QuietHandler, directory=str(root))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield root, f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
+    with serve_directory(root) as url:
+        yield root, url
 
 
 def _publish(net, upstream_name, error, folder):

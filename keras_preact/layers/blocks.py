@@ -24,6 +24,7 @@ import keras
 from keras import ops
 
 from keras_preact.layers import functional as F
+from keras_preact.layers import remat as remat_lib
 from keras_preact.layers import variants
 from keras_preact.layers.utils import normalize_data_format
 
@@ -33,6 +34,15 @@ from keras_preact.layers.utils import normalize_data_format
 #: as in the paper's official Torch code.
 BOTTLENECK_STRIDES = ("middle", "first")
 BLOCK_TYPES = ("basic", "bottleneck")
+#: Which unit of a stage carries the stage's stride. ``"first"``: the first unit (the
+#: paper, its official code, pytorchcv, timm). ``"last"``: the last unit
+#: (keras.applications ResNet50V2/101V2/152V2).
+STRIDE_POSITIONS = ("first", "last")
+#: The shortcut of a strided unit whose width does not change. ``"projection"``: a
+#: strided 1x1 conv (the paper's rule: a projection wherever the shape changes).
+#: ``"subsample"``: an identity that keeps every s-th pixel of the raw input
+#: (keras.applications' ``MaxPooling2D(1, strides=s)`` shortcut).
+STRIDED_SHORTCUTS = ("projection", "subsample")
 
 # Torch's BatchNorm defaults (momentum 0.1 on the new statistic, eps 1e-5), which the
 # paper's code and the published weights were trained with. Keras' momentum is the
@@ -45,11 +55,12 @@ _INITIALIZERS = {
     "beta": "zeros",
     "moving_mean": "zeros",
     "moving_variance": "ones",
+    "bias": "zeros",
 }
 
 
-_TRAINABLE_KINDS = ("kernel", "gamma", "beta", "gate_bias")
-_AUTOCAST_KINDS = ("kernel", "gate_bias")
+_TRAINABLE_KINDS = ("kernel", "gamma", "beta", "gate_bias", "bias")
+_AUTOCAST_KINDS = ("kernel", "gate_bias", "bias")
 
 
 def _check_positive_int(name, value):
@@ -72,6 +83,22 @@ def _strided_shape(input_shape, strides, channels, data_format):
             out[axis] = int(math.ceil(out[axis] / strides))
     out[-1 if data_format == "channels_last" else 1] = channels
     return tuple(out)
+
+
+def check_layout(*, strided_shortcut, conv_bias, unit):
+    """Validates the layout options `strided_shortcut` and `conv_bias` for `unit`."""
+    if strided_shortcut not in STRIDED_SHORTCUTS:
+        raise ValueError(
+            f"`strided_shortcut` must be one of {STRIDED_SHORTCUTS}. "
+            f"Received: strided_shortcut={strided_shortcut!r}"
+        )
+    if not isinstance(conv_bias, bool):
+        raise ValueError(f"`conv_bias` must be True or False. Received: conv_bias={conv_bias!r}")
+    if conv_bias and unit != variants.DEFAULT_UNIT:
+        raise ValueError(
+            f"`conv_bias=True` is supported with unit={variants.DEFAULT_UNIT!r} only. "
+            f"Received: conv_bias=True with unit={unit!r}"
+        )
 
 
 class _UnitConfigMixin:
@@ -137,8 +164,18 @@ class _UnitConfigMixin:
             if unit == "dropout_shortcut" else None
         )
 
+    def _init_layout(self, *, strided_shortcut, conv_bias):
+        """The shortcut form of strided units and the conv biases (call after
+        `_init_unit`)."""
+        check_layout(strided_shortcut=strided_shortcut, conv_bias=conv_bias, unit=self.unit)
+        self.strided_shortcut = strided_shortcut
+        self.conv_bias = conv_bias
+
+    def _layout_config(self):
+        return {"strided_shortcut": self.strided_shortcut, "conv_bias": self.conv_bias}
+
     def _spec_kwargs(self):
-        return dict(unit=self.unit, options=self.unit_options)
+        return dict(unit=self.unit, options=self.unit_options, conv_bias=self.conv_bias)
 
     def _unit_config(self):
         return {
@@ -210,7 +247,7 @@ class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
                  kernel_regularizer=None, bn_momentum=BN_MOMENTUM, bn_epsilon=BN_EPSILON,
                  synchronized=False, data_format=None, unit=variants.DEFAULT_UNIT,
                  shortcut_scale=None, residual_scale=None, gate_bias=None, dropout_rate=None,
-                 seed=None, **kwargs):
+                 seed=None, strided_shortcut="projection", conv_bias=False, **kwargs):
         super().__init__(**kwargs)
         self._init_common(
             filters=filters, strides=strides, expansion=expansion,
@@ -220,6 +257,7 @@ class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
         )
         self._init_unit(unit=unit, shortcut_scale=shortcut_scale, residual_scale=residual_scale,
                         gate_bias=gate_bias, dropout_rate=dropout_rate, seed=seed)
+        self._init_layout(strided_shortcut=strided_shortcut, conv_bias=conv_bias)
         _check_optional_bool("projection", projection)
         _check_optional_bool("shared_preact", shared_preact)
         if unit == "conv_shortcut" and projection is False:
@@ -237,7 +275,10 @@ class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
         self.shared_preact = shared_preact
 
     def _make_spec(self, in_channels):
-        needed = self.strides != 1 or in_channels != self.filters
+        # A stride alone needs a projection unless the shortcut subsamples.
+        needed = in_channels != self.filters or (
+            self.strides != 1 and self.strided_shortcut == "projection"
+        )
         if self.projection is False and needed:
             raise ValueError(
                 f"{self.name}: an identity shortcut cannot change the shape "
@@ -311,6 +352,7 @@ class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
         config.update(self._common_config())
         config.update({"projection": self.projection, "shared_preact": self.shared_preact})
         config.update(self._unit_config())
+        config.update(self._layout_config())
         return config
 
 
@@ -353,6 +395,17 @@ class PreActBasicBlock(_PreActUnit):
             classic dropout (a 0/1 mask in training, the scale 1 - rate at
             inference), as the paper reads it.
         seed: optional int, the dropout seed ("dropout_shortcut" only).
+        strided_shortcut: "projection" (default) or "subsample": the shortcut of a
+            strided unit that keeps its width. "projection" is a strided 1x1 conv
+            (the paper's rule); "subsample" keeps every `strides`-th pixel of the
+            raw input ``x``, what keras.applications ResNetV2's
+            ``MaxPooling2D(1, strides)`` shortcut computes. A width change always
+            gets a projection.
+        conv_bias: bool, default False. True gives a bias to the convs that no
+            BatchNorm follows: the unit's last conv and its projection shortcut
+            (keras.applications ResNetV2); "full_preact" units only. The biases
+            are created after the kernel they follow ("conv2_bias" / "conv3_bias",
+            "shortcut_bias").
         **kwargs: base Layer arguments (`name`, `dtype`, `trainable`).
 
     Example:
@@ -386,8 +439,8 @@ class PreActBottleneckBlock(_PreActUnit):
             the first 1x1 conv, as the paper's official Torch code does.
         projection, shared_preact, kernel_initializer, kernel_regularizer,
         bn_momentum, bn_epsilon, synchronized, data_format, unit, shortcut_scale,
-        residual_scale, gate_bias, dropout_rate, seed, **kwargs: as in
-        `PreActBasicBlock`.
+        residual_scale, gate_bias, dropout_rate, seed, strided_shortcut, conv_bias,
+        **kwargs: as in `PreActBasicBlock`.
 
     Example:
         >>> block = PreActBottleneckBlock(64)
@@ -452,12 +505,16 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
     "unit1". The others share one set of *stacked* variables (leading axis
     ``units - 1``: slice ``i`` belongs to unit ``i + 2``), named like a unit's
     variables. Moving BN statistics are updated once per call, for all units at once.
+    With ``stride_position="last"`` and a stride the last unit is a sub-layer of its
+    own, "unit_last", after the stacked units (which are then units 2..units-1).
 
     Args:
         block: "basic" or "bottleneck".
         filters: int, output channels of every unit.
-        units: int >= 1, number of units.
-        strides: int, stride of the first unit (default 1).
+        units: int >= 1, number of units (>= 2 for a strided stage with
+            ``stride_position="last"``).
+        strides: int, the stage's stride (default 1), on the unit that
+            `stride_position` names.
         first_shared_preact: bool or None, the first unit's `shared_preact`
             (None: the paper's rule, shared exactly when it projects).
         expansion, bottleneck_stride, kernel_initializer, kernel_regularizer,
@@ -465,6 +522,17 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         unit, shortcut_scale, residual_scale, gate_bias, dropout_rate, seed: the
             residual unit of every unit of the stage (see `PreActBasicBlock`); the
             stacked units get the same variables a unit layer would.
+        stride_position: "first" (default: the first unit strides, as in the
+            paper) or "last" (the last unit strides, as in keras.applications
+            ResNetV2; the first unit keeps the size).
+        strided_shortcut, conv_bias: as in `PreActBasicBlock`, for every unit.
+        remat: rematerialisation of the stacked units in training (see
+            `keras_preact.layers.remat`): None/False (off, default), True or
+            "segment" (segments of ceil(sqrt(n)) units), "unit" (one unit a
+            segment) or an int (units per segment). Outputs, gradients and moving
+            statistics are those of the plain path; the backward pass recomputes
+            each segment instead of keeping its activations. Not with
+            unit="dropout_shortcut".
 
     Example:
         >>> stage = PreActStage("basic", 32, units=18, strides=2)
@@ -477,7 +545,8 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
                  kernel_regularizer=None, bn_momentum=BN_MOMENTUM, bn_epsilon=BN_EPSILON,
                  synchronized=False, data_format=None, unit=variants.DEFAULT_UNIT,
                  shortcut_scale=None, residual_scale=None, gate_bias=None, dropout_rate=None,
-                 seed=None, **kwargs):
+                 seed=None, stride_position="first", strided_shortcut="projection",
+                 conv_bias=False, remat=None, **kwargs):
         super().__init__(**kwargs)
         if block not in BLOCK_TYPES:
             raise ValueError(f"Unknown `block`. Received: block={block!r}. Valid: {list(BLOCK_TYPES)}")
@@ -498,9 +567,29 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
             )
         self._init_unit(unit=unit, shortcut_scale=shortcut_scale, residual_scale=residual_scale,
                         gate_bias=gate_bias, dropout_rate=dropout_rate, seed=seed)
+        self._init_layout(strided_shortcut=strided_shortcut, conv_bias=conv_bias)
+        if stride_position not in STRIDE_POSITIONS:
+            raise ValueError(
+                f"`stride_position` must be one of {STRIDE_POSITIONS}. "
+                f"Received: stride_position={stride_position!r}"
+            )
+        if stride_position == "last" and strides > 1 and units < 2:
+            raise ValueError(
+                "stride_position='last' puts the stride on a unit of its own after "
+                f"the first, so the stage needs units >= 2. Received: units={units}, "
+                f"strides={strides}"
+            )
         self.block = block
         self.units = units
         self.first_shared_preact = first_shared_preact
+        self.stride_position = stride_position
+        self.remat = remat_lib.normalize_remat(remat)
+        if self.remat is not None and unit == "dropout_shortcut":
+            raise ValueError(
+                "`remat` cannot be combined with unit='dropout_shortcut': recomputing a "
+                "unit would draw a different dropout mask. Received: "
+                f"remat={remat!r} with unit={unit!r}"
+            )
         unit_kwargs = dict(
             kernel_initializer=self.kernel_initializer, kernel_regularizer=self.kernel_regularizer,
             bn_momentum=bn_momentum, bn_epsilon=bn_epsilon, synchronized=synchronized,
@@ -516,16 +605,26 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
                 gate_bias=gate_bias, dropout_rate=dropout_rate,
                 seed=None if seed is None else seed + 1,
             )
+        unit_kwargs.update(self._layout_config())
+        # With stride_position="last" the first unit keeps the size and a unit of
+        # its own, "unit_last", strides after the stacked ones (keras.applications).
         self.unit1 = UNIT_CLASSES[block](
-            filters, strides=strides, shared_preact=first_shared_preact, name="unit1", **unit_kwargs
+            filters, strides=strides if stride_position == "first" else 1,
+            shared_preact=first_shared_preact, name="unit1", **unit_kwargs
         )
+        self.unit_last = None
+        if stride_position == "last" and strides > 1:
+            if unit_kwargs.get("seed") is not None:
+                unit_kwargs["seed"] = seed + 2
+            self.unit_last = UNIT_CLASSES[block](filters, strides=strides, name="unit_last",
+                                                 **unit_kwargs)
 
     def build(self, input_shape):
         self._check_input(input_shape)
         self.unit1.build(input_shape)
         self.repeat_spec = self._repeat_spec()
         self._stacked = {}
-        n = self.units - 1
+        n = self.num_stacked
         if n:
             for name, shape, kind in self.repeat_spec.variable_specs():
                 if kind == "kernel":
@@ -542,6 +641,14 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
                     trainable=kind in _TRAINABLE_KINDS,
                     autocast=kind in _AUTOCAST_KINDS,
                 )
+        if self.unit_last is not None:
+            self.unit_last.build(self.unit1.compute_output_shape(input_shape))
+
+    @property
+    def num_stacked(self):
+        """How many units share the stacked variables: all but "unit1" (and
+        "unit_last" when the stride is on the last unit)."""
+        return self.units - 1 - (self.unit_last is not None)
 
     def _repeat_spec(self):
         # Units 2..n keep the shape; only the 1x1-conv-shortcut unit projects there.
@@ -557,33 +664,96 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         """Tensors of unit `index` (1-based) of this stage, keyed like a unit's variables."""
         if index == 1:
             return {k: ops.convert_to_tensor(v) for k, v in self.unit1._vars.items()}
+        if self.unit_last is not None and index == self.units:
+            return {k: ops.convert_to_tensor(v) for k, v in self.unit_last._vars.items()}
         return {k: ops.convert_to_tensor(v)[index - 2] for k, v in self._stacked.items()}
 
     def call(self, inputs, training=None, return_unit_inputs=False):
         unit_inputs = [inputs]
         x = self.unit1(inputs, training=training)
-        n = self.units - 1
-        if n:
+        if self.num_stacked:
             kwargs = self._run_kwargs(training)
-            # Read each stacked variable once, then slice per unit.
-            slices = {
-                k: ops.unstack(ops.convert_to_tensor(v), num=n, axis=0)
-                for k, v in self._stacked.items()
-            }
-            new_stats = {}
-            for i in range(n):
-                unit_inputs.append(x)
-                params = {k: s[i] for k, s in slices.items()}
-                x, updates = F.unit_forward(x, params, self.repeat_spec, **kwargs)
-                for bn, stats in updates.items():
-                    new_stats.setdefault(bn, []).append(stats)
+            if self.remat is not None and kwargs["training"] and not return_unit_inputs:
+                x, new_stats = self._remat_stacked_units(x, kwargs)
+            else:
+                x, new_stats = self._stacked_units(x, kwargs, unit_inputs)
             # One update per moving statistic per step, for all units at once.
-            for bn, stats in new_stats.items():
-                self._stacked[f"{bn}_moving_mean"].assign(ops.stack([m for m, _ in stats]))
-                self._stacked[f"{bn}_moving_variance"].assign(ops.stack([v for _, v in stats]))
+            for bn, (means, variances) in new_stats.items():
+                self._stacked[f"{bn}_moving_mean"].assign(means)
+                self._stacked[f"{bn}_moving_variance"].assign(variances)
+        if self.unit_last is not None:
+            # The strided last unit (stride_position="last"): its own variables,
+            # updated once by its own call.
+            unit_inputs.append(x)
+            x = self.unit_last(x, training=training)
         if return_unit_inputs:
             return x, unit_inputs
         return x
+
+    def _stacked_units(self, x, kwargs, unit_inputs=None):
+        """Runs the stacked units; returns (x, {bn: (means, variances)})."""
+        n = self.num_stacked
+        # Read each stacked variable once, then slice per unit.
+        slices = {
+            k: ops.unstack(ops.convert_to_tensor(v), num=n, axis=0)
+            for k, v in self._stacked.items()
+        }
+        new_stats = {}
+        for i in range(n):
+            if unit_inputs is not None:
+                unit_inputs.append(x)
+            params = {k: s[i] for k, s in slices.items()}
+            x, updates = F.unit_forward(x, params, self.repeat_spec, **kwargs)
+            for bn, stats in updates.items():
+                new_stats.setdefault(bn, []).append(stats)
+        return x, {
+            bn: (ops.stack([m for m, _ in stats]), ops.stack([v for _, v in stats]))
+            for bn, stats in new_stats.items()
+        }
+
+    def _remat_stacked_units(self, x, kwargs):
+        """`_stacked_units` in checkpointed segments (`keras_preact.layers.remat`).
+
+        Each segment is a pure function of its input and its slice of the stacked
+        variables. It returns its output and its units' new moving statistics, which
+        are assigned once, after the forward pass: the recomputation in the backward
+        pass cannot update them twice.
+        """
+        names = sorted(self._stacked)
+        bns = [name[: -len("_moving_mean")] for name, _, kind in
+               self.repeat_spec.variable_specs() if kind == "moving_mean"]
+        spec = self.repeat_spec
+
+        def segment(x, *stacked):
+            length = stacked[0].shape[0]
+            slices = [ops.unstack(t, num=length, axis=0) for t in stacked]
+            stats = {bn: ([], []) for bn in bns}
+            for i in range(length):
+                params = {name: s[i] for name, s in zip(names, slices)}
+                x, updates = F.unit_forward(x, params, spec, **kwargs)
+                for bn, (mean, var) in updates.items():
+                    stats[bn][0].append(mean)
+                    stats[bn][1].append(var)
+            out = [x]
+            for bn in bns:
+                out += [ops.stack(stats[bn][0]), ops.stack(stats[bn][1])]
+            return tuple(out)
+
+        run = remat_lib.checkpoint(segment)
+        stacked = [ops.convert_to_tensor(self._stacked[name]) for name in names]
+        pieces = {bn: ([], []) for bn in bns}
+        start = 0
+        for length in remat_lib.segment_lengths(self.num_stacked, self.remat):
+            out = run(x, *[t[start:start + length] for t in stacked])
+            x = out[0]
+            for j, bn in enumerate(bns):
+                pieces[bn][0].append(out[1 + 2 * j])
+                pieces[bn][1].append(out[2 + 2 * j])
+            start += length
+        return x, {
+            bn: (ops.concatenate(means, axis=0), ops.concatenate(variances, axis=0))
+            for bn, (means, variances) in pieces.items()
+        }
 
     def compute_output_shape(self, input_shape):
         return _strided_shape(input_shape, self.strides, self.filters, self.data_format)
@@ -593,9 +763,13 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         if len(input_shape) == 3:
             input_shape = (None,) + tuple(input_shape)
         total = self.unit1.compute_macs(input_shape)
-        out = self.compute_output_shape(input_shape)
+        # The stacked units run at the first unit's output size.
+        out = self.unit1.compute_output_shape(input_shape)
         h, w = (out[1], out[2]) if self.data_format == "channels_last" else (out[2], out[3])
-        return int(total + (self.units - 1) * self._repeat_spec().macs(h, w))
+        total += self.num_stacked * self._repeat_spec().macs(h, w)
+        if self.unit_last is not None:
+            total += self.unit_last.compute_macs(out)
+        return int(total)
 
     def get_config(self):
         config = super().get_config()
@@ -606,6 +780,9 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
             "first_shared_preact": self.first_shared_preact,
             "expansion": self.expansion,
             "bottleneck_stride": self.bottleneck_stride,
+            "stride_position": self.stride_position,
+            "remat": self.remat,
         })
         config.update(self._unit_config())
+        config.update(self._layout_config())
         return config

@@ -6,6 +6,7 @@ single-unit layers compute exactly the same thing (a test checks it).
 
 import math
 
+import keras
 from keras import ops
 from keras import random as keras_random
 
@@ -33,11 +34,20 @@ class UnitSpec:
         unit: one of `keras_preact.layers.variants.UNIT_TYPES`.
         options: the unit's resolved parameters (shortcut/residual scale, gate bias,
             dropout rate).
+        conv_bias: bool, default False. A bias on the convs no BatchNorm follows:
+            the unit's last conv and its projection shortcut (keras.applications
+            ResNetV2). Full pre-activation units only.
+
+    A strided unit without a projection (``has_projection=False``, ``strides > 1``)
+    subsamples its identity shortcut: every ``strides``-th pixel of the raw input,
+    what keras.applications' ``MaxPooling2D(1, strides)`` shortcut computes.
     """
 
     def __init__(self, block, in_channels, filters, strides, expansion, bottleneck_stride,
-                 has_projection, shares_preact, *, unit=DEFAULT_UNIT, options=None):
+                 has_projection, shares_preact, *, unit=DEFAULT_UNIT, options=None,
+                 conv_bias=False):
         self.unit = unit
+        self.conv_bias = bool(conv_bias)
         # Resolved parameters of the variant (`variants.resolve_unit_options`).
         self.options = dict(options or {})
         self.block = block
@@ -80,6 +90,8 @@ class UnitSpec:
         (BN then conv, then the projection) is frozen: weights files depend on it.
         The other units list each conv then the BN after it, then the projection,
         then "add_bn" (Fig. 4b) or the gate's "gate_kernel" and "gate_bias".
+        With ``conv_bias`` the last conv's bias follows its kernel ("conv3_bias" /
+        "conv2_bias") and "shortcut_bias" follows "shortcut_kernel".
         """
         if self.unit != "full_preact":
             return self._variant_variable_specs()
@@ -88,8 +100,12 @@ class UnitSpec:
             for field in BN_FIELDS:
                 specs.append((f"{bn}_{field}", (channels,), field))
             specs.append((f"{conv}_kernel", (k, k, cin, cout), "kernel"))
+        if self.conv_bias:
+            specs.append((f"{self.convs[-1][0]}_bias", (self.filters,), "bias"))
         if self.has_projection:
             specs.append(("shortcut_kernel", (1, 1, self.in_channels, self.filters), "kernel"))
+            if self.conv_bias:
+                specs.append(("shortcut_bias", (self.filters,), "bias"))
         return specs
 
     def _variant_variable_specs(self):
@@ -161,6 +177,15 @@ def batch_norm(x, params, *, training, momentum, epsilon, channel_axis, synchron
     return ops.cast(y, out_dtype), new_stats
 
 
+def _fast_conv_grad(kernel_shape, strides, data_format):
+    """Whether the TensorFlow-only fast conv gradient applies (`tf_kernels`)."""
+    if keras.backend.backend() != "tensorflow":
+        return False
+    from keras_preact.layers import tf_kernels
+
+    return tf_kernels.enabled() and tf_kernels.supports(kernel_shape, strides, data_format)
+
+
 def conv(x, kernel, strides, data_format):
     """A bias-free conv with Torch/Caffe-style symmetric padding.
 
@@ -176,6 +201,10 @@ def conv(x, kernel, strides, data_format):
         else:
             x = x[:, :, ::strides, ::strides]
         strides = 1
+    if _fast_conv_grad(kernel.shape, strides, data_format):
+        from keras_preact.layers import tf_kernels
+
+        return tf_kernels.conv2d(x, ops.cast(kernel, x.dtype))
     padding = "same"
     if strides > 1:
         p = (k - 1) // 2
@@ -187,6 +216,24 @@ def conv(x, kernel, strides, data_format):
     return ops.conv(
         x, ops.cast(kernel, x.dtype), strides=strides, padding=padding, data_format=data_format
     )
+
+
+def add_bias(x, bias, data_format):
+    """Adds a per-channel bias, as Keras' Conv2D does."""
+    bias = ops.cast(bias, x.dtype)
+    if data_format == "channels_first":
+        bias = ops.reshape(bias, (1, -1, 1, 1))
+    return ops.add(x, bias)
+
+
+def subsample(x, strides, data_format):
+    """Every `strides`-th pixel from the first: the strided identity shortcut
+    (keras.applications' ``MaxPooling2D(1, strides)``, "valid" padding)."""
+    if strides == 1:
+        return x
+    if data_format == "channels_last":
+        return x[:, ::strides, ::strides, :]
+    return x[:, :, ::strides, ::strides]
 
 
 def unit_forward(x, params, spec, *, training, momentum, epsilon, data_format, synchronized=False,
@@ -233,9 +280,15 @@ def unit_forward(x, params, spec, *, training, momentum, epsilon, data_format, s
         if i:
             r = bn_relu(r, bn)
         r = conv(r, params[f"{name}_kernel"], s, data_format)
+    if spec.conv_bias:
+        r = add_bias(r, params[f"{spec.convs[-1][0]}_bias"], data_format)
     shortcut = preact if spec.shares_preact else x
     if spec.has_projection:
         shortcut = conv(shortcut, params["shortcut_kernel"], spec.strides, data_format)
+        if spec.conv_bias:
+            shortcut = add_bias(shortcut, params["shortcut_bias"], data_format)
+    else:
+        shortcut = subsample(shortcut, spec.strides, data_format)
     return ops.add(shortcut, r), updates
 
 
@@ -277,6 +330,8 @@ def _variant_forward(x, params, spec, *, training, momentum, epsilon, data_forma
             # torchvision's `downsample`). Without the BN the growing scale of the
             # post-ReLU path would pass unnormalised into the next stage.
             shortcut = bn(shortcut, "shortcut_bn")
+    else:
+        shortcut = subsample(shortcut, spec.strides, data_format)
 
     if unit == "constant_scaling":
         shortcut = shortcut * opts["shortcut_scale"]

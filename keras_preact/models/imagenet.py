@@ -19,6 +19,7 @@ Choices with documented defaults:
 """
 
 from keras_preact.layers.utils import normalize_data_format
+from keras_preact.models.preact_resnet import POOLED_STEMS
 from keras_preact.models.registry import register_model
 
 #: depth -> (block, units per stage)
@@ -62,7 +63,11 @@ def preact_resnet_imagenet(
         classifier_activation: default "softmax"; None returns logits.
         name: model name, default "preact_resnet{depth}".
         **kwargs: any other `PreActResNet` argument (`preprocessing`,
-            `bottleneck_stride`, `data_format`, `dtype`, ...).
+            `bottleneck_stride`, `data_format`, `dtype`, ...). The layout options
+            `stage_strides` (default (1, 2, 2, 2)), `stem` ("imagenet" or
+            "imagenet_preact"), `stride_position`, `strided_shortcut` and
+            `conv_bias` may change; the stages, widths and stem conv are the
+            depth's.
 
     Returns:
         A `PreActResNet`.
@@ -82,8 +87,13 @@ def preact_resnet_imagenet(
             f"Valid: {sorted(IMAGENET_DEPTHS)}"
         )
     block, units = IMAGENET_DEPTHS[depth]
-    for reserved in ("stage_blocks", "stage_filters", "stage_strides", "block", "stem",
+    for reserved in ("stage_blocks", "stage_filters", "block", "stem",
                      "stem_kernel_size", "stem_strides"):
+        # The layout options of the same depth stay open: the stride placement
+        # (keras.applications strides (2, 2, 2, 1) on each stage's last unit) and
+        # either ImageNet stem.
+        if reserved == "stem" and kwargs.get("stem") in POOLED_STEMS:
+            continue
         if reserved in kwargs:
             raise ValueError(
                 f"`{reserved}` is set by the depth; use PreActResNet directly to "
@@ -99,9 +109,9 @@ def preact_resnet_imagenet(
     return build_with_weights(
         f"preact_resnet{depth}",
         dict(block=block, stage_blocks=units, stage_filters=IMAGENET_WIDTHS[block],
-             stage_strides=(1, 2, 2, 2), stem="imagenet", stem_kernel_size=7,
-             stem_strides=2),
-        defaults=dict(bottleneck_stride="first", first_unit_shared_preact=False),
+             stem_kernel_size=7, stem_strides=2),
+        defaults=dict(bottleneck_stride="first", first_unit_shared_preact=False,
+                      stage_strides=(1, 2, 2, 2), stem="imagenet"),
         weights=weights, include_top=include_top, input_tensor=input_tensor,
         input_shape=input_shape, default_input_shape=default_shape, pooling=pooling,
         classes=classes, default_classes=1000, classifier_activation=classifier_activation,

@@ -14,17 +14,24 @@ from keras_preact.layers.blocks import BN_EPSILON
 from keras_preact.layers.blocks import BN_MOMENTUM
 from keras_preact.layers.blocks import BOTTLENECK_STRIDES
 from keras_preact.layers.blocks import BLOCK_TYPES
+from keras_preact.layers.blocks import check_layout
+from keras_preact.layers.blocks import STRIDE_POSITIONS
 from keras_preact.layers.blocks import PreActStage
 from keras_preact.layers.preprocessing import ImageNormalization
 from keras_preact.layers.preprocessing import resolve_preprocessing
 from keras_preact.layers import variants
+from keras_preact.layers.remat import normalize_remat
 from keras_preact.layers.utils import normalize_data_format
 
 BLOCKS = BLOCK_TYPES
 #: Stems: "cifar" is a single conv (the paper's CIFAR nets); "imagenet" is conv, BN,
 #: ReLU and a 3x3 stride-2 max pool (the paper's ImageNet nets, Section 5), with
-#: symmetric padding as in Torch.
-STEMS = ("cifar", "imagenet")
+#: symmetric padding as in Torch; "imagenet_preact" is the conv and the max pool
+#: with no BN or ReLU between them (keras.applications ResNetV2: the first unit's
+#: pre-activation normalises the stem's output).
+STEMS = ("cifar", "imagenet", "imagenet_preact")
+#: The stems that end in the 3x3 stride-2 max pool.
+POOLED_STEMS = ("imagenet", "imagenet_preact")
 POOLINGS = (None, "avg", "max")
 
 
@@ -66,6 +73,9 @@ def validate_config(
     gate_bias=None,
     dropout_rate=None,
     stem="cifar",
+    stride_position="first",
+    strided_shortcut="projection",
+    conv_bias=False,
 ):
     """Checks every `PreActResNet` argument before any layer is built.
 
@@ -139,9 +149,23 @@ def validate_config(
     data_format = normalize_data_format(data_format)
     if stem not in STEMS:
         raise ValueError(f"Unknown `stem`. Received: stem={stem!r}. Valid: {list(STEMS)}")
+    if stride_position not in STRIDE_POSITIONS:
+        raise ValueError(
+            f"`stride_position` must be one of {STRIDE_POSITIONS}. "
+            f"Received: stride_position={stride_position!r}"
+        )
+    if stride_position == "last":
+        short = [i + 1 for i, (n, s) in enumerate(zip(stage_blocks, stage_strides)) if s > 1 and n < 2]
+        if short:
+            raise ValueError(
+                "stride_position='last' strides in a unit after the first, so every "
+                f"strided stage needs at least 2 units. Received: stage_blocks={stage_blocks}, "
+                f"stage_strides={stage_strides} (stages {short})"
+            )
+    check_layout(strided_shortcut=strided_shortcut, conv_bias=conv_bias, unit=unit)
 
-    # The ImageNet stem's max pool halves the size once more.
-    total_stride = stem_strides * (2 if stem == "imagenet" else 1) * math.prod(stage_strides)
+    # The ImageNet stems' max pool halves the size once more.
+    total_stride = stem_strides * (2 if stem in POOLED_STEMS else 1) * math.prod(stage_strides)
     min_size = 2 * total_stride
     if input_shape is None:
         input_shape = (None, None, 3) if data_format == "channels_last" else (3, None, None)
@@ -199,13 +223,16 @@ class PreActResNet(keras.Model):
         stage_blocks: units per stage, e.g. (18, 18, 18) for ResNet-110.
         stage_filters: output width of each stage, e.g. (16, 32, 64) basic,
             (64, 128, 256) bottleneck.
-        stage_strides: stride of the first unit of each stage, default (1, 2, 2).
+        stage_strides: stride of each stage, default (1, 2, 2); on its first unit
+            unless `stride_position="last"`.
         stem_filters: width of the stem conv, default 16.
         stem_kernel_size: default 3.
         stem_strides: default 1.
-        stem: "cifar" (default: the conv alone) or "imagenet" (the conv with
+        stem: "cifar" (default: the conv alone), "imagenet" (the conv with
             symmetric padding, then BN, ReLU and a 3x3 stride-2 max pool; use with
-            ``stem_kernel_size=7, stem_strides=2, stem_filters=64``).
+            ``stem_kernel_size=7, stem_strides=2, stem_filters=64``) or
+            "imagenet_preact" (the same conv and zero-padded max pool with no BN or
+            ReLU between them, as keras.applications ResNetV2).
         bottleneck_stride: "middle" (default, the 3x3 conv; pytorchcv/timm and the
             published CIFAR weights) or "first" (the first 1x1; the official code).
         bottleneck_expansion: output width / inner width of a bottleneck, default 4.
@@ -247,6 +274,26 @@ class PreActResNet(keras.Model):
             (None: 0.5 and 0.5, the paper's only converging setting).
         gate_bias: initial gate bias b_g of the gating units (None: -6).
         dropout_rate: shortcut drop rate of unit="dropout_shortcut" (None: 0.5).
+        stride_position: "first" (default) or "last": which unit of a stage
+            carries its stride. "first" is the paper's; "last" is
+            keras.applications ResNet50V2/101V2/152V2, whose stages stride
+            (2, 2, 2, 1) on their last unit; the strided last unit is a sub-layer
+            "unit_last" of its `PreActStage`. Strided stages then need >= 2 units.
+        strided_shortcut: "projection" (default: a strided unit gets a 1x1
+            projection shortcut, the paper's rule) or "subsample": a strided unit
+            that keeps its width gets an identity shortcut that keeps every s-th
+            pixel of its raw input (keras.applications' ``MaxPooling2D(1, s)``).
+        conv_bias: bool, default False. True adds a bias to the convs that no
+            BatchNorm follows: each unit's last conv and projection shortcut, and
+            the stem conv unless the stem has a BN (keras.applications ResNetV2).
+            unit="full_preact" only.
+        remat: rematerialisation (gradient checkpointing) of each stage's stacked
+            units in training, to train deep networks in little memory: None/False
+            (off, default), True or "segment" (about sqrt(n) checkpoints a stage),
+            "unit" (one a unit) or an int N (segments of N units). Outputs,
+            gradients and moving statistics equal the plain path's; a training
+            step costs about one extra forward pass. TensorFlow (also under
+            `fit`), JAX and PyTorch; see `keras_preact.layers.remat`.
         dtype: optional dtype policy for every layer (e.g. "mixed_bfloat16").
             The final activation always computes in float32.
         name: model name, default "preact_resnet".
@@ -257,6 +304,10 @@ class PreActResNet(keras.Model):
         ...                      stage_filters=(16, 32, 64), input_shape=(32, 32, 3))
         >>> model.count_params()
         272282
+        >>> # keras.applications ResNet50V2's layout (its weights load into it):
+        >>> from keras_preact.weights.converters.keras_applications import KERAS_LAYOUT
+        >>> keras_preact.preact_resnet50(**KERAS_LAYOUT).count_params()
+        25613800
     """
 
     def __init__(
@@ -290,6 +341,10 @@ class PreActResNet(keras.Model):
         residual_scale=None,
         gate_bias=None,
         dropout_rate=None,
+        stride_position="first",
+        strided_shortcut="projection",
+        conv_bias=False,
+        remat=None,
         dtype=None,
         name="preact_resnet",
         **kwargs,
@@ -316,8 +371,17 @@ class PreActResNet(keras.Model):
             residual_scale=residual_scale,
             gate_bias=gate_bias,
             dropout_rate=dropout_rate,
+            stride_position=stride_position,
+            strided_shortcut=strided_shortcut,
+            conv_bias=conv_bias,
         )
         resolved_preprocessing = resolve_preprocessing(preprocessing)
+        remat = normalize_remat(remat)
+        if remat is not None and unit == "dropout_shortcut":
+            raise ValueError(
+                "`remat` cannot be combined with unit='dropout_shortcut' (a recomputed "
+                f"unit would draw another dropout mask). Received: remat={remat!r}"
+            )
         data_format = checked["data_format"]
         channel_axis = -1 if data_format == "channels_last" else 1
 
@@ -338,7 +402,7 @@ class PreActResNet(keras.Model):
                 name="preprocessing",
             )(x)
         stem_padding = "same"
-        if stem == "imagenet" and stem_strides > 1:
+        if stem in POOLED_STEMS and stem_strides > 1:
             # Torch pads (k - 1) // 2 on every side; Keras' "same" would pad only
             # bottom/right of an even input and shift the grid of converted weights.
             x = keras.layers.ZeroPadding2D(
@@ -346,12 +410,13 @@ class PreActResNet(keras.Model):
                 name="stem_pad",
             )(x)
             stem_padding = "valid"
+        # conv_bias: a bias where no BN follows the stem conv (only "imagenet" has one).
         x = keras.layers.Conv2D(
             stem_filters,
             stem_kernel_size,
             strides=stem_strides,
             padding=stem_padding,
-            use_bias=False,
+            use_bias=conv_bias and stem != "imagenet",
             kernel_initializer=kernel_initializer,
             data_format=data_format,
             dtype=dtype,
@@ -369,9 +434,11 @@ class PreActResNet(keras.Model):
                 name="stem_bn",
             )(x)
             x = keras.layers.Activation("relu", dtype=dtype, name="stem_relu")(x)
-        if stem == "imagenet":
+        if stem in POOLED_STEMS:
             # After the ReLU every value is >= 0, so zero padding acts as Torch's
-            # -inf padding for the max.
+            # -inf padding for the max. "imagenet_preact" has no ReLU there: its
+            # zeros can win the max at the border, exactly as in keras.applications
+            # ResNetV2 (pool1_pad + pool1_pool), whose weights expect it.
             x = keras.layers.ZeroPadding2D(1, data_format=data_format, dtype=dtype,
                                            name="stem_pool_pad")(x)
             x = keras.layers.MaxPooling2D(3, strides=2, data_format=data_format,
@@ -392,6 +459,12 @@ class PreActResNet(keras.Model):
                 unit=unit, shortcut_scale=shortcut_scale, residual_scale=residual_scale,
                 gate_bias=gate_bias, dropout_rate=dropout_rate,
             )
+        for key, value, default in (("stride_position", stride_position, "first"),
+                                    ("strided_shortcut", strided_shortcut, "projection"),
+                                    ("conv_bias", conv_bias, False),
+                                    ("remat", remat, None)):
+            if value != default:
+                stage_kwargs[key] = value
         for stage, (num_units, filters, stride) in enumerate(
             zip(checked["stage_blocks"], checked["stage_filters"], checked["stage_strides"]),
             start=1,
@@ -470,6 +543,10 @@ class PreActResNet(keras.Model):
         self.residual_scale = residual_scale
         self.gate_bias = gate_bias
         self.dropout_rate = dropout_rate
+        self.stride_position = stride_position
+        self.strided_shortcut = strided_shortcut
+        self.conv_bias = conv_bias
+        self.remat = remat
         self._input_shape_arg = checked["input_shape"]
         self._dtype_arg = dtype
 
@@ -516,6 +593,10 @@ class PreActResNet(keras.Model):
             "residual_scale": self.residual_scale,
             "gate_bias": self.gate_bias,
             "dropout_rate": self.dropout_rate,
+            "stride_position": self.stride_position,
+            "strided_shortcut": self.strided_shortcut,
+            "conv_bias": self.conv_bias,
+            "remat": self.remat,
             "dtype": dtype,
             "name": self.name,
             "trainable": self.trainable,

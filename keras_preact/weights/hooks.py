@@ -220,6 +220,12 @@ _FACTORY_KEYS = ("classes", "include_top", "input_shape")
 
 
 def _apply_entry(plan, entry, *, include_top, classes, input_shape, channels_last, kwargs, weights):
+    if include_top and (entry.get("architecture") or {}).get("include_top") is False:
+        raise ValueError(
+            f"The weights {entry['key']!r} have no classifier head (a feature-extraction "
+            "file, e.g. keras.applications' '_notop'); use include_top=False. "
+            f"Received: include_top=True, weights={weights!r}"
+        )
     plan["classes"] = _resolve_classes(entry.get("classes"), include_top, classes, weights)
     overrides = plan["overrides"]
     for key, value in (entry.get("architecture") or {}).items():

@@ -97,6 +97,15 @@ ARCHITECTURE_KEYS = (
     "stem_kernel_size", "stem_strides", "bottleneck_stride", "bottleneck_expansion",
     "first_unit_shared_preact",
 )
+#: Arguments added later (the keras.applications layout) and their defaults. They are
+#: recorded only when not at the default, so the files of default models stay byte
+#: for byte as they were; a file without them had the defaults. ``stem`` is recorded
+#: only as "imagenet_preact" (the older stems differ in their variables anyway).
+OPTIONAL_ARCHITECTURE_KEYS = {
+    "stride_position": "first", "strided_shortcut": "projection", "conv_bias": False,
+    "stem": None,
+}
+_RECORDED_STEMS = ("imagenet_preact",)
 #: Variables of the classifier head (the `logits` Dense layer of `PreActResNet`).
 HEAD_LAYER = "logits"
 
@@ -125,7 +134,22 @@ def model_architecture(model):
     if not isinstance(model, PreActResNet):
         return None
     config = model.get_config()
-    return {k: _jsonable(config.get(k)) for k in ARCHITECTURE_KEYS}
+    arch = {k: _jsonable(config.get(k)) for k in ARCHITECTURE_KEYS}
+    arch.update(_optional_architecture(config, only_set=True))
+    return arch
+
+
+def _optional_architecture(arch, *, only_set=False):
+    """The `OPTIONAL_ARCHITECTURE_KEYS` of a config or record, defaults filled in
+    (or, with `only_set`, only those not at their default)."""
+    out = {}
+    for key, default in OPTIONAL_ARCHITECTURE_KEYS.items():
+        value = arch.get(key, default)
+        if key == "stem" and value not in _RECORDED_STEMS:
+            value = default
+        if not only_set or value != default:
+            out[key] = _jsonable(value)
+    return out
 
 
 def _jsonable(value):
@@ -253,7 +277,13 @@ def compare_layouts(model, stored_layout, stored_arch, *, source):
         )
     arch = model_architecture(model)
     if arch is not None and stored_arch is not None:
-        diff = {k: (stored_arch.get(k), arch[k]) for k in arch if stored_arch.get(k) != arch[k]}
+        diff = {
+            k: (stored_arch.get(k), arch[k])
+            for k in ARCHITECTURE_KEYS
+            if stored_arch.get(k) != arch[k]
+        }
+        stored_opt, model_opt = _optional_architecture(stored_arch), _optional_architecture(arch)
+        diff.update({k: (stored_opt[k], model_opt[k]) for k in model_opt if stored_opt[k] != model_opt[k]})
         if diff:
             raise _mismatch(
                 model,

@@ -1,0 +1,136 @@
+"""Rematerialisation (gradient checkpointing) of a stage's stacked units.
+
+A stage of ``n`` identical units normally keeps every intermediate tensor of every
+unit for the backward pass. With rematerialisation the units are cut into segments:
+the forward pass keeps only each segment's input, and the backward pass recomputes
+one segment at a time. Memory falls from ~n units' activations to ~n/k segment
+inputs plus one segment's activations (k units a segment); the price is about one
+extra forward pass (~1.33x the compute of a training step).
+
+The checkpoint is the backend's own:
+
+* TensorFlow: `tf.recompute_grad` (works inside `model.fit`'s `tf.function`;
+  `keras.RematScope` does not, see DESIGN.md);
+* JAX: `jax.checkpoint`;
+* PyTorch: `torch.utils.checkpoint.checkpoint` (non-reentrant).
+
+The checkpointed function is pure: it returns the new BatchNorm moving statistics
+as outputs instead of assigning them, and the stage assigns them once after the
+forward pass. Recomputation therefore never updates them a second time.
+
+Modes (the `remat` argument of `PreActStage`, `PreActResNet` and the factories):
+
+* ``None`` / ``False``: off (default).
+* ``True`` or ``"segment"``: segments of ``ceil(sqrt(n))`` units, about ``sqrt(n)``
+  checkpoints per stage (the memory-optimal split for equal units).
+* ``"unit"``: every unit is its own segment (keeps every unit's input).
+* an int ``N >= 1``: segments of ``N`` units.
+"""
+
+import logging
+import math
+
+import keras
+
+REMAT_MODES = ("unit", "segment")
+
+
+def normalize_remat(remat):
+    """Validates a `remat` argument and returns None, "unit", "segment" or an int.
+
+    Raises:
+        ValueError: naming the value received and what is valid.
+    """
+    if remat is None or remat is False:
+        return None
+    if remat is True:
+        return "segment"
+    if isinstance(remat, str) and remat in REMAT_MODES:
+        return remat
+    if isinstance(remat, int) and not isinstance(remat, bool) and remat >= 1:
+        return remat
+    raise ValueError(
+        "`remat` must be None/False (off), True, 'unit', 'segment' or a positive int "
+        f"(units per segment). Received: remat={remat!r}"
+    )
+
+
+def segment_lengths(units, remat):
+    """Lengths of the consecutive segments that `units` stacked units are cut into.
+
+    Example:
+        >>> segment_lengths(110, "segment")  # ceil(sqrt(110)) = 11
+        [11, 11, 11, 11, 11, 11, 11, 11, 11, 11]
+        >>> segment_lengths(5, 2)
+        [2, 2, 1]
+    """
+    remat = normalize_remat(remat)
+    if units < 1 or remat is None:
+        return [units] if units else []
+    if remat == "unit":
+        size = 1
+    elif remat == "segment":
+        size = max(1, math.ceil(math.sqrt(units)))
+    else:
+        size = remat
+    lengths = [size] * (units // size)
+    if units % size:
+        lengths.append(units % size)
+    return lengths
+
+
+def checkpoint(fn):
+    """Wraps `fn(*tensors) -> tuple of tensors` so that the backward pass recomputes
+    it instead of keeping its intermediate tensors.
+
+    `fn` must take positional tensor arguments only and have no side effects
+    (no variable assignment): it is called again during the backward pass. On a
+    backend without a checkpoint primitive `fn` is returned unchanged.
+    """
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        return _tf_checkpoint(fn)
+    if backend == "jax":
+        import jax
+
+        return jax.checkpoint(fn)
+    if backend == "torch":
+        from torch.utils import checkpoint as torch_checkpoint
+
+        def wrapped(*args):
+            # checkpoint saves its inputs with their version; the moving-statistic
+            # slices are views of variables assigned in place after the forward pass.
+            args = tuple(a if a.requires_grad else a.clone() for a in args)
+            return torch_checkpoint.checkpoint(fn, *args, use_reentrant=False)
+
+        return wrapped
+    return fn
+
+
+
+_TF_PRUNING_DISABLED = False
+
+
+def _tf_checkpoint(fn):
+    """`tf.recompute_grad(fn)`, made effective inside a `tf.function`.
+
+    Grappler's model pruning, on by default, undoes the rematerialisation in a
+    traced train step (such as `model.fit`'s): measured here on ResNet-164 at
+    batch 64, peak memory with 11 checkpointed segments stayed at ~95% of the plain
+    model's. With model pruning off the same step peaks ~35% lower, and it is no
+    slower. So the first rematerialised stage turns model pruning off for the
+    process (`tf.config.optimizer.set_experimental_options`), with a log line.
+    """
+    import tensorflow as tf
+
+    global _TF_PRUNING_DISABLED
+    if not _TF_PRUNING_DISABLED:
+        options = tf.config.optimizer.get_experimental_options()
+        if not options.get("disable_model_pruning"):
+            tf.config.optimizer.set_experimental_options({"disable_model_pruning": True})
+            logging.getLogger("keras_preact").info(
+                "remat: turned off Grappler model pruning for this process; it undoes "
+                "rematerialisation inside tf.function."
+            )
+        _TF_PRUNING_DISABLED = True
+    return tf.recompute_grad(fn)

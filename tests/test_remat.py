@@ -1,0 +1,390 @@
+"""Rematerialisation (`remat=`): segments, validation, equivalence, memory.
+
+A rematerialised stage must compute exactly what the plain stage computes: the same
+outputs, the same gradients, and the same BatchNorm moving statistics, updated once
+per step (the backward pass recomputes the segments but must not update them again).
+"""
+
+import concurrent.futures
+import re
+
+import numpy as np
+import pytest
+
+import keras
+from keras import ops
+
+import keras_preact as kp
+from keras_preact.layers import PreActStage
+from keras_preact.layers.remat import normalize_remat
+from keras_preact.layers.remat import segment_lengths
+from tests.helpers import run_python
+from tests.helpers import to_numpy
+
+BAD_REMAT = ["bogus", "Unit", "", 0, -1, 1.5, [2], "2"]
+REMAT_MODES = ["unit", "segment", 2]
+BLOCK_KWARGS = {
+    # Two stages: 3 then 2 stacked units; a strided, projecting second stage.
+    "basic": dict(block="basic", stage_filters=(8, 16)),
+    "bottleneck": dict(block="bottleneck", stage_filters=(16, 32)),
+}
+
+
+def _model(block="basic", remat=None, **overrides):
+    kwargs = dict(BLOCK_KWARGS[block], stage_blocks=(4, 3), stage_strides=(1, 2),
+                  stem_filters=8, input_shape=(8, 8, 3), classes=5, bn_momentum=0.7,
+                  remat=remat)
+    kwargs.update(overrides)
+    return kp.PreActResNet(**kwargs)
+
+
+def _images(n=8, size=8, channels=3, seed=0):
+    return np.random.RandomState(seed).randn(n, size, size, channels).astype("float32")
+
+
+def _randomize(layer, seed=0):
+    """Random, distinct values for every variable, BN statistics included, so that
+    inference mode and the moving-statistic updates are really exercised."""
+    rng = np.random.RandomState(seed)
+    ranges = {"gamma": (0.5, 1.5), "beta": (-0.5, 0.5), "moving_mean": (-0.5, 0.5),
+              "moving_variance": (0.5, 2.0)}
+    for w in layer.weights:
+        for field, (lo, hi) in ranges.items():
+            if w.path.endswith(field):
+                w.assign(rng.uniform(lo, hi, tuple(w.shape)).astype("float32"))
+
+
+def _twins(make, remat, seed=0):
+    """(plain, rematerialised) copies of one layer/model with the same weights."""
+    plain, rem = make(None), make(remat)
+    _randomize(plain, seed)
+    rem.set_weights(plain.get_weights())
+    return plain, rem
+
+
+def _grads_and_step(layer, x, w):
+    """One training-mode forward pass and its backward pass, on any backend.
+
+    Returns the gradients of sum(layer(x) * w) for `layer.trainable_variables`, and
+    leaves the moving statistics as the training call updated them (the backward
+    pass, which recomputes rematerialised segments, runs too).
+    """
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            loss = ops.sum(layer(x, training=True) * w)
+        grads = tape.gradient(loss, layer.trainable_variables)
+    elif backend == "torch":
+        loss = ops.sum(layer(ops.convert_to_tensor(x), training=True) * ops.convert_to_tensor(w))
+        loss.backward()
+        grads = [v.value.grad for v in layer.trainable_variables]
+    elif backend == "jax":
+        import jax
+
+        non_trainable = [v.value for v in layer.non_trainable_variables]
+
+        def loss_fn(trainable):
+            y, new_non_trainable = layer.stateless_call(trainable, non_trainable, x,
+                                                        training=True)
+            return ops.sum(y * w), new_non_trainable
+
+        grads, new_non_trainable = jax.grad(loss_fn, has_aux=True)(
+            [v.value for v in layer.trainable_variables])
+        for v, value in zip(layer.non_trainable_variables, new_non_trainable):
+            v.assign(value)
+    else:
+        pytest.skip(f"no gradient helper for the {backend} backend")
+    assert all(g is not None for g in grads)
+    return [to_numpy(g) for g in grads]
+
+
+def _assert_same_weights(a, b, atol, what):
+    for kind in ("trainable_weights", "non_trainable_weights"):
+        wa, wb = getattr(a, kind), getattr(b, kind)
+        assert [v.path for v in wa] == [v.path for v in wb]
+        for va, vb in zip(wa, wb):
+            np.testing.assert_allclose(to_numpy(vb), to_numpy(va), atol=atol,
+                                       err_msg=f"{what}: {va.path}")
+
+
+# --- segment_lengths / normalize_remat -----------------------------------------
+# (Plain loops, not parametrize: every test pays for a Keras clear_session.)
+SEGMENTS = [
+    (15, "segment", [4, 4, 4, 3]),  # ceil(sqrt(15)) = 4
+    (16, "segment", [4, 4, 4, 4]),
+    (17, "segment", [5, 5, 5, 2]),
+    (110, "segment", [11] * 10),
+    (3, "segment", [2, 1]),
+    (2, "segment", [2]),
+    (1, "segment", [1]),
+    (4, True, [2, 2]),
+    (3, "unit", [1, 1, 1]),
+    (5, 2, [2, 2, 1]),
+    (6, 3, [3, 3]),
+    (3, 10, [3]),
+    (1, 1, [1]),
+    (5, None, [5]),
+    (5, False, [5]),
+    (0, "unit", []),
+    (0, None, []),
+]
+
+
+@pytest.mark.multibackend
+def test_segment_lengths():
+    for units, remat, expected in SEGMENTS:
+        assert segment_lengths(units, remat) == expected, (units, remat)
+    for units in range(1, 60):
+        for remat in ("unit", "segment", 1, 2, 3, 7, 100):
+            lengths = segment_lengths(units, remat)
+            assert sum(lengths) == units and all(n >= 1 for n in lengths), (units, remat)
+            # Equal segments, the last one possibly shorter.
+            assert all(n == lengths[0] for n in lengths[:-1]) and lengths[-1] <= lengths[0]
+
+
+@pytest.mark.multibackend
+def test_normalize_remat():
+    for value, expected in [(None, None), (False, None), (True, "segment"),
+                            ("segment", "segment"), ("unit", "unit"), (1, 1), (4, 4)]:
+        assert normalize_remat(value) == expected, value
+
+
+@pytest.mark.multibackend
+def test_invalid_remat_is_refused_with_argument_and_value():
+    for value in BAD_REMAT:
+        pattern = re.escape(f"remat={value!r}")
+        with pytest.raises(ValueError, match=pattern) as info:
+            normalize_remat(value)
+        assert "`remat`" in str(info.value)
+        with pytest.raises(ValueError, match=pattern):
+            segment_lengths(4, value)
+
+
+# --- equivalence with the plain path ------------------------------------------
+# Tracing a fit step costs seconds (TensorFlow, JAX), so each block's plain twin is
+# fitted once and compared with its rematerialised models; every mode on both
+# blocks is covered by the (cheap) direct gradient and statistics tests below.
+FIT_MODES = {"basic": ["unit", 2], "bottleneck": ["segment"]}
+
+
+@pytest.mark.multibackend
+@pytest.mark.parametrize("block", ["basic", "bottleneck"])
+def test_remat_model_matches_plain_model_in_calls_and_fit(block):
+    x = _images()
+    y = np.arange(8) % 5
+    plain = _model(block, None)
+    _randomize(plain)
+    start = plain.get_weights()
+    rems = []
+    for remat in FIT_MODES[block]:
+        rem = _model(block, remat)
+        rem.set_weights(start)
+        rems.append(rem)
+        # Inference mode (the plain path in both) and training mode (segments).
+        np.testing.assert_allclose(to_numpy(rem(x, training=False)),
+                                   to_numpy(plain(x, training=False)), atol=1e-6)
+        np.testing.assert_allclose(to_numpy(rem(x, training=True)),
+                                   to_numpy(plain(x, training=True)), atol=1e-6)
+        # That training call updated the moving statistics of both, identically.
+        _assert_same_weights(plain, rem, 1e-6, f"remat={remat!r}, after a training call")
+        plain.set_weights(start)
+        rem.set_weights(start)
+
+    # Two SGD-with-momentum steps of fit on identical batches: equal gradients give
+    # equal weights; moving statistics updated once per step give equal statistics.
+    for model in [plain] + rems:
+        model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.05, momentum=0.9),
+                      loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    assert not np.allclose(to_numpy(plain.trainable_weights[0]), start[0]), "no training"
+    for remat, rem in zip(FIT_MODES[block], rems):
+        _assert_same_weights(plain, rem, 1e-5, f"remat={remat!r}, after fit")
+        np.testing.assert_allclose(to_numpy(rem(x, training=False)),
+                                   to_numpy(plain(x, training=False)), atol=1e-5)
+
+
+@pytest.mark.multibackend
+@pytest.mark.parametrize("block", ["basic", "bottleneck"])
+@pytest.mark.parametrize("remat", REMAT_MODES)
+def test_remat_model_gradients_equal_plain_gradients(block, remat):
+    """One step's gradients, directly (tf.GradientTape on TensorFlow)."""
+    plain, rem = _twins(lambda r: _model(block, r), remat, seed=1)
+    x = _images(seed=1)
+    w = np.random.RandomState(2).randn(8, 5).astype("float32")
+    g_plain = _grads_and_step(plain, x, w)
+    g_rem = _grads_and_step(rem, x, w)
+    assert len(g_plain) == len(g_rem) == len(plain.trainable_variables)
+    for v, a, b in zip(plain.trainable_variables, g_plain, g_rem):
+        assert np.any(a), v.path
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7, err_msg=v.path)
+    _assert_same_weights(plain, rem, 1e-6, "moving statistics after one step")
+
+
+@pytest.mark.multibackend
+@pytest.mark.parametrize("block", ["basic", "bottleneck"])
+@pytest.mark.parametrize("remat", REMAT_MODES)
+def test_stage_moving_statistics_updated_once_per_step(block, remat):
+    """After one training step (forward and the recomputing backward pass) every
+    stacked moving mean is m * old + (1 - m) * batch mean, the batch mean being
+    that of the plain stage's unit inputs: the update is applied once, not again
+    by the recomputation."""
+    m = 0.7
+    filters = 8 if block == "basic" else 16
+    x = _images(n=6, size=8, channels=filters, seed=3)
+
+    def make(r):
+        stage = PreActStage(block, filters, units=5, bn_momentum=m, remat=r, name="stage")
+        stage.build(x.shape)
+        return stage
+
+    plain, rem = _twins(make, remat, seed=4)
+    old = to_numpy(rem._stacked["preact_bn_moving_mean"]).copy()
+    assert old.shape == (4, filters)
+
+    # The plain path: its unit inputs give the batch means of each unit's preact BN.
+    _, unit_inputs = plain(x, training=True, return_unit_inputs=True)
+    batch_means = np.stack([to_numpy(u).mean(axis=(0, 1, 2)) for u in unit_inputs[1:]])
+    expected = m * old + (1 - m) * batch_means
+    np.testing.assert_allclose(to_numpy(plain._stacked["preact_bn_moving_mean"]), expected,
+                               atol=1e-5)
+
+    w = np.random.RandomState(5).randn(6, 8, 8, filters).astype("float32")
+    _grads_and_step(rem, x, w)
+    np.testing.assert_allclose(to_numpy(rem._stacked["preact_bn_moving_mean"]), expected,
+                               atol=1e-5)
+    twice = m * expected + (1 - m) * batch_means
+    assert not np.allclose(to_numpy(rem._stacked["preact_bn_moving_mean"]), twice, atol=1e-4)
+    # Every moving statistic of the stage (stacked and unit1) equals the plain one.
+    _assert_same_weights(plain, rem, 1e-6, "stage after one step")
+
+
+# --- configuration, saving, errors --------------------------------------------
+@pytest.mark.multibackend
+def test_config_round_trip():
+    for remat, stored in [(True, "segment"), ("unit", "unit"), (2, 2), (False, None),
+                          (None, None)]:
+        model = _model("basic", remat)
+        config = model.get_config()
+        assert config["remat"] == stored
+        stages = [layer for layer in model.layers if isinstance(layer, PreActStage)]
+        assert len(stages) == 2 and all(stage.remat == stored for stage in stages)
+        assert kp.PreActResNet.from_config(config).get_config() == config
+        stage_config = stages[0].get_config()
+        assert stage_config["remat"] == stored
+        assert PreActStage.from_config(stage_config).get_config() == stage_config
+
+
+@pytest.mark.multibackend
+def test_factories_forward_remat():
+    model = kp.get_model("preact_resnet20", remat="segment")
+    stages = [layer for layer in model.layers if isinstance(layer, PreActStage)]
+    assert model.remat == "segment" and len(stages) == 3
+    assert all(stage.remat == "segment" for stage in stages)
+    assert kp.preact_resnet20(remat=3).remat == 3
+
+
+@pytest.mark.multibackend
+@pytest.mark.parametrize("block", ["basic", "bottleneck"])
+def test_keras_save_and_load(block, tmp_path):
+    model = _model(block, "segment")
+    _randomize(model, seed=6)
+    x = _images(seed=6)
+    expected = to_numpy(model(x, training=False))
+    path = str(tmp_path / f"remat_{block}.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert loaded.remat == "segment"
+    assert loaded.get_config() == model.get_config()
+    np.testing.assert_allclose(to_numpy(loaded(x, training=False)), expected, atol=1e-6)
+    np.testing.assert_allclose(to_numpy(loaded(x, training=True)),
+                               to_numpy(model(x, training=True)), atol=1e-6)
+
+
+@pytest.mark.multibackend
+def test_models_and_stages_refuse_invalid_remat():
+    for value in ["bogus", 0, -1, 1.5]:
+        pattern = re.escape(f"remat={value!r}")
+        with pytest.raises(ValueError, match=pattern):
+            _model("basic", value)
+        with pytest.raises(ValueError, match=pattern):
+            PreActStage("basic", 8, units=3, remat=value)
+        with pytest.raises(ValueError, match=pattern):
+            kp.get_model("preact_resnet20", remat=value)
+
+
+@pytest.mark.multibackend
+def test_remat_refuses_dropout_shortcut():
+    pattern = r"remat.*dropout_shortcut|dropout_shortcut.*remat"
+    for remat in [True, "unit", "segment", 2]:
+        with pytest.raises(ValueError, match=pattern):
+            _model("basic", remat, unit="dropout_shortcut")
+        with pytest.raises(ValueError, match=pattern):
+            PreActStage("basic", 8, units=3, unit="dropout_shortcut", remat=remat)
+    # Without remat the unit is accepted.
+    _model("basic", None, unit="dropout_shortcut")
+    PreActStage("basic", 8, units=3, unit="dropout_shortcut", remat=False)
+
+
+# --- memory -------------------------------------------------------------------
+_MEMORY_SCRIPT = """
+import resource
+import numpy as np, keras, keras_preact as kp
+assert keras.backend.backend() == "tensorflow"
+remat = {remat!r}
+
+def peaks_kb():
+    # ru_maxrss and this address space's own peak, VmHWM. ru_maxrss starts at the
+    # parent's RSS (Linux keeps the pre-exec address space's peak in it), so under
+    # pytest it can hide the first ~1 GB of growth; VmHWM cannot.
+    with open("/proc/self/status") as f:
+        hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, hwm
+
+def build(units):
+    model = kp.PreActResNet(block="basic", stage_blocks=(units,), stage_filters=(16,),
+                            stage_strides=(1,), stem_filters=16, input_shape=(32, 32, 3),
+                            classes=10, remat=remat)
+    model.compile(optimizer=keras.optimizers.SGD(0.01),
+                  loss="sparse_categorical_crossentropy", jit_compile=False)
+    return model
+
+rng = np.random.RandomState(0)
+x = rng.rand(128, 32, 32, 3).astype("float32")
+y = rng.randint(0, 10, 128)
+# Warm-up (TF runtime, tf.data, Grappler, the same remat setting) on a 2-unit model, so
+# that the growth measured below is the 16-unit step's, not one-off start-up costs.
+build(2).fit(x[:64], y[:64], batch_size=64, epochs=1, verbose=0)
+model = build(16)
+before = peaks_kb()
+model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)  # 2 steps
+after = peaks_kb()
+print("PEAKS_KB", *before, *after)
+"""
+
+
+def _fit_peak_growth_kb(remat):
+    # MALLOC_ARENA_MAX=1: one glibc arena, so the peak does not depend on which
+    # thread happened to free what (without it the plain run varies by ~30%).
+    proc = run_python(_MEMORY_SCRIPT.format(remat=remat), timeout=300,
+                      env={"KERAS_BACKEND": "tensorflow", "MALLOC_ARENA_MAX": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    maxrss0, hwm0, maxrss1, hwm1 = map(
+        int, re.search(r"PEAKS_KB (\d+) (\d+) (\d+) (\d+)", proc.stdout).groups())
+    print(f"remat={remat!r}: ru_maxrss {maxrss0} -> {maxrss1} KB, "
+          f"VmHWM {hwm0} -> {hwm1} KB (+{hwm1 - hwm0} KB)")
+    return hwm1 - hwm0
+
+
+@pytest.mark.slow
+def test_remat_lowers_peak_memory_of_fit():
+    """16 basic units of 16 filters at 32x32, batch 64: the fit's peak-RSS growth with
+    remat="segment" (4 checkpoints) is well below the plain model's. Observed on a
+    2-core CPU machine: plain ~430-480 MB, remat ~180-200 MB (ratio ~0.4-0.45)."""
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        plain, rem = pool.map(_fit_peak_growth_kb, [None, "segment"])
+    print(f"fit peak growth: plain {plain} KB, remat='segment' {rem} KB "
+          f"(ratio {rem / plain:.2f})")
+    assert plain > 150_000, f"the plain run grew only {plain} KB: the measurement is off"
+    assert rem < 0.6 * plain, f"remat {rem} KB vs plain {plain} KB"
