@@ -91,14 +91,9 @@ def main(argv=None):
                 == r["count_params_catalog"])
     ]
     if args.write:
-        for row in rows:
-            # Two significant digits: the figure is a bound, not a fingerprint.
-            doc["entries"][row["key"]]["converter_max_abs_diff"] = float(f"{row['max_abs_diff']:.2g}")
-        tmp = MANIFEST + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, MANIFEST)
+        from keras_preact.weights import catalog
+
+        catalog.record_max_diffs(MANIFEST, doc, {r["key"]: r["max_abs_diff"] for r in rows})
     print(f"{len(rows) - len(bad)}/{len(rows)} within 1e-4 with equal parameter counts; wrote {args.out}")
     return 1 if bad else 0
 

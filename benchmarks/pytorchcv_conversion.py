@@ -78,16 +78,11 @@ def main(argv=None):
         json.dump(rows, f, indent=1)
     bad = [r for r in rows if r["max_abs_diff"] > 1e-4 or not (r["params_keras"] == r["params_torch"] == r["params_catalog"])]
     if args.write:
-        for row in rows:
-            # Two significant digits: the figure is a bound, not a fingerprint.
-            entry = docs[owner[row["key"]]]["entries"][row["key"]]
-            entry["converter_max_abs_diff"] = float(f"{row['max_abs_diff']:.2g}")
+        from keras_preact.weights import catalog
+
         for path in {owner[row["key"]] for row in rows}:
-            tmp = path + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(docs[path], f, indent=1)
-                f.write("\n")
-            os.replace(tmp, path)
+            catalog.record_max_diffs(path, docs[path], {
+                r["key"]: r["max_abs_diff"] for r in rows if owner[r["key"]] == path})
     print(f"{len(rows) - len(bad)}/{len(rows)} within 1e-4 with equal parameter counts; wrote {args.out}")
     return 1 if bad else 0
 

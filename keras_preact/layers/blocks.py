@@ -583,13 +583,7 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         self.units = units
         self.first_shared_preact = first_shared_preact
         self.stride_position = stride_position
-        self.remat = remat_lib.normalize_remat(remat)
-        if self.remat is not None and unit == "dropout_shortcut":
-            raise ValueError(
-                "`remat` cannot be combined with unit='dropout_shortcut': recomputing a "
-                "unit would draw a different dropout mask. Received: "
-                f"remat={remat!r} with unit={unit!r}"
-            )
+        self.remat = remat_lib.check_remat(remat, unit)
         unit_kwargs = dict(
             kernel_initializer=self.kernel_initializer, kernel_regularizer=self.kernel_regularizer,
             bn_momentum=bn_momentum, bn_epsilon=bn_epsilon, synchronized=synchronized,
@@ -676,7 +670,7 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
             if self.remat is not None and kwargs["training"] and not return_unit_inputs:
                 x, new_stats = self._remat_stacked_units(x, kwargs)
             else:
-                x, new_stats = self._stacked_units(x, kwargs, unit_inputs)
+                x, new_stats = self._stacked_units(x, kwargs, unit_inputs=unit_inputs)
             # One update per moving statistic per step, for all units at once.
             for bn, (means, variances) in new_stats.items():
                 self._stacked[f"{bn}_moving_mean"].assign(means)
@@ -690,16 +684,17 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
             return x, unit_inputs
         return x
 
-    def _stacked_units(self, x, kwargs, unit_inputs=None):
-        """Runs the stacked units; returns (x, {bn: (means, variances)})."""
-        n = self.num_stacked
-        # Read each stacked variable once, then slice per unit.
-        slices = {
-            k: ops.unstack(ops.convert_to_tensor(v), num=n, axis=0)
-            for k, v in self._stacked.items()
-        }
+    def _stacked_units(self, x, kwargs, stacked=None, unit_inputs=None):
+        """Runs stacked units: all of them, or those of `stacked` (name -> tensor
+        with a leading unit axis). Returns (x, {bn: (means, variances)}), the new
+        moving statistics stacked like the variables; nothing is assigned here."""
+        if stacked is None:
+            stacked = {k: ops.convert_to_tensor(v) for k, v in self._stacked.items()}
+        length = next(iter(stacked.values())).shape[0]
+        # Read each stacked tensor once, then slice per unit.
+        slices = {k: ops.unstack(t, num=length, axis=0) for k, t in stacked.items()}
         new_stats = {}
-        for i in range(n):
+        for i in range(length):
             if unit_inputs is not None:
                 unit_inputs.append(x)
             params = {k: s[i] for k, s in slices.items()}
@@ -722,22 +717,12 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         names = sorted(self._stacked)
         bns = [name[: -len("_moving_mean")] for name, _, kind in
                self.repeat_spec.variable_specs() if kind == "moving_mean"]
-        spec = self.repeat_spec
 
-        def segment(x, *stacked):
-            length = stacked[0].shape[0]
-            slices = [ops.unstack(t, num=length, axis=0) for t in stacked]
-            stats = {bn: ([], []) for bn in bns}
-            for i in range(length):
-                params = {name: s[i] for name, s in zip(names, slices)}
-                x, updates = F.unit_forward(x, params, spec, **kwargs)
-                for bn, (mean, var) in updates.items():
-                    stats[bn][0].append(mean)
-                    stats[bn][1].append(var)
-            out = [x]
-            for bn in bns:
-                out += [ops.stack(stats[bn][0]), ops.stack(stats[bn][1])]
-            return tuple(out)
+        def segment(x, *tensors):
+            # Positional tensors in, a flat tuple out: what every backend's
+            # checkpoint accepts.
+            y, stats = self._stacked_units(x, kwargs, dict(zip(names, tensors)))
+            return (y,) + tuple(t for bn in bns for t in stats[bn])
 
         run = remat_lib.checkpoint(segment)
         stacked = [ops.convert_to_tensor(self._stacked[name]) for name in names]

@@ -1,9 +1,9 @@
 """TensorFlow-only kernels for the training hot path (imported only on that backend).
 
 Measured on 2 CPU cores (TF 2.21, batch 128, 3x3 convs, channels_last): the
-gradient TensorFlow registers for a stride-1 convolution costs 4-8x its forward
-pass (16 channels at 32x32: forward 7.4 ms, forward + backward 44.8 ms), while
-PyTorch's costs 2x (16.0 ms). Both halves of that gradient are themselves
+gradient TensorFlow registers for a stride-1 convolution brings forward + backward to
+6-8x the forward pass (16 channels at 32x32: forward 7.4 ms, forward + backward
+44.8 ms), where PyTorch's is 3x (5.3 ms and 16.0 ms). Both halves of that gradient are themselves
 convolutions that TensorFlow's forward kernel runs much faster:
 
 * the input gradient is the output gradient convolved with the kernel flipped in

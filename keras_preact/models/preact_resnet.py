@@ -20,7 +20,7 @@ from keras_preact.layers.blocks import PreActStage
 from keras_preact.layers.preprocessing import ImageNormalization
 from keras_preact.layers.preprocessing import resolve_preprocessing
 from keras_preact.layers import variants
-from keras_preact.layers.remat import normalize_remat
+from keras_preact.layers.remat import check_remat
 from keras_preact.layers.utils import normalize_data_format
 
 BLOCKS = BLOCK_TYPES
@@ -376,12 +376,7 @@ class PreActResNet(keras.Model):
             conv_bias=conv_bias,
         )
         resolved_preprocessing = resolve_preprocessing(preprocessing)
-        remat = normalize_remat(remat)
-        if remat is not None and unit == "dropout_shortcut":
-            raise ValueError(
-                "`remat` cannot be combined with unit='dropout_shortcut' (a recomputed "
-                f"unit would draw another dropout mask). Received: remat={remat!r}"
-            )
+        remat = check_remat(remat, unit)
         data_format = checked["data_format"]
         channel_axis = -1 if data_format == "channels_last" else 1
 

@@ -13,6 +13,7 @@ Keys follow timm's ``arch.tag`` convention (e.g. ``preact_resnet110.cifar10``).
 
 import functools
 import json
+import os
 from importlib import resources
 
 MANIFEST_FOLDER = "weights"
@@ -172,6 +173,25 @@ def _manifest_files():
     if not folder.is_dir():
         return []
     return sorted((f for f in folder.iterdir() if f.name.endswith(".json")), key=lambda f: f.name)
+
+
+def record_max_diffs(manifest_path, doc, diffs):
+    """Writes the converters' measured max differences into a manifest.
+
+    Args:
+        manifest_path: the manifest's JSON file (written to a temporary file and
+            renamed into place).
+        doc: the manifest as loaded (a dict with "entries").
+        diffs: dict catalog key -> measured max abs difference; stored with two
+            significant digits (the figure is a bound, not a fingerprint).
+    """
+    for key, diff in diffs.items():
+        doc["entries"][key]["converter_max_abs_diff"] = float(f"{diff:.2g}")
+    tmp = manifest_path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, manifest_path)
 
 
 @functools.lru_cache(maxsize=1)
