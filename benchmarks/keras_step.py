@@ -65,7 +65,9 @@ def main(argv=None):
         return x, y
 
     x, y = data(args.warmup)
+    t0 = time.perf_counter()
     model.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0)
+    warmup_s = time.perf_counter() - t0
     x, y = data(args.steps)
     t0 = time.perf_counter()
     model.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0)
@@ -81,6 +83,7 @@ def main(argv=None):
         "images_per_s": args.batch * args.steps / elapsed,
         "s_per_step": elapsed / args.steps,
         "build_s": build_s,
+        "warmup_s": warmup_s,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "macs": kp.count_macs(model),
         "params": kp.count_params(model),

@@ -540,6 +540,10 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         (1, 16, 16, 32)
     """
 
+    # Run a rematerialised stage's equal segments as one backend loop (see
+    # `_remat_stacked_units`); False unrolls them, as a reference for tests.
+    remat_loop = True
+
     def __init__(self, block, filters, units, strides=1, first_shared_preact=None,
                  expansion=4, bottleneck_stride="middle", kernel_initializer="he_normal",
                  kernel_regularizer=None, bn_momentum=BN_MOMENTUM, bn_epsilon=BN_EPSILON,
@@ -726,15 +730,43 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
 
         run = remat_lib.checkpoint(segment)
         stacked = [ops.convert_to_tensor(self._stacked[name]) for name in names]
+        lengths = remat_lib.segment_lengths(self.num_stacked, self.remat)
+        size, count = lengths[0], lengths.count(lengths[0])
         pieces = {bn: ([], []) for bn in bns}
-        start = 0
-        for length in remat_lib.segment_lengths(self.num_stacked, self.remat):
-            out = run(x, *[t[start:start + length] for t in stacked])
-            x = out[0]
+
+        def collect(stats, looped=False):
+            # Statistics of looped segments come as (count, size, channels).
             for j, bn in enumerate(bns):
-                pieces[bn][0].append(out[1 + 2 * j])
-                pieces[bn][1].append(out[2 + 2 * j])
-            start += length
+                for k in (0, 1):
+                    t = stats[2 * j + k]
+                    if looped:
+                        t = ops.reshape(t, (-1,) + tuple(t.shape[2:]))
+                    pieces[bn][k].append(t)
+
+        if count > 1 and self.remat_loop:
+            # The equal segments run as one loop over a (count, size, ...) view of
+            # the stacked variables: the traced graph holds one segment, not
+            # `count` copies (what keeps ResNet-1001's train step small).
+            def body(x, tensors):
+                out = run(x, *tensors)
+                return out[0], out[1:]
+
+            views = [ops.reshape(t[: count * size], (count, size) + tuple(t.shape[1:]))
+                     for t in stacked]
+            x, stats = remat_lib.scan(body, x, views)
+            collect(stats, looped=True)
+            start = count * size
+        else:
+            start = 0
+            for _ in range(count):
+                out = run(x, *[t[start:start + size] for t in stacked])
+                x = out[0]
+                collect(out[1:])
+                start += size
+        if start < self.num_stacked:
+            out = run(x, *[t[start:] for t in stacked])
+            x = out[0]
+            collect(out[1:])
         return x, {
             bn: (ops.concatenate(means, axis=0), ops.concatenate(variances, axis=0))
             for bn, (means, variances) in pieces.items()

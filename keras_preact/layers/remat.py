@@ -18,6 +18,12 @@ The checkpointed function is pure: it returns the new BatchNorm moving statistic
 as outputs instead of assigning them, and the stage assigns them once after the
 forward pass. Recomputation therefore never updates them a second time.
 
+The equal segments run as one loop of the backend (`scan`: `tf.while_loop`,
+`jax.lax.scan`), so a traced training step holds one segment's graph however deep
+the stage is. Measured on ResNet-1001 (TensorFlow, 2 CPU cores, batch 8): with the
+segments unrolled, tracing and optimising the step took minutes and ~3.3 GB; looped,
+the first step takes 37 s and the process peaks at 1.8 GB.
+
 Modes (the `remat` argument of `PreActStage`, `PreActResNet` and the factories):
 
 * ``None`` / ``False``: off (default).
@@ -143,3 +149,64 @@ def _tf_checkpoint(fn):
             "rematerialisation inside tf.function."
         )
     return tf.recompute_grad(fn)
+
+
+def scan(fn, carry, xs):
+    """Runs ``carry, ys = fn(carry, xs[i])`` for every i along the leading axis of
+    `xs` as a loop of the backend, so the traced graph holds one body, whatever
+    the length.
+
+    Args:
+        fn: ``fn(carry, slices) -> (carry, ys)``: `carry` a tensor, `slices` a tuple
+            of tensors (one leading-axis slice of each of `xs`), `ys` a tuple of
+            tensors with the same shape and dtype at every step.
+        carry: the initial carry, a tensor.
+        xs: a non-empty tuple of tensors with the same static leading size.
+
+    Returns:
+        ``(carry, ys)``: the final carry and `ys` stacked along a new leading axis.
+
+    The loop is `tf.while_loop` on TensorFlow and `jax.lax.scan` on JAX; elsewhere
+    (PyTorch, which traces nothing) a Python loop. Both compiled loops are
+    differentiable, including through a `checkpoint`-ed `fn`.
+    """
+    xs = tuple(xs)
+    length = int(xs[0].shape[0])
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.lax.scan(lambda c, s: fn(c, tuple(s)), carry, xs)
+    if backend == "tensorflow":
+        return _tf_scan(fn, carry, xs, length)
+    ys_steps = []
+    for i in range(length):
+        carry, ys = fn(carry, tuple(x[i] for x in xs))
+        ys_steps.append(ys)
+    return carry, tuple(keras.ops.stack(list(y), axis=0) for y in zip(*ys_steps))
+
+
+def _tf_scan(fn, carry, xs, length):
+    import tensorflow as tf
+
+    # Trace the body once outside the loop to learn what it returns (shapes and
+    # dtypes of `ys`) without running it: a FuncGraph is discarded afterwards.
+    specs = tf.function(fn).get_concrete_function(
+        tf.TensorSpec.from_tensor(carry),
+        tuple(tf.TensorSpec(x.shape[1:], x.dtype) for x in xs),
+    ).structured_outputs[1]
+    xs_ta = [
+        tf.TensorArray(x.dtype, size=length, element_shape=x.shape[1:]).unstack(x)
+        for x in xs
+    ]
+    ys_ta = [tf.TensorArray(s.dtype, size=length, element_shape=s.shape) for s in specs]
+
+    def body(i, c, *tas):
+        c, ys = fn(c, tuple(ta.read(i) for ta in xs_ta))
+        return (i + 1, c) + tuple(ta.write(i, y) for ta, y in zip(tas, ys))
+
+    out = tf.while_loop(
+        lambda i, *_: i < length, body, (tf.constant(0), carry) + tuple(ys_ta),
+        parallel_iterations=1,
+    )
+    return out[1], tuple(ta.stack() for ta in out[2:])
