@@ -531,8 +531,9 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
             "segment" (segments of ceil(sqrt(n)) units), "unit" (one unit a
             segment) or an int (units per segment). Outputs, gradients and moving
             statistics are those of the plain path; the backward pass recomputes
-            each segment instead of keeping its activations. Not with
-            unit="dropout_shortcut".
+            each segment instead of keeping its activations. The equal segments
+            run as one loop of the backend, so the traced training step does not
+            grow with depth. Not with unit="dropout_shortcut".
 
     Example:
         >>> stage = PreActStage("basic", 32, units=18, strides=2)
@@ -753,7 +754,10 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
 
             views = [ops.reshape(t[: count * size], (count, size) + tuple(t.shape[1:]))
                      for t in stacked]
-            x, stats = remat_lib.scan(body, x, views)
+            # The new statistics are shaped like the old ones.
+            stats_like = [views[names.index(f"{bn}_moving_{field}")]
+                          for bn in bns for field in ("mean", "variance")]
+            x, stats = remat_lib.scan(body, x, views, stats_like)
             collect(stats, looped=True)
             start = count * size
         else:

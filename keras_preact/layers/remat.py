@@ -151,7 +151,7 @@ def _tf_checkpoint(fn):
     return tf.recompute_grad(fn)
 
 
-def scan(fn, carry, xs):
+def scan(fn, carry, xs, ys_like):
     """Runs ``carry, ys = fn(carry, xs[i])`` for every i along the leading axis of
     `xs` as a loop of the backend, so the traced graph holds one body, whatever
     the length.
@@ -162,6 +162,9 @@ def scan(fn, carry, xs):
             tensors with the same shape and dtype at every step.
         carry: the initial carry, a tensor.
         xs: a non-empty tuple of tensors with the same static leading size.
+        ys_like: a tuple of tensors with the shapes and dtypes of the stacked `ys`
+            (TensorFlow allocates the outputs from them; only their shapes and
+            dtypes are read).
 
     Returns:
         ``(carry, ys)``: the final carry and `ys` stacked along a new leading axis.
@@ -178,7 +181,7 @@ def scan(fn, carry, xs):
 
         return jax.lax.scan(lambda c, s: fn(c, tuple(s)), carry, xs)
     if backend == "tensorflow":
-        return _tf_scan(fn, carry, xs, length)
+        return _tf_scan(fn, carry, xs, tuple(ys_like), length)
     ys_steps = []
     for i in range(length):
         carry, ys = fn(carry, tuple(x[i] for x in xs))
@@ -186,20 +189,15 @@ def scan(fn, carry, xs):
     return carry, tuple(keras.ops.stack(list(y), axis=0) for y in zip(*ys_steps))
 
 
-def _tf_scan(fn, carry, xs, length):
+def _tf_scan(fn, carry, xs, ys_like, length):
     import tensorflow as tf
 
-    # Trace the body once outside the loop to learn what it returns (shapes and
-    # dtypes of `ys`) without running it: a FuncGraph is discarded afterwards.
-    specs = tf.function(fn).get_concrete_function(
-        tf.TensorSpec.from_tensor(carry),
-        tuple(tf.TensorSpec(x.shape[1:], x.dtype) for x in xs),
-    ).structured_outputs[1]
     xs_ta = [
         tf.TensorArray(x.dtype, size=length, element_shape=x.shape[1:]).unstack(x)
         for x in xs
     ]
-    ys_ta = [tf.TensorArray(s.dtype, size=length, element_shape=s.shape) for s in specs]
+    ys_ta = [tf.TensorArray(y.dtype, size=length, element_shape=y.shape[1:])
+             for y in ys_like]
 
     def body(i, c, *tas):
         c, ys = fn(c, tuple(ta.read(i) for ta in xs_ta))
