@@ -329,6 +329,61 @@ def test_looped_train_step_graph_does_not_grow_with_depth():
     assert large < unrolled_large / 3, (large, unrolled_large)
 
 
+@pytest.mark.multibackend
+def test_remat_in_mixed_precision_matches_plain():
+    """mixed_float16: float16 activations through the looped segments, float32
+    moving statistics out of them."""
+    keras.mixed_precision.set_global_policy("mixed_float16")  # conftest restores it
+    x = _images()
+    plain, rem = _twins(lambda r: _model("bottleneck", r, stage_blocks=(5, 3)), "unit")
+    np.testing.assert_allclose(to_numpy(rem(x, training=True)).astype("float32"),
+                               to_numpy(plain(x, training=True)).astype("float32"),
+                               atol=2e-2)
+    for va, vb in zip(plain.non_trainable_weights, rem.non_trainable_weights):
+        assert str(vb.dtype) == "float32", vb.path
+        np.testing.assert_allclose(to_numpy(vb), to_numpy(va), atol=2e-3, err_msg=vb.path)
+
+
+_MIRRORED_SCRIPT = """
+import numpy as np, tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras, keras_preact as kp
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+x = np.random.RandomState(0).randn(8, 8, 8, 3).astype("float32")
+y = np.arange(8) % 5
+weights = []
+for remat in (None, "unit"):
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = kp.PreActResNet(block="basic", stage_blocks=(4,), stage_filters=(8,),
+                                stage_strides=(1,), stem_filters=8, input_shape=(8, 8, 3),
+                                classes=5, remat=remat)
+        model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+                      loss="sparse_categorical_crossentropy")
+    if weights:
+        model.set_weights(weights[0])
+    start = model.get_weights()
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    weights.append(start)
+    weights.append(model.get_weights())
+assert not np.allclose(weights[1][0], weights[0][0])
+diff = max(float(np.abs(a - b).max()) for a, b in zip(weights[1], weights[3]))
+print("MAXDIFF", diff)
+"""
+
+
+def test_remat_under_mirrored_strategy_matches_plain():
+    """Two replicas (logical CPUs) of MirroredStrategy: the rematerialised, looped
+    model trains to the plain model's weights and moving statistics."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("tf.distribute")
+    proc = run_python(_MIRRORED_SCRIPT, timeout=300, env={"KERAS_BACKEND": "tensorflow"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    diff = float(re.search(r"MAXDIFF (\S+)", proc.stdout).group(1))
+    assert diff < 1e-5, diff
+
+
 # --- configuration, saving, errors --------------------------------------------
 @pytest.mark.multibackend
 def test_config_round_trip():
