@@ -29,6 +29,9 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=None, help="TF intra-op threads (inter-op 1)")
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--model-kwargs", default="{}", help="JSON of extra factory arguments")
+    p.add_argument("--unrolled", action="store_true",
+                   help="unroll the stacked units of every stage in training (no backend "
+                        "loop: PreActStage.remat_loop = False), the reference for the loop")
     args = p.parse_args(argv)
 
     import keras
@@ -46,6 +49,10 @@ def main(argv=None):
     import keras_preact as kp
     from keras_preact.training import CoupledSGD
 
+    if args.unrolled:
+        from keras_preact.layers import PreActStage
+
+        PreActStage.remat_loop = False
     keras.utils.set_random_seed(0)
     t0 = time.perf_counter()
     model = kp.get_model(args.model, input_shape=(args.image_size, args.image_size, 3),
@@ -78,6 +85,7 @@ def main(argv=None):
         "batch": args.batch,
         "precision": args.precision,
         "jit_compile": bool(args.jit_compile),
+        "unrolled": bool(args.unrolled),
         "threads": args.threads,
         "steps": args.steps,
         "images_per_s": args.batch * args.steps / elapsed,

@@ -296,13 +296,14 @@ def test_looped_segments_equal_unrolled_segments(block):
                                    to_numpy(unrolled(x, training=True)), atol=1e-5)
 
 
-def _train_step_graph_nodes(units, loop):
-    """Nodes of a traced TF gradient step of one rematerialised stage, counting the
-    functions it calls (the loop body, the recomputed segment)."""
+def _train_step_graph_nodes(units, loop, remat=2):
+    """Nodes of a traced TF gradient step of one stage, counting the functions it
+    calls (the loop body, the recomputed segment)."""
     import tensorflow as tf
 
-    stage = PreActStage("basic", 8, units=units, remat=2)
+    stage = PreActStage("basic", 8, units=units, remat=remat)
     stage.remat_loop = loop
+    stage.plain_loop_min_units = 2
     stage.build((2, 4, 4, 8))
 
     @tf.function
@@ -327,6 +328,43 @@ def test_looped_train_step_graph_does_not_grow_with_depth():
     unrolled_large = _train_step_graph_nodes(41, False)
     assert unrolled_large > 3 * unrolled_small, (unrolled_small, unrolled_large)
     assert large < unrolled_large / 3, (large, unrolled_large)
+    # Without remat, a stage from `plain_loop_min_units` stacked units on loops too.
+    plain_small = _train_step_graph_nodes(11, True, remat=None)
+    plain_large = _train_step_graph_nodes(41, True, remat=None)
+    assert plain_large == plain_small, (plain_small, plain_large)
+    assert _train_step_graph_nodes(41, False, remat=None) > 3 * plain_large
+
+
+@pytest.mark.multibackend
+@pytest.mark.parametrize("block", ["basic", "bottleneck"])
+def test_plain_training_loop_equals_unrolled_units(block):
+    """Without remat, a very deep stage (`plain_loop_min_units`, lowered here to 2)
+    trains its stacked units as a loop of one unit an iteration: outputs, gradients
+    and moving statistics equal the unrolled units'. Inference stays unrolled."""
+    filters = 8 if block == "basic" else 16
+    x = _images(n=4, size=6, channels=filters, seed=10)
+    w = np.random.RandomState(11).randn(4, 6, 6, filters).astype("float32")
+
+    def make(loop):
+        stage = PreActStage(block, filters, units=6, bn_momentum=0.6, name="stage")
+        stage.remat_loop = loop
+        stage.plain_loop_min_units = 2
+        stage.build(x.shape)
+        return stage
+
+    unrolled = make(False)
+    _randomize(unrolled, seed=12)
+    looped = make(True)
+    looped.set_weights(unrolled.get_weights())
+    g_unrolled = _grads_and_step(unrolled, x, w)
+    g_looped = _grads_and_step(looped, x, w)
+    for v, a, b in zip(unrolled.trainable_variables, g_unrolled, g_looped):
+        assert np.any(a), v.path
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=2e-6 * np.abs(a).max(),
+                                   err_msg=v.path)
+    _assert_same_weights(unrolled, looped, 1e-6, "after one step")
+    np.testing.assert_allclose(to_numpy(looped(x, training=False)),
+                               to_numpy(unrolled(x, training=False)), atol=1e-5)
 
 
 @pytest.mark.multibackend

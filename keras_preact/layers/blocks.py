@@ -533,7 +533,9 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
             statistics are those of the plain path; the backward pass recomputes
             each segment instead of keeping its activations. The equal segments
             run as one loop of the backend, so the traced training step does not
-            grow with depth. Not with unit="dropout_shortcut".
+            grow with depth. Not with unit="dropout_shortcut". Without remat, a
+            stage of at least `plain_loop_min_units` (64) stacked units trains
+            them as a loop too (one unit an iteration); inference is unrolled.
 
     Example:
         >>> stage = PreActStage("basic", 32, units=18, strides=2)
@@ -541,9 +543,15 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         (1, 16, 16, 32)
     """
 
-    # Run a rematerialised stage's equal segments as one backend loop (see
-    # `_remat_stacked_units`); False unrolls them, as a reference for tests.
+    # Run a rematerialised stage's equal segments (and a very deep plain stage's
+    # units, below) as one backend loop (see `_remat_stacked_units`); False unrolls
+    # them, as a reference for tests and benchmarks.
     remat_loop = True
+    # Without remat, a training call runs the stacked units as a backend loop (one
+    # unit an iteration) from this many stacked units on: the 1000-layer models
+    # (110 and 200 stacked units a stage), whose unrolled training step takes
+    # minutes and gigabytes to trace. Shallower stages stay unrolled.
+    plain_loop_min_units = 64
 
     def __init__(self, block, filters, units, strides=1, first_shared_preact=None,
                  expansion=4, bottleneck_stride="middle", kernel_initializer="he_normal",
@@ -674,6 +682,9 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
             kwargs = self._run_kwargs(training)
             if self.remat is not None and kwargs["training"] and not return_unit_inputs:
                 x, new_stats = self._remat_stacked_units(x, kwargs)
+            elif (kwargs["training"] and not return_unit_inputs and self.remat_loop
+                  and self.num_stacked >= self.plain_loop_min_units):
+                x, new_stats = self._remat_stacked_units(x, kwargs, checkpointed=False)
             else:
                 x, new_stats = self._stacked_units(x, kwargs, unit_inputs=unit_inputs)
             # One update per moving statistic per step, for all units at once.
@@ -711,8 +722,10 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
             for bn, stats in new_stats.items()
         }
 
-    def _remat_stacked_units(self, x, kwargs):
-        """`_stacked_units` in checkpointed segments (`keras_preact.layers.remat`).
+    def _remat_stacked_units(self, x, kwargs, checkpointed=True):
+        """`_stacked_units` in checkpointed segments (`keras_preact.layers.remat`);
+        with ``checkpointed=False``, in plain segments of one unit (the looped
+        training path of very deep stages).
 
         Each segment is a pure function of its input and its slice of the stacked
         variables. It returns its output and its units' new moving statistics, which
@@ -729,9 +742,10 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
             y, stats = self._stacked_units(x, kwargs, dict(zip(names, tensors)))
             return (y,) + tuple(t for bn in bns for t in stats[bn])
 
-        run = remat_lib.checkpoint(segment)
+        run = remat_lib.checkpoint(segment) if checkpointed else segment
         stacked = [ops.convert_to_tensor(self._stacked[name]) for name in names]
-        lengths = remat_lib.segment_lengths(self.num_stacked, self.remat)
+        lengths = remat_lib.segment_lengths(self.num_stacked,
+                                            self.remat if checkpointed else "unit")
         size, count = lengths[0], lengths.count(lengths[0])
         pieces = {bn: ([], []) for bn in bns}
 
