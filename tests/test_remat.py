@@ -263,6 +263,25 @@ def test_stage_moving_statistics_updated_once_per_step(block, remat):
     _assert_same_weights(plain, rem, 1e-6, "stage after one step")
 
 
+def _assert_looped_equals_unrolled(make, x, w, what):
+    """`make(loop)` builds a stage; the looped one (loop=True) must train like the
+    unrolled one: equal gradients, moving statistics and outputs after one step."""
+    unrolled = make(False)
+    _randomize(unrolled, seed=9)
+    looped = make(True)
+    looped.set_weights(unrolled.get_weights())
+    g_unrolled = _grads_and_step(unrolled, x, w)
+    g_looped = _grads_and_step(looped, x, w)
+    for v, a, b in zip(unrolled.trainable_variables, g_unrolled, g_looped):
+        assert np.any(a), v.path
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=2e-6 * np.abs(a).max(),
+                                   err_msg=f"{what}: {v.path}")
+    _assert_same_weights(unrolled, looped, 1e-6, f"{what}, after one step")
+    for training in (True, False):
+        np.testing.assert_allclose(to_numpy(looped(x, training=training)),
+                                   to_numpy(unrolled(x, training=training)), atol=1e-5)
+
+
 @pytest.mark.multibackend
 @pytest.mark.parametrize("block", ["basic", "bottleneck"])
 def test_looped_segments_equal_unrolled_segments(block):
@@ -281,19 +300,7 @@ def test_looped_segments_equal_unrolled_segments(block):
             stage.build(x.shape)
             return stage
 
-        unrolled = make(False)
-        _randomize(unrolled, seed=9)
-        looped = make(True)
-        looped.set_weights(unrolled.get_weights())
-        g_unrolled = _grads_and_step(unrolled, x, w)
-        g_looped = _grads_and_step(looped, x, w)
-        for v, a, b in zip(unrolled.trainable_variables, g_unrolled, g_looped):
-            assert np.any(a), v.path
-            np.testing.assert_allclose(b, a, rtol=1e-5, atol=2e-6 * np.abs(a).max(),
-                                       err_msg=f"remat={remat!r}: {v.path}")
-        _assert_same_weights(unrolled, looped, 1e-6, f"remat={remat!r}, after one step")
-        np.testing.assert_allclose(to_numpy(looped(x, training=True)),
-                                   to_numpy(unrolled(x, training=True)), atol=1e-5)
+        _assert_looped_equals_unrolled(make, x, w, f"remat={remat!r}")
 
 
 def _train_step_graph_nodes(units, loop, remat=2):
@@ -352,19 +359,7 @@ def test_plain_training_loop_equals_unrolled_units(block):
         stage.build(x.shape)
         return stage
 
-    unrolled = make(False)
-    _randomize(unrolled, seed=12)
-    looped = make(True)
-    looped.set_weights(unrolled.get_weights())
-    g_unrolled = _grads_and_step(unrolled, x, w)
-    g_looped = _grads_and_step(looped, x, w)
-    for v, a, b in zip(unrolled.trainable_variables, g_unrolled, g_looped):
-        assert np.any(a), v.path
-        np.testing.assert_allclose(b, a, rtol=1e-5, atol=2e-6 * np.abs(a).max(),
-                                   err_msg=v.path)
-    _assert_same_weights(unrolled, looped, 1e-6, "after one step")
-    np.testing.assert_allclose(to_numpy(looped(x, training=False)),
-                               to_numpy(unrolled(x, training=False)), atol=1e-5)
+    _assert_looped_equals_unrolled(make, x, w, "plain loop")
 
 
 @pytest.mark.multibackend
