@@ -62,8 +62,12 @@ def _twins(make, remat, seed=0):
     return plain, rem
 
 
-def _grads_and_step(layer, x, w):
+def _grads_and_step(layer, x, w, tf_graph=None):
     """One training-mode forward pass and its backward pass, on any backend.
+
+    `tf_graph` (TensorFlow only): None runs the tape eagerly, "graph" inside a
+    `tf.function` (where `tf.while_loop` is a real loop with its own gradient),
+    "xla" inside a `tf.function(jit_compile=True)`.
 
     Returns the gradients of sum(layer(x) * w) for `layer.trainable_variables`, and
     leaves the moving statistics as the training call updated them (the backward
@@ -73,9 +77,14 @@ def _grads_and_step(layer, x, w):
     if backend == "tensorflow":
         import tensorflow as tf
 
-        with tf.GradientTape() as tape:
-            loss = ops.sum(layer(x, training=True) * w)
-        grads = tape.gradient(loss, layer.trainable_variables)
+        def step(x, w):
+            with tf.GradientTape() as tape:
+                loss = ops.sum(layer(x, training=True) * w)
+            return tape.gradient(loss, layer.trainable_variables)
+
+        if tf_graph is not None:
+            step = tf.function(step, jit_compile=tf_graph == "xla")
+        grads = step(tf.constant(x), tf.constant(w))
     elif backend == "torch":
         loss = ops.sum(layer(ops.convert_to_tensor(x), training=True) * ops.convert_to_tensor(w))
         loss.backward()
@@ -263,15 +272,17 @@ def test_stage_moving_statistics_updated_once_per_step(block, remat):
     _assert_same_weights(plain, rem, 1e-6, "stage after one step")
 
 
-def _assert_looped_equals_unrolled(make, x, w, what):
+def _assert_looped_equals_unrolled(make, x, w, what, tf_graph="graph"):
     """`make(loop)` builds a stage; the looped one (loop=True) must train like the
-    unrolled one: equal gradients, moving statistics and outputs after one step."""
+    unrolled one: equal gradients, moving statistics and outputs after one step.
+    On TensorFlow the looped step runs as a graph (`tf_graph`), where the loop is a
+    real `tf.while_loop`; the unrolled reference runs eagerly."""
     unrolled = make(False)
     _randomize(unrolled, seed=9)
     looped = make(True)
     looped.set_weights(unrolled.get_weights())
     g_unrolled = _grads_and_step(unrolled, x, w)
-    g_looped = _grads_and_step(looped, x, w)
+    g_looped = _grads_and_step(looped, x, w, tf_graph=tf_graph)
     for v, a, b in zip(unrolled.trainable_variables, g_unrolled, g_looped):
         assert np.any(a), v.path
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=2e-6 * np.abs(a).max(),
@@ -362,6 +373,42 @@ def test_plain_training_loop_equals_unrolled_units(block):
     _assert_looped_equals_unrolled(make, x, w, "plain loop")
 
 
+def test_looped_stage_gradients_under_xla():
+    """jit_compile=True: XLA needs the loop's gradient buffers to have a fixed size
+    (`maximum_iterations`); the looped remat and plain stages compile and match."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("TensorFlow's XLA path; JAX always compiles its scan")
+    x = _images(n=4, size=6, channels=8, seed=13)
+    w = np.random.RandomState(14).randn(4, 6, 6, 8).astype("float32")
+    for remat in (2, None):
+        def make(loop):
+            stage = PreActStage("basic", 8, units=6, bn_momentum=0.6, remat=remat,
+                                name="stage")
+            stage.remat_loop = loop
+            stage.plain_loop_min_units = 2
+            stage.build(x.shape)
+            return stage
+
+        _assert_looped_equals_unrolled(make, x, w, f"xla, remat={remat!r}", tf_graph="xla")
+
+
+@pytest.mark.multibackend
+def test_no_loop_with_synchronized_bn_or_dropout():
+    """Synchronized BatchNorm (a cross-replica all-reduce) and dropout (a seed
+    generator) cannot run inside a loop body: such stages stay unrolled."""
+    assert PreActStage("basic", 8, units=80).num_stacked >= PreActStage.plain_loop_min_units
+    assert PreActStage("basic", 8, units=80)._loopable()
+    if keras.backend.backend() == "tensorflow":  # synchronized BN is TensorFlow's
+        assert not PreActStage("basic", 8, units=80, synchronized=True)._loopable()
+    assert not PreActStage("basic", 8, units=80, unit="dropout_shortcut")._loopable()
+    # And the stage still trains like the plain, unrolled one.
+    x = _images(n=4, size=6, channels=8, seed=15)
+    stage = PreActStage("basic", 8, units=4, unit="dropout_shortcut", seed=3)
+    stage.plain_loop_min_units = 2
+    stage.build(x.shape)
+    assert stage(x, training=True).shape == x.shape
+
+
 @pytest.mark.multibackend
 def test_remat_in_mixed_precision_matches_plain():
     """mixed_float16: float16 activations through the looped segments, float32
@@ -375,6 +422,16 @@ def test_remat_in_mixed_precision_matches_plain():
     for va, vb in zip(plain.non_trainable_weights, rem.non_trainable_weights):
         assert str(vb.dtype) == "float32", vb.path
         np.testing.assert_allclose(to_numpy(vb), to_numpy(va), atol=2e-3, err_msg=vb.path)
+    # One fit step each (float16 gradients through the checkpointed loop, loss scaling).
+    start = plain.get_weights()
+    rem.set_weights(start)
+    y = np.arange(8) % 5
+    for model in (plain, rem):
+        model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.05),
+                      loss="sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    assert not np.allclose(to_numpy(plain.trainable_weights[0]), start[0]), "no training"
+    _assert_same_weights(plain, rem, 2e-3, "mixed_float16, after a fit step")
 
 
 _MIRRORED_SCRIPT = """

@@ -682,7 +682,7 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
             kwargs = self._run_kwargs(training)
             if self.remat is not None and kwargs["training"] and not return_unit_inputs:
                 x, new_stats = self._remat_stacked_units(x, kwargs)
-            elif (kwargs["training"] and not return_unit_inputs and self.remat_loop
+            elif (kwargs["training"] and not return_unit_inputs and self._loopable()
                   and self.num_stacked >= self.plain_loop_min_units):
                 x, new_stats = self._remat_stacked_units(x, kwargs, checkpointed=False)
             else:
@@ -722,6 +722,13 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
             for bn, stats in new_stats.items()
         }
 
+    def _loopable(self):
+        """Whether training may run the stacked units as a backend loop. Not with
+        synchronized BatchNorm (its cross-replica all-reduce cannot run inside a
+        `tf.while_loop` under MirroredStrategy) nor with dropout (a seed generator
+        advanced inside a loop body leaks the loop's traced state)."""
+        return self.remat_loop and not self.synchronized and self.seed_generator is None
+
     def _remat_stacked_units(self, x, kwargs, checkpointed=True):
         """`_stacked_units` in checkpointed segments (`keras_preact.layers.remat`);
         with ``checkpointed=False``, in plain segments of one unit (the looped
@@ -758,7 +765,7 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
                         t = ops.reshape(t, (-1,) + tuple(t.shape[2:]))
                     pieces[bn][k].append(t)
 
-        if count > 1 and self.remat_loop:
+        if count > 1 and self._loopable():
             # The equal segments run as one loop over a (count, size, ...) view of
             # the stacked variables: the traced graph holds one segment, not
             # `count` copies (what keeps ResNet-1001's train step small).

@@ -206,5 +206,8 @@ def _tf_scan(fn, carry, xs, ys_like, length):
     out = tf.while_loop(
         lambda i, *_: i < length, body, (tf.constant(0), carry) + tuple(ys_ta),
         parallel_iterations=1,
+        # A known trip count: the gradient's per-iteration buffers get a fixed
+        # size, which XLA (jit_compile=True) requires.
+        maximum_iterations=length,
     )
     return out[1], tuple(ta.stack() for ta in out[2:])
