@@ -24,8 +24,8 @@ EXPORT_EXTRAS = [
 ]
 # Converters of published PyTorch checkpoints; torch pinned to its CPU build.
 TORCH_EXTRAS = ["torch==2.13.0"]
-# The JAX and PyTorch backend passes.
-TEST_EXTRAS = ["pytest>=8", "jax>=0.4.30"] + TORCH_EXTRAS + EXPORT_EXTRAS
+# The JAX and PyTorch backend passes; pytest-xdist runs the test files on every core.
+TEST_EXTRAS = ["pytest>=8", "pytest-xdist>=3.5", "jax>=0.4.30"] + TORCH_EXTRAS + EXPORT_EXTRAS
 
 with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
     LONG_DESCRIPTION = f.read()

@@ -5,6 +5,17 @@ set -u
 cd "$(dirname "$0")/.."
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 
+# Test files run in parallel, one pytest worker per core, at most 4 (PYTEST_WORKERS=1:
+# serially).
+# Much of a test's time is single-threaded tracing, so two workers on two cores finish
+# sooner than one; "loadfile" keeps a file's tests, and its module fixtures, on one worker.
+# At most 4 by default: a worker can hold a few GB while a test builds ResNet-1001.
+workers=${PYTEST_WORKERS:-$(python -c "import os; n = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count(); print(max(1, min(4, n or 1)))")}
+parallel=()
+if [ "$workers" -gt 1 ]; then
+  parallel=(-n "$workers" --dist loadfile)
+fi
+
 status=0
 run() {
   local label=$1; shift
@@ -21,10 +32,10 @@ run() {
   fi
 }
 
-KERAS_BACKEND=tensorflow run "tensorflow" -q --durations=25 "$@"
+KERAS_BACKEND=tensorflow run "tensorflow" -q --durations=25 "${parallel[@]}" "$@"
 # JAX compiles every new shape; a persistent cache makes reruns and subprocesses cheap.
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$PWD/.cache/jax}
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
-KERAS_BACKEND=jax run "jax" -q -m multibackend --durations=10 "$@"
-KERAS_BACKEND=torch run "torch" -q -m multibackend --durations=10 "$@"
+KERAS_BACKEND=jax run "jax" -q -m multibackend --durations=10 "${parallel[@]}" "$@"
+KERAS_BACKEND=torch run "torch" -q -m multibackend --durations=10 "${parallel[@]}" "$@"
 exit $status
