@@ -5,12 +5,15 @@ set -u
 cd "$(dirname "$0")/.."
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 
-# Test files run in parallel, one pytest worker per core, at most 4 (PYTEST_WORKERS=1:
-# serially).
+# Test files run in parallel: one pytest worker per core, at most 4 (a worker can hold a
+# few GB while a test builds ResNet-1001); PYTEST_WORKERS=N overrides, 1 runs serially.
 # Much of a test's time is single-threaded tracing, so two workers on two cores finish
 # sooner than one; "loadfile" keeps a file's tests, and its module fixtures, on one worker.
-# At most 4 by default: a worker can hold a few GB while a test builds ResNet-1001.
 workers=${PYTEST_WORKERS:-$(python -c "import os; n = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count(); print(max(1, min(4, n or 1)))")}
+if ! [[ "$workers" =~ ^[1-9][0-9]*$ ]]; then
+  echo "PYTEST_WORKERS must be a whole number >= 1. Received: '${workers}'" >&2
+  exit 2
+fi
 parallel=()
 if [ "$workers" -gt 1 ]; then
   parallel=(-n "$workers" --dist loadfile)

@@ -549,7 +549,7 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
     remat_loop = True
     # Without remat, a training call runs the stacked units as a backend loop (one
     # unit an iteration) from this many stacked units on: the 1000-layer models
-    # (110 and 200 stacked units a stage), whose unrolled training step takes
+    # (110 and 199 stacked units a stage), whose unrolled training step takes
     # minutes and gigabytes to trace. Shallower stages stay unrolled.
     plain_loop_min_units = 64
 
