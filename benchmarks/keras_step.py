@@ -34,6 +34,7 @@ def main(argv=None):
                         "loop: PreActStage.remat_loop = False), the reference for the loop")
     args = p.parse_args(argv)
 
+    import keras_preact as kp  # first: it turns on TensorFlow's oneDNN kernels (its docstring)
     import keras
 
     backend = keras.backend.backend()
@@ -46,7 +47,6 @@ def main(argv=None):
         keras.mixed_precision.set_global_policy(args.precision)
     import numpy as np
 
-    import keras_preact as kp
     from keras_preact.training import CoupledSGD
 
     if args.unrolled:
@@ -79,6 +79,12 @@ def main(argv=None):
     t0 = time.perf_counter()
     model.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0)
     elapsed = time.perf_counter() - t0
+    kernels = {}
+    if backend == "tensorflow":
+        from keras_preact.layers import tf_kernels
+
+        kernels = {"onednn": tf_kernels.onednn_enabled(),
+                   "fast_conv_grad": tf_kernels.enabled(), "fused_bn": tf_kernels.bn_enabled()}
     print(json.dumps({
         "framework": f"keras-{backend}",
         "model": args.model,
@@ -96,6 +102,7 @@ def main(argv=None):
         "macs": kp.count_macs(model),
         "params": kp.count_params(model),
         "pid": os.getpid(),
+        **kernels,
     }))
     return 0
 

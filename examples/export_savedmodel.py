@@ -30,10 +30,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
+# keras_preact before Keras: it picks TensorFlow's CPU kernels before TensorFlow loads.
+import keras_preact as kp  # noqa: E402  isort: skip
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import keras_preact as kp  # noqa: E402
 from keras_preact import export  # noqa: E402
 
 DIGITS = [str(i) for i in range(10)]

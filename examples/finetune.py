@@ -25,9 +25,9 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# keras_preact before Keras: it picks TensorFlow's CPU kernels before TensorFlow loads.
+import keras_preact as kp  # noqa: E402  isort: skip
 import keras  # noqa: E402
-
-import keras_preact as kp  # noqa: E402
 from keras_preact import data  # noqa: E402
 from keras_preact import finetune  # noqa: E402
 

@@ -14,6 +14,9 @@ import os
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# What `import keras_preact` sets before TensorFlow loads (its oneDNN CPU kernels): the
+# tests import Keras first, so they say it here to run as users do.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 
 def pytest_configure(config):

@@ -177,6 +177,34 @@ def batch_norm(x, params, *, training, momentum, epsilon, channel_axis, synchron
     return ops.cast(y, out_dtype), new_stats
 
 
+def _fused_bn(data_format, synchronized):
+    """Whether training BN + ReLU runs as TensorFlow's fused kernel
+    (`tf_kernels.batch_norm_relu`)."""
+    if keras.backend.backend() != "tensorflow" or synchronized or data_format != "channels_last":
+        return False
+    from keras_preact.layers import tf_kernels
+
+    return tf_kernels.bn_enabled()
+
+
+def _fast_batch_norm_relu(x, params, *, momentum, epsilon):
+    """`batch_norm` (training) + ReLU through `tf_kernels.batch_norm_relu`: the same
+    values to float32 rounding, in fewer passes over the tensor."""
+    from keras_preact.layers import tf_kernels
+
+    out_dtype = x.dtype
+    y, mean, variance = tf_kernels.batch_norm_relu(
+        ops.cast(x, "float32"), ops.cast(params["gamma"], "float32"),
+        ops.cast(params["beta"], "float32"), epsilon,
+    )
+    new_stats = (
+        params["moving_mean"] * momentum + mean * (1.0 - momentum),
+        params["moving_variance"] * momentum + variance * (1.0 - momentum),
+    )
+    # ReLU before the cast: the same values (a cast keeps signs and zeros).
+    return ops.cast(y, out_dtype), new_stats
+
+
 def _fast_conv_grad(kernel_shape, strides, data_format):
     """Whether the TensorFlow-only fast conv gradient applies (`tf_kernels`)."""
     if keras.backend.backend() != "tensorflow":
@@ -265,8 +293,13 @@ def unit_forward(x, params, spec, *, training, momentum, epsilon, data_format, s
     updates = {}
 
     def bn_relu(t, name):
+        bn_params = {f: params[f"{name}_{f}"] for f in BN_FIELDS}
+        if training and _fused_bn(data_format, synchronized):
+            y, stats = _fast_batch_norm_relu(t, bn_params, momentum=momentum, epsilon=epsilon)
+            updates[name] = stats
+            return y
         y, stats = batch_norm(
-            t, {f: params[f"{name}_{f}"] for f in BN_FIELDS}, training=training,
+            t, bn_params, training=training,
             momentum=momentum, epsilon=epsilon, channel_axis=channel_axis,
             synchronized=synchronized,
         )
