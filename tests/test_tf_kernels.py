@@ -177,21 +177,53 @@ def test_model_outputs_and_one_step_gradients_equal_the_unoptimised_path(name, m
         assert err <= 4 * noise + 2e-5, (part, err, noise)
 
 
-@pytest.mark.parametrize("preset,expected", [(None, True), ("0", False)])
-def test_importing_keras_preact_first_turns_on_onednn_unless_told_not_to(preset, expected):
+def _run_python(code, onednn_preset, **env_extra):
+    """Runs `code` in a fresh interpreter with TF_ENABLE_ONEDNN_OPTS unset (None) or set."""
     import os
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
-    if preset is not None:
-        env["TF_ENABLE_ONEDNN_OPTS"] = preset
+    env.update(env_extra)
+    if onednn_preset is not None:
+        env["TF_ENABLE_ONEDNN_OPTS"] = onednn_preset
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+@pytest.mark.parametrize("preset,expected", [(None, True), ("0", False)])
+def test_importing_keras_preact_first_turns_on_onednn_unless_told_not_to(preset, expected):
     code = (
         "import keras_preact\n"
         "from keras_preact.layers import tf_kernels\n"
         "print('ONEDNN', tf_kernels.onednn_enabled())\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=240)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert f"ONEDNN {expected}" in out.stdout
+    assert f"ONEDNN {expected}" in _run_python(code, preset)
+
+
+@pytest.mark.parametrize("preset,warns", [(None, True), ("0", False)])
+def test_training_on_eigen_kernels_warns_once_unless_chosen(preset, warns):
+    """Keras imported first: TensorFlow loads before keras_preact can choose oneDNN."""
+    code = (
+        "import warnings\n"
+        "import keras\n"
+        "import numpy as np\n"
+        "import keras_preact as kp\n"
+        "from keras_preact.layers import tf_kernels\n"
+        "if tf_kernels.onednn_enabled():\n"
+        "    print('ONEDNN ON BY DEFAULT')\n"
+        "m = kp.get_model('preact_resnet20', input_shape=(8, 8, 3), classes=3)\n"
+        "m.compile('sgd', 'sparse_categorical_crossentropy')\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    for _ in range(2):\n"
+        "        m.fit(np.zeros((4, 8, 8, 3)), np.zeros(4), epochs=1, verbose=0)\n"
+        "print('WARNINGS', sum('oneDNN CPU kernels are off' in str(w.message) for w in caught))\n"
+    )
+    stdout = _run_python(code, preset, CUDA_VISIBLE_DEVICES="")
+    if "ONEDNN ON BY DEFAULT" in stdout:  # an AVX-512/AMX CPU: nothing to warn about
+        assert "WARNINGS 0" in stdout
+    else:
+        assert f"WARNINGS {1 if warns else 0}" in stdout, stdout

@@ -180,10 +180,13 @@ def batch_norm(x, params, *, training, momentum, epsilon, channel_axis, synchron
 def _fused_bn(data_format, synchronized):
     """Whether training BN + ReLU runs as TensorFlow's fused kernel
     (`tf_kernels.batch_norm_relu`)."""
-    if keras.backend.backend() != "tensorflow" or synchronized or data_format != "channels_last":
+    if keras.backend.backend() != "tensorflow":
         return False
     from keras_preact.layers import tf_kernels
 
+    tf_kernels.warn_if_onednn_off()  # asked once a training trace: the kernels are chosen now
+    if synchronized or data_format != "channels_last":
+        return False
     return tf_kernels.bn_enabled()
 
 
