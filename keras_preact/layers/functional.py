@@ -144,6 +144,14 @@ class UnitSpec:
         return int(total)
 
 
+def _moving_stats(params, mean, variance, momentum):
+    """The moving averages after one training batch, as Keras' BatchNormalization."""
+    return (
+        params["moving_mean"] * momentum + mean * (1.0 - momentum),
+        params["moving_variance"] * momentum + variance * (1.0 - momentum),
+    )
+
+
 def batch_norm(x, params, *, training, momentum, epsilon, channel_axis, synchronized=False):
     """Batch normalisation with Keras' arithmetic (float32 statistics).
 
@@ -163,10 +171,7 @@ def batch_norm(x, params, *, training, momentum, epsilon, channel_axis, synchron
             mean, variance = ops.moments(xf, axes, synchronized=True)
         else:
             mean, variance = ops.moments(xf, axes)
-        new_stats = (
-            params["moving_mean"] * momentum + mean * (1.0 - momentum),
-            params["moving_variance"] * momentum + variance * (1.0 - momentum),
-        )
+        new_stats = _moving_stats(params, mean, variance, momentum)
     else:
         mean, variance = params["moving_mean"], params["moving_variance"]
         new_stats = None
@@ -200,10 +205,7 @@ def _fast_batch_norm_relu(x, params, *, momentum, epsilon):
         ops.cast(x, "float32"), ops.cast(params["gamma"], "float32"),
         ops.cast(params["beta"], "float32"), epsilon,
     )
-    new_stats = (
-        params["moving_mean"] * momentum + mean * (1.0 - momentum),
-        params["moving_variance"] * momentum + variance * (1.0 - momentum),
-    )
+    new_stats = _moving_stats(params, mean, variance, momentum)
     # ReLU before the cast: the same values (a cast keeps signs and zeros).
     return ops.cast(y, out_dtype), new_stats
 

@@ -63,8 +63,8 @@ _warned_onednn_off = False
 
 def warn_if_onednn_off():
     """Warns once a process when a model trains on TensorFlow's Eigen CPU kernels because
-    TensorFlow was imported before keras_preact could choose oneDNN (roughly half the
-    training speed on an AVX2 CPU). Silent when the user set `TF_ENABLE_ONEDNN_OPTS`
+    TensorFlow was imported before keras_preact could choose oneDNN (1.5-1.9x slower
+    training on an AVX2 CPU). Silent when the user set `TF_ENABLE_ONEDNN_OPTS`
     either way, when oneDNN is on, and when a GPU is visible."""
     global _warned_onednn_off
     if _warned_onednn_off or "TF_ENABLE_ONEDNN_OPTS" in os.environ or onednn_enabled():
@@ -77,7 +77,7 @@ def warn_if_onednn_off():
     warnings.warn(
         "TensorFlow's oneDNN CPU kernels are off in this process (TensorFlow turns them on "
         "by itself only on CPUs with AVX-512/AMX), so keras_preact models train on its "
-        "slower Eigen kernels (about half the speed on an AVX2 CPU). Import keras_preact "
+        "slower Eigen kernels (1.5-1.9x slower training on an AVX2 CPU). Import keras_preact "
         "before keras or tensorflow, or set TF_ENABLE_ONEDNN_OPTS=1 before TensorFlow is "
         "imported; TF_ENABLE_ONEDNN_OPTS=0 keeps the Eigen kernels and silences this.",
         UserWarning,
