@@ -292,8 +292,9 @@ def _assert_looped_equals_unrolled(make, x, w, what, tf_graph="graph"):
                                    err_msg=f"{what}: {v.path}")
     _assert_same_weights(unrolled, looped, 1e-6, f"{what}, after one step")
     for training in (True, False):
+        # rtol too: JAX's scan rounds differently (4.4e-6 relative on a value of 2.3 in CI).
         np.testing.assert_allclose(to_numpy(looped(x, training=training)),
-                                   to_numpy(unrolled(x, training=training)), atol=1e-5)
+                                   to_numpy(unrolled(x, training=training)), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.multibackend
