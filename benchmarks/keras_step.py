@@ -8,6 +8,15 @@ KERAS_BACKEND); uses only NumPy data, so a machine without TensorFlow can run it
         --batch 128 --steps 20 [--precision mixed_bfloat16] [--jit-compile] [--threads 2]
 
 prints one JSON line: images/s, seconds per step, peak resident memory, MACs.
+
+``images_per_s`` is the steady rate of the timed `fit` call's training steps: from the
+first step's start to the last step's end, as a callback sees them (data fetch from the
+iterator included; it runs inside Keras' train function). That is what the PyTorch
+reference times too (its loop of steps). ``call_images_per_s`` is the whole call, which
+adds `fit`'s fixed setup and teardown: with NumPy inputs, Keras' array adapter builds a
+tf.data pipeline whose iterator can take seconds to be destroyed after the last step
+(seen here: 0 s in some runs, 1-5 s in others, whatever the step time), which a run of
+a few steps would otherwise count as training time.
 """
 
 import argparse
@@ -16,6 +25,35 @@ import os
 import resource
 import sys
 import time
+
+
+def step_timer(keras):
+    """A callback that records each training step's start and end (perf_counter)."""
+
+    class StepTimer(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.starts, self.ends = [], []
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.starts.append(time.perf_counter())
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.ends.append(time.perf_counter())
+
+        def summary(self, batch):
+            """Steady images/s (first start to last end), median and slowest step."""
+            if not self.ends:
+                raise RuntimeError("fit ran no training step")
+            steps = [e - s for s, e in zip(self.starts, self.ends)]
+            span = self.ends[-1] - self.starts[0]
+            ordered = sorted(steps)
+            mid = len(ordered) // 2
+            median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+            return {"images_per_s": batch * len(steps) / span, "s_per_step": span / len(steps),
+                    "median_s_per_step": median, "max_s_per_step": ordered[-1]}
+
+    return StepTimer()
 
 
 def main(argv=None):
@@ -33,6 +71,17 @@ def main(argv=None):
                    help="unroll the stacked units of every stage in training (no backend "
                         "loop: PreActStage.remat_loop = False), the reference for the loop")
     args = p.parse_args(argv)
+    for name in ("batch", "steps", "warmup", "image_size"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1. Received: {getattr(args, name)}")
+    if args.threads is not None and args.threads < 1:
+        p.error(f"--threads must be >= 1. Received: {args.threads}")
+    try:
+        model_kwargs = json.loads(args.model_kwargs)
+    except json.JSONDecodeError as e:
+        p.error(f"--model-kwargs must be a JSON object. Received: {args.model_kwargs!r} ({e})")
+    if not isinstance(model_kwargs, dict):
+        p.error(f"--model-kwargs must be a JSON object. Received: {args.model_kwargs!r}")
 
     import keras_preact as kp  # first: it turns on TensorFlow's oneDNN kernels (its docstring)
     import keras
@@ -56,7 +105,7 @@ def main(argv=None):
     keras.utils.set_random_seed(0)
     t0 = time.perf_counter()
     model = kp.get_model(args.model, input_shape=(args.image_size, args.image_size, 3),
-                         classifier_activation=None, **json.loads(args.model_kwargs))
+                         classifier_activation=None, **model_kwargs)
     build_s = time.perf_counter() - t0
     model.compile(
         optimizer=CoupledSGD(learning_rate=0.1, momentum=0.9, l2=1e-4),
@@ -76,9 +125,11 @@ def main(argv=None):
     model.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0)
     warmup_s = time.perf_counter() - t0
     x, y = data(args.steps)
+    timer = step_timer(keras)
     t0 = time.perf_counter()
-    model.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0)
+    model.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0, callbacks=[timer])
     elapsed = time.perf_counter() - t0
+    steady = timer.summary(args.batch)
     kernels = {}
     if backend == "tensorflow":
         from keras_preact.layers import tf_kernels
@@ -94,8 +145,9 @@ def main(argv=None):
         "unrolled": bool(args.unrolled),
         "threads": args.threads,
         "steps": args.steps,
-        "images_per_s": args.batch * args.steps / elapsed,
-        "s_per_step": elapsed / args.steps,
+        **steady,
+        "call_images_per_s": args.batch * args.steps / elapsed,
+        "call_s": elapsed,
         "build_s": build_s,
         "warmup_s": warmup_s,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -1,5 +1,8 @@
 """The benchmark harness: training throughput, peak memory and the PyTorch reference.
 
+Training rates are steady rates of the timed steps on both sides (`keras_step.py`'s
+docstring says why the whole `fit` call is reported beside them, not instead).
+The report names the CPU and its vector features: they decide which kernels run.
 Every case runs in a fresh subprocess (`keras_step.py` or `torch_reference.py`), so
 each peak resident memory figure belongs to one case. Throughput ratios compare cases
 measured in the same invocation, alternating Keras and PyTorch runs so that drift of a
@@ -10,13 +13,16 @@ Suites:
 
 * ``cpu``: ResNet-110 at batch 128 against the PyTorch reference (``--pairs``
   alternating rounds of keras-preact; the same model on the unoptimised path, i.e.
-  TensorFlow's default kernels on this CPU and none of ours, ``TF_ENABLE_ONEDNN_OPTS=0
-  KERAS_PREACT_FAST_CONV_GRAD=0 KERAS_PREACT_FUSED_BN=0``; and PyTorch), the fraction of the fp32
-  matrix-multiply peak that TensorFlow measures on these cores, per-image time against multiply-adds for depths of both
-  block families (basic 20 -> 1202, bottleneck 164 -> 1001), the augmented input
-  pipeline's images/s against the training rate, and ResNet-1001 with
-  rematerialisation: peak memory at batch 128, and per-image time with and without
-  it at a batch that fits (``--parts`` picks a subset).
+  TensorFlow's Eigen kernels (its default on an AVX2-only CPU) and none of ours,
+  ``TF_ENABLE_ONEDNN_OPTS=0 KERAS_PREACT_FAST_CONV_GRAD=0 KERAS_PREACT_FUSED_BN=0``;
+  PyTorch; with ``--bf16`` also keras-preact in mixed bfloat16), the fraction of the
+  fp32 matrix-multiply peak that TensorFlow measures on these cores, per-image time
+  against multiply-adds for depths of both block families (basic 20 -> 1202,
+  bottleneck 164 -> 1001; a family's models take turns step by step in one process), the
+  augmented input pipeline's images/s against the training rate, and ResNet-1001 with
+  rematerialisation: peak memory at batch 128, and per-image time with and without it
+  at a batch that fits (both in one process, taking turns). ``--parts`` picks a
+  subset; ``--max-isa avx2`` caps both sides' kernels at AVX2.
 * ``gpu``: the JAX backend (no TensorFlow needed) in fp32 and mixed precision with
   larger batches, and a projection of the paper's ResNet-1001 schedule
   (64k iterations x 128 images) in hours from the measured images/s.
@@ -42,8 +48,20 @@ UNOPTIMISED_ENV = {"TF_ENABLE_ONEDNN_OPTS": "0", "KERAS_PREACT_FAST_CONV_GRAD": 
 PAPER_1001_IMAGES = 64000 * 128
 
 
+#: --max-isa: caps on the vector instructions of both sides' kernels (oneDNN in
+#: TensorFlow and PyTorch, and PyTorch's own ATen kernels), to measure on an AVX-512 CPU
+#: what an AVX2-only CPU would run. TensorFlow's Eigen kernels are compiled for a fixed
+#: instruction set and are not affected.
+ISA_ENVS = {
+    "native": {},
+    "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
+}
+_CASE_ENV = {}
+
+
 def _run(script, args, *, env=None, timeout=3600):
     full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
+    full_env.update(_CASE_ENV)
     full_env.update(env or {})
     proc = subprocess.run(
         [sys.executable, os.path.join(HERE, script), *map(str, args)],
@@ -112,6 +130,28 @@ print(json.dumps({{"images_per_s": {batch} * {batches} / (time.perf_counter() - 
     return json.loads(proc.stdout.strip().splitlines()[-1])["images_per_s"]
 
 
+def cpu_info():
+    """The CPU's model name and the vector features that decide which kernels run
+    (TensorFlow turns oneDNN on by itself only with AVX-512 or AMX; AVX512_BF16 or AMX
+    give bfloat16 its speed), from /proc/cpuinfo where there is one."""
+    info = {"model": platform.processor() or platform.machine(), "features": []}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return info
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and info["model"] in ("", platform.machine(), platform.processor()):
+            info["model"] = value.strip()
+        if key.strip() == "flags":
+            flags = set(value.split())
+            info["features"] = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16",
+                                            "amx_bf16", "amx_tile") if f in flags]
+            break
+    return info
+
+
 def _median(values):
     values = sorted(v for v in values if v is not None)
     if not values:
@@ -137,7 +177,12 @@ def suite_cpu(args, report):
                 "preact_resnet110", args.batch, args.steps, extra_env=UNOPTIMISED_ENV),
             "torch": lambda: torch_case(110, args.batch, args.steps),
         }
-        ratios, plain_ratios = [], []
+        if args.bf16:
+            # The same model in mixed bfloat16 (not a target: a CPU with AVX512_BF16 or
+            # AMX runs bfloat16 convolutions natively; others emulate them).
+            sides["keras_bf16"] = lambda: keras_case("preact_resnet110", args.batch, args.steps,
+                                                     precision="mixed_bfloat16")
+        ratios, plain_ratios, bf16_ratios = [], [], []
         for i in range(args.pairs):
             order = list(sides) if i % 2 == 0 else list(reversed(list(sides)))
             got = {side: sides[side]() for side in order}
@@ -152,8 +197,16 @@ def suite_cpu(args, report):
             rows.append({"case": f"ResNet-110 b{args.batch} unoptimised (round {i + 1})",
                          **got["keras_unoptimised"], "ratio_over_torch": plain})
             rows.append({"case": f"ResNet-110 b{args.batch} PyTorch ref (round {i + 1})", **got["torch"]})
+            if "keras_bf16" in got:
+                bf16 = (_rate(got["keras_bf16"]) / torch_rate
+                        if _rate(got["keras_bf16"]) and torch_rate else None)
+                bf16_ratios.append(bf16)
+                rows.append({"case": f"ResNet-110 b{args.batch} keras-preact bf16 (round {i + 1})",
+                             **got["keras_bf16"], "ratio_over_torch": bf16})
         report["ratio_keras_over_torch"] = {"rounds": ratios, "median": _median(ratios)}
         report["ratio_unoptimised_over_torch"] = {"rounds": plain_ratios, "median": _median(plain_ratios)}
+        if bf16_ratios:
+            report["ratio_bf16_over_torch_fp32"] = {"rounds": bf16_ratios, "median": _median(bf16_ratios)}
         peak = matmul_peak()
         report["matmul_gflops"] = peak
         if peak:
@@ -167,8 +220,8 @@ def suite_cpu(args, report):
                 return _median(rates) * flop_per_image / (peak * 1e9) if rates else None
 
             report["fraction_of_matmul_peak"] = {
-                "keras-preact": fraction(f"ResNet-110 b{args.batch} keras-preact"),
-                "torch": fraction(f"ResNet-110 b{args.batch} PyTorch ref"),
+                "keras-preact": fraction(f"ResNet-110 b{args.batch} keras-preact (round"),
+                "torch": fraction(f"ResNet-110 b{args.batch} PyTorch ref (round"),
             }
     if "pipeline" in parts:
         rate = pipeline_rate()
@@ -178,19 +231,33 @@ def suite_cpu(args, report):
         if rate and train:
             report["pipeline_over_training"] = rate / train
     if "scaling" in parts:
+        # One process per block family: every model of the family is traced there and
+        # the models take turns step by step (`step_ab.py`), so a slow spell of a shared
+        # machine hits every model alike rather than whichever ran during it.
         scaling = []
-        for model in args.scaling_models:
-            r = keras_case(model, args.scaling_batch, args.scaling_steps, warmup=1)
-            rows.append({"case": f"{model} b{args.scaling_batch} (cost scaling)", **r})
-            if "images_per_s" in r:
-                scaling.append({"model": model, "family": "bottleneck" if model in BOTTLENECK_MODELS
-                                else "basic", "s_per_image": 1 / r["images_per_s"], "macs": r["macs"]})
+        for family in ("basic", "bottleneck"):
+            models = [m for m in args.scaling_models
+                      if (m in BOTTLENECK_MODELS) == (family == "bottleneck")]
+            if not models:
+                continue
+            r = _run("step_ab.py", ["--models", *models, "--batch", args.scaling_batch,
+                                    "--reps", args.scaling_steps])
+            if "error" in r:
+                rows.append({"case": f"{family} family b{args.scaling_batch} (cost scaling)", **r})
+                continue
+            for row in r["rows"]:
+                rows.append({"case": f"{row['model']} b{args.scaling_batch} (scaling)", "images_per_s": row["images_per_s"],
+                             "s_per_step": row["median_s_per_step"], "peak_rss_mb": None,
+                             "macs": row["macs"]})
+                scaling.append({"model": row["model"], "family": family,
+                                "s_per_image": row["ms_per_image"] / 1e3, "macs": row["macs"]})
         report["cost_scaling"] = scaling
         report["cost_scaling_summary"] = scaling_summary(scaling)
     if "memory" in parts:
         # ResNet-1001: at batch 128 with remat (the <= 4 GB target), and per-image time
         # with and without remat at a batch that fits without it.
         mem = {}
+        # Peak memory: a process per case, so that each peak is that case's alone.
         for label, batch, remat in (("remat b128", 128, "segment"),
                                     (f"plain b{args.batch_1001}", args.batch_1001, None),
                                     (f"remat b{args.batch_1001}", args.batch_1001, "segment")):
@@ -198,12 +265,28 @@ def suite_cpu(args, report):
                            model_kwargs={"remat": remat} if remat else None)
             rows.append({"case": f"ResNet-1001 {label}", **r})
             mem[label] = r
-        plain, remat = mem[f"plain b{args.batch_1001}"], mem[f"remat b{args.batch_1001}"]
+        # Time with remat against without: both traced in one process, steps taking
+        # turns (`step_ab.py`), so that the machine's drift hits both alike. The plain
+        # model comes first: the first rematerialised stage turns Grappler's model
+        # pruning off for the process, after the plain step was optimised with it on.
+        ab = _run("step_ab.py", ["--models", "preact_resnet1001",
+                                 'preact_resnet1001{"remat": "segment"}',
+                                 "--batch", args.batch_1001, "--reps", args.memory_reps])
+        ratio = None
+        if "error" in ab:
+            rows.append({"case": "ResNet-1001 remat time A/B", **ab})
+        else:
+            plain_row, remat_row = ab["rows"]
+            ratio = remat_row["median_s_per_step"] / plain_row["median_s_per_step"]
+            for label, row in (("plain", plain_row), ("remat", remat_row)):
+                rows.append({"case": f"ResNet-1001 {label} b{args.batch_1001} (in-process turns)",
+                             "images_per_s": row["images_per_s"],
+                             "s_per_step": row["median_s_per_step"], "peak_rss_mb": None})
         report["resnet1001"] = {
             "peak_rss_mb_b128_remat": mem["remat b128"].get("peak_rss_mb"),
-            "remat_time_ratio": (_rate(plain) / _rate(remat)) if _rate(plain) and _rate(remat) else None,
-            f"peak_rss_mb_b{args.batch_1001}_plain": plain.get("peak_rss_mb"),
-            f"peak_rss_mb_b{args.batch_1001}_remat": remat.get("peak_rss_mb"),
+            "remat_time_ratio": ratio,
+            f"peak_rss_mb_b{args.batch_1001}_plain": mem[f"plain b{args.batch_1001}"].get("peak_rss_mb"),
+            f"peak_rss_mb_b{args.batch_1001}_remat": mem[f"remat b{args.batch_1001}"].get("peak_rss_mb"),
         }
         if _rate(mem["remat b128"]):
             report["resnet1001_schedule_hours"] = {
@@ -215,16 +298,21 @@ BOTTLENECK_MODELS = {"preact_resnet164", "preact_resnet272", "preact_resnet542",
 
 
 def scaling_summary(scaling):
-    """Per family: time per MAC of each depth relative to the family's shallowest, and
-    the cross-family ratio of the medians."""
+    """Per family: time per MAC of each depth relative to the family's shallowest, the
+    family's median picoseconds per MAC, and how far the family is from proportional
+    to its MACs at the best constant (the midpoint of its fastest and slowest time per
+    MAC: the largest relative deviation is then (max - min) / (max + min)); and the
+    cross-family ratio of the medians."""
     out = {}
     for family in ("basic", "bottleneck"):
         rows = [r for r in scaling if r["family"] == family]
         if not rows:
             continue
-        base = rows[0]["s_per_image"] / rows[0]["macs"]
-        out[family] = {r["model"]: (r["s_per_image"] / r["macs"]) / base for r in rows}
-        out[family + "_ps_per_mac"] = _median([r["s_per_image"] / r["macs"] * 1e12 for r in rows])
+        per_mac = [r["s_per_image"] / r["macs"] for r in rows]
+        out[family] = {r["model"]: v / per_mac[0] for r, v in zip(rows, per_mac)}
+        out[family + "_ps_per_mac"] = _median([v * 1e12 for v in per_mac])
+        out[family + "_max_deviation_from_proportional"] = (
+            (max(per_mac) - min(per_mac)) / (max(per_mac) + min(per_mac)))
     if "basic_ps_per_mac" in out and "bottleneck_ps_per_mac" in out:
         out["bottleneck_over_basic_ps_per_mac"] = out["bottleneck_ps_per_mac"] / out["basic_ps_per_mac"]
     return out
@@ -254,13 +342,24 @@ def suite_quick(args, report):
 
 
 def print_table(report):
-    print(f"{'case':46s} {'img/s':>9s} {'s/step':>8s} {'peak MB':>9s}")
+    machine = report.get("machine", {})
+    cpu = machine.get("cpu", {})
+    print(f"machine: {cpu.get('model', '?')}, {machine.get('cpus', '?')} CPUs, "
+          f"features {' '.join(cpu.get('features', [])) or '?'}, "
+          f"kernels capped at: {machine.get('max_isa', 'native')}")
+    # img/s: the steady rate of the training steps; call img/s: the whole fit call,
+    # setup and teardown included (keras_step.py's docstring).
+    print(f"{'case':46s} {'img/s':>9s} {'s/step':>8s} {'call img/s':>10s} {'peak MB':>9s}")
     for r in report["rows"]:
         if "error" in r:
             print(f"{r['case']:46s} error: {r['error']}")
             continue
-        print(f"{r['case']:46s} {r['images_per_s']:9.1f} {r['s_per_step']:8.3f} {r['peak_rss_mb']:9.0f}")
-    for key in ("ratio_keras_over_torch", "ratio_unoptimised_over_torch", "matmul_gflops",
+        call = r.get("call_images_per_s")
+        call = f"{call:10.1f}" if call else f"{'-':>10s}"
+        peak = f"{r['peak_rss_mb']:9.0f}" if r.get("peak_rss_mb") else f"{'-':>9s}"
+        print(f"{r['case']:46s} {r['images_per_s']:9.1f} {r['s_per_step']:8.3f} {call} {peak}")
+    for key in ("ratio_keras_over_torch", "ratio_unoptimised_over_torch",
+                "ratio_bf16_over_torch_fp32", "matmul_gflops",
                 "fraction_of_matmul_peak", "pipeline_images_per_s", "pipeline_over_training",
                 "cost_scaling_summary", "resnet1001", "resnet1001_schedule_hours"):
         if key in report:
@@ -276,21 +375,37 @@ def main(argv=None):
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--bf16", action="store_true",
+                   help="cpu speed rounds: also keras-preact in mixed_bfloat16")
     p.add_argument("--parts", nargs="*", default=["speed", "pipeline", "scaling", "memory"],
                    help="cpu suite parts to run")
     p.add_argument("--scaling-models", nargs="*",
                    default=["preact_resnet20", "preact_resnet56", "preact_resnet110",
                             "preact_resnet1202", "preact_resnet164", "preact_resnet1001"])
     p.add_argument("--scaling-batch", type=int, default=32)
-    p.add_argument("--scaling-steps", type=int, default=4)
+    p.add_argument("--scaling-steps", type=int, default=8,
+                   help="timed steps of each scaling model (they take turns; medians)")
     p.add_argument("--batch-1001", type=int, default=32)
-    p.add_argument("--steps-1001", type=int, default=2)
+    p.add_argument("--steps-1001", type=int, default=4)
+    p.add_argument("--memory-reps", type=int, default=6,
+                   help="timed steps each of ResNet-1001 plain and remat at --batch-1001, "
+                        "taking turns in one process")
+    p.add_argument("--max-isa", choices=tuple(ISA_ENVS), default="native",
+                   help="cap the kernels' vector instructions on both sides (avx2: what an "
+                        "AVX2-only CPU runs, measured on a newer one)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    _CASE_ENV.clear()
+    _CASE_ENV.update(ISA_ENVS[args.max_isa])
+    for name in ("pairs", "batch", "steps", "scaling_batch", "scaling_steps",
+                 "batch_1001", "steps_1001", "memory_reps"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1. Received: {getattr(args, name)}")
     report = {
         "suite": args.suite,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "python": platform.python_version()},
+                    "python": platform.python_version(), "cpu": cpu_info(),
+                    "max_isa": args.max_isa},
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "rows": [],
     }

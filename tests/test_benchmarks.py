@@ -1,0 +1,145 @@
+"""The benchmark harness's own arithmetic and reporting (not its figures: CI does not
+time anything)."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+
+BENCH = os.path.join(REPO, "benchmarks")
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(BENCH, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _keras_step(*args, timeout=300):
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
+    return subprocess.run([sys.executable, os.path.join(BENCH, "keras_step.py"), *args],
+                          env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def test_keras_step_reports_the_steady_rate_and_the_whole_call():
+    proc = _keras_step("--model", "preact_resnet20", "--batch", "4", "--steps", "3",
+                       "--warmup", "1", "--image-size", "16")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    # The steady rate spans the steps only, so it cannot be below the whole call's.
+    assert row["images_per_s"] >= row["call_images_per_s"] > 0
+    assert row["s_per_step"] * row["steps"] <= row["call_s"]
+    assert row["images_per_s"] == pytest.approx(row["batch"] / row["s_per_step"])
+    assert 0 < row["median_s_per_step"] <= row["max_s_per_step"]
+    assert row["steps"] == 3 and row["batch"] == 4
+    import keras_preact as kp
+
+    model = kp.get_model("preact_resnet20", input_shape=(16, 16, 3))
+    assert row["macs"] == kp.count_macs(model)
+    assert row["params"] == kp.count_params(model)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "--steps must be >= 1. Received: 0"),
+    (["--batch", "-2"], "--batch must be >= 1. Received: -2"),
+    (["--model-kwargs", "[1]"], "--model-kwargs must be a JSON object"),
+    (["--model-kwargs", "{bad"], "--model-kwargs must be a JSON object"),
+])
+def test_keras_step_rejects_bad_arguments(args, message):
+    proc = _keras_step(*args, timeout=60)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_step_timer_spans_first_start_to_last_end():
+    import keras
+
+    timer = _load("keras_step").step_timer(keras)
+    with pytest.raises(RuntimeError, match="no training step"):
+        timer.summary(8)
+    timer.starts, timer.ends = [10.0, 11.0, 12.5], [10.5, 12.0, 13.0]
+    out = timer.summary(8)
+    assert out["s_per_step"] == pytest.approx(1.0)
+    assert out["images_per_s"] == pytest.approx(8.0)
+    assert out["median_s_per_step"] == pytest.approx(0.5)
+    assert out["max_s_per_step"] == pytest.approx(1.0)
+
+
+def test_scaling_summary_relative_to_the_shallowest_and_across_families():
+    run = _load("run")
+    rows = [
+        {"model": "a", "family": "basic", "s_per_image": 1e-3, "macs": 1e7},    # 100 ps/MAC
+        {"model": "b", "family": "basic", "s_per_image": 2.4e-3, "macs": 2e7},  # 120
+        {"model": "c", "family": "bottleneck", "s_per_image": 3e-3, "macs": 2e7},  # 150
+        {"model": "d", "family": "bottleneck", "s_per_image": 7.5e-3, "macs": 5e7},  # 150
+    ]
+    out = run.scaling_summary(rows)
+    assert out["basic"] == {"a": pytest.approx(1.0), "b": pytest.approx(1.2)}
+    assert out["bottleneck"] == {"c": pytest.approx(1.0), "d": pytest.approx(1.0)}
+    assert out["basic_ps_per_mac"] == pytest.approx(110.0)
+    assert out["bottleneck_over_basic_ps_per_mac"] == pytest.approx(150 / 110)
+    # Proportional at the best constant (110 ps/MAC): 100 and 120 are both 1/11 off.
+    assert out["basic_max_deviation_from_proportional"] == pytest.approx(1 / 11)
+    assert out["bottleneck_max_deviation_from_proportional"] == pytest.approx(0.0)
+
+
+def test_run_rejects_bad_counts_and_names_the_machine(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--pairs", "0"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2
+    assert "--pairs must be >= 1. Received: 0" in proc.stderr
+    info = _load("run").cpu_info()
+    assert isinstance(info["model"], str) and info["model"]
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+        assert ("avx2" in info["features"]) == ("avx2" in flags)
+
+
+def _script(name, *args, timeout=300):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
+    return subprocess.run([sys.executable, os.path.join(BENCH, name), *args], env=env,
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def test_step_ab_takes_turns_over_models_and_variants(tmp_path):
+    out = tmp_path / "ab.json"
+    proc = _script("step_ab.py", "--models", "preact_resnet20", 'preact_resnet32{"remat": 2}',
+                   "--variants", "", "KERAS_PREACT_FUSED_BN=0", "--batch", "2", "--reps", "2",
+                   "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == report
+    got = [(r["model"], r["variant"]) for r in report["rows"]]
+    remat32 = 'preact_resnet32{"remat": 2}'
+    assert got == [("preact_resnet20", ""), ("preact_resnet20", "KERAS_PREACT_FUSED_BN=0"),
+                   (remat32, ""), (remat32, "KERAS_PREACT_FUSED_BN=0")]
+    import keras_preact as kp
+
+    for r in report["rows"]:
+        name = r["model"].partition("{")[0]
+        assert r["macs"] == kp.count_macs(kp.get_model(name, input_shape=(32, 32, 3)))
+        assert r["ps_per_mac"] == pytest.approx(1e12 * r["median_s_per_step"] / 2 / r["macs"])
+        assert r["min_s_per_step"] <= r["median_s_per_step"]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--models", "preact_resnet7"], "--models: unknown model(s) ['preact_resnet7']"),
+    (["--reps", "0"], "must be >= 1. Received: 0"),
+    (["--variants", "NOVALUE"], "--variants: expected NAME=VALUE"),
+    (["--models", "preact_resnet20{bad"], "factory arguments after the name must be a JSON object"),
+    (["--models", "preact_resnet20[1]"], "unknown model(s) ['preact_resnet20[1]']"),
+])
+def test_step_ab_rejects_bad_arguments(args, message):
+    proc = _script("step_ab.py", *args, timeout=120)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
