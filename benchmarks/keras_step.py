@@ -15,7 +15,7 @@ iterator included; it runs inside Keras' train function). That is what the PyTor
 reference times too (its loop of steps). ``call_images_per_s`` is the whole call, which
 adds `fit`'s fixed setup and teardown: with NumPy inputs, Keras' array adapter builds a
 tf.data pipeline whose iterator can take seconds to be destroyed after the last step
-(seen here: 0 s in some runs, 1-5 s in others, whatever the step time), which a run of
+(seen here: 0 s in some runs, up to ~7 s in others, whatever the step time), which a run of
 a few steps would otherwise count as training time.
 """
 
@@ -23,8 +23,20 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import sys
 import time
+
+
+def json_object(text, what):
+    """Parses `text` as a JSON object of factory arguments; ValueError naming `what`."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{what} must be a JSON object. Received: {text!r} ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be a JSON object. Received: {text!r}")
+    return value
 
 
 def step_timer(keras):
@@ -47,11 +59,8 @@ def step_timer(keras):
                 raise RuntimeError("fit ran no training step")
             steps = [e - s for s, e in zip(self.starts, self.ends)]
             span = self.ends[-1] - self.starts[0]
-            ordered = sorted(steps)
-            mid = len(ordered) // 2
-            median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
             return {"images_per_s": batch * len(steps) / span, "s_per_step": span / len(steps),
-                    "median_s_per_step": median, "max_s_per_step": ordered[-1]}
+                    "median_s_per_step": statistics.median(steps), "max_s_per_step": max(steps)}
 
     return StepTimer()
 
@@ -77,11 +86,9 @@ def main(argv=None):
     if args.threads is not None and args.threads < 1:
         p.error(f"--threads must be >= 1. Received: {args.threads}")
     try:
-        model_kwargs = json.loads(args.model_kwargs)
-    except json.JSONDecodeError as e:
-        p.error(f"--model-kwargs must be a JSON object. Received: {args.model_kwargs!r} ({e})")
-    if not isinstance(model_kwargs, dict):
-        p.error(f"--model-kwargs must be a JSON object. Received: {args.model_kwargs!r}")
+        model_kwargs = json_object(args.model_kwargs, "--model-kwargs")
+    except ValueError as e:
+        p.error(str(e))
 
     import keras_preact as kp  # first: it turns on TensorFlow's oneDNN kernels (its docstring)
     import keras

@@ -132,24 +132,20 @@ print(json.dumps({{"images_per_s": {batch} * {batches} / (time.perf_counter() - 
 
 def cpu_info():
     """The CPU's model name and the vector features that decide which kernels run
-    (TensorFlow turns oneDNN on by itself only with AVX-512 or AMX; AVX512_BF16 or AMX
-    give bfloat16 its speed), from /proc/cpuinfo where there is one."""
-    info = {"model": platform.processor() or platform.machine(), "features": []}
+    (TensorFlow turns oneDNN on by itself only with recent AVX-512 extensions or AMX;
+    AVX512_BF16 or AMX give bfloat16 its speed), from /proc/cpuinfo where there is one."""
+    fields = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            text = f.read()
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())  # the first CPU's
     except OSError:
-        return info
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and info["model"] in ("", platform.machine(), platform.processor()):
-            info["model"] = value.strip()
-        if key.strip() == "flags":
-            flags = set(value.split())
-            info["features"] = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16",
-                                            "amx_bf16", "amx_tile") if f in flags]
-            break
-    return info
+        pass
+    flags = set(fields.get("flags", "").split())
+    return {"model": fields.get("model name") or platform.processor() or platform.machine(),
+            "features": [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16",
+                                     "amx_bf16", "amx_tile") if f in flags]}
 
 
 def _median(values):

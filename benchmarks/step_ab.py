@@ -28,6 +28,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)  # keras_step's helpers
 
 
 def parse_variant(text):
@@ -44,25 +45,21 @@ def parse_variant(text):
 
 def parse_model(spec):
     """'preact_resnet1001' or 'preact_resnet1001{"remat": "segment"}' -> (name, kwargs)."""
+    from keras_step import json_object
+
     name, brace, rest = spec.partition("{")
-    kwargs = {}
-    if brace:
-        try:
-            kwargs = json.loads(brace + rest)
-        except json.JSONDecodeError as e:
-            raise SystemExit(f"--models: the factory arguments after the name must be a JSON "
-                             f"object. Received: {spec!r} ({e})")
-        if not isinstance(kwargs, dict):
-            raise SystemExit(f"--models: the factory arguments after the name must be a JSON "
-                             f"object. Received: {spec!r}")
-    return name.strip(), kwargs
+    if not brace:
+        return name.strip(), {}
+    try:
+        return name.strip(), json_object(brace + rest, "--models: the factory arguments after the name")
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--variants", nargs="+", default=[""])
-    p.add_argument("--models", nargs="+", default=["preact_resnet110"])
-    p.add_argument("--model", default=None, help="one model (the same as --models NAME)")
+    p.add_argument("--models", "--model", nargs="+", default=["preact_resnet110"])
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--threads", type=int, default=2, help="TF intra-op threads (inter-op 1)")
@@ -71,7 +68,7 @@ def main(argv=None):
     if args.reps < 1 or args.batch < 1 or args.threads < 1:
         p.error(f"--reps, --batch and --threads must be >= 1. Received: {args.reps}, "
                 f"{args.batch}, {args.threads}")
-    models = [args.model] if args.model else args.models
+    models = args.models
     specs = [parse_model(m) for m in models]
     variants = [parse_variant(v) for v in args.variants]
 

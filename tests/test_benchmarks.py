@@ -21,14 +21,14 @@ def _load(name):
     return module
 
 
-def _keras_step(*args, timeout=300):
+def _script(name, *args, timeout=300):
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
-    return subprocess.run([sys.executable, os.path.join(BENCH, "keras_step.py"), *args],
-                          env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return subprocess.run([sys.executable, os.path.join(BENCH, name), *args], env=env,
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
 def test_keras_step_reports_the_steady_rate_and_the_whole_call():
-    proc = _keras_step("--model", "preact_resnet20", "--batch", "4", "--steps", "3",
+    proc = _script("keras_step.py", "--model", "preact_resnet20", "--batch", "4", "--steps", "3",
                        "--warmup", "1", "--image-size", "16")
     assert proc.returncode == 0, proc.stderr[-2000:]
     row = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -52,7 +52,7 @@ def test_keras_step_reports_the_steady_rate_and_the_whole_call():
     (["--model-kwargs", "{bad"], "--model-kwargs must be a JSON object"),
 ])
 def test_keras_step_rejects_bad_arguments(args, message):
-    proc = _keras_step(*args, timeout=60)
+    proc = _script("keras_step.py", *args, timeout=60)
     assert proc.returncode == 2
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -91,8 +91,7 @@ def test_scaling_summary_relative_to_the_shallowest_and_across_families():
 
 
 def test_run_rejects_bad_counts_and_names_the_machine(tmp_path):
-    proc = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--pairs", "0"],
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    proc = _script("run.py", "--pairs", "0", timeout=60)
     assert proc.returncode == 2
     assert "--pairs must be >= 1. Received: 0" in proc.stderr
     info = _load("run").cpu_info()
@@ -101,12 +100,6 @@ def test_run_rejects_bad_counts_and_names_the_machine(tmp_path):
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
         assert ("avx2" in info["features"]) == ("avx2" in flags)
-
-
-def _script(name, *args, timeout=300):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
-    return subprocess.run([sys.executable, os.path.join(BENCH, name), *args], env=env,
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
 def test_step_ab_takes_turns_over_models_and_variants(tmp_path):
@@ -136,6 +129,7 @@ def test_step_ab_takes_turns_over_models_and_variants(tmp_path):
     (["--reps", "0"], "must be >= 1. Received: 0"),
     (["--variants", "NOVALUE"], "--variants: expected NAME=VALUE"),
     (["--models", "preact_resnet20{bad"], "factory arguments after the name must be a JSON object"),
+    (["--model", "preact_resnet20{\"a\": 1}", "x{1}"], "factory arguments after the name must be"),
     (["--models", "preact_resnet20[1]"], "unknown model(s) ['preact_resnet20[1]']"),
 ])
 def test_step_ab_rejects_bad_arguments(args, message):
