@@ -67,7 +67,6 @@ setup(
     classifiers=[
         "Programming Language :: Python :: 3",
         "Framework :: Keras",
-        "License :: OSI Approved :: Apache Software License",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
 )

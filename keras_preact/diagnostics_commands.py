@@ -1,10 +1,9 @@
 """`keras-preact diagnose`: the gradient-flow measurement of `keras_preact.diagnostics`.
 
-Bad input prints ``error: ...`` to stderr and returns exit status 2. TensorFlow only.
+TensorFlow only.
 """
 
 import os
-import sys
 
 
 def add_commands(subparsers):
@@ -40,16 +39,11 @@ def cmd_diagnose(args):
 
     units = args.unit or ["full_preact"]
     if args.every is not None and args.every < 1:
-        print(f"error: `--every` must be >= 1. Received: --every={args.every}", file=sys.stderr)
-        return 2
-    try:
-        reports = diagnostics.compare_units(
-            args.model, units, batch_size=args.batch, seed=args.seed,
-            input_size=args.input_size, classes=args.classes,
-        )
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        raise ValueError(f"`--every` must be >= 1. Received: --every={args.every}")
+    reports = diagnostics.compare_units(
+        args.model, units, batch_size=args.batch, seed=args.seed,
+        input_size=args.input_size, classes=args.classes,
+    )
     print(f"{args.model}, batch {args.batch} of random {args.input_size}x{args.input_size} "
           f"images, seed {args.seed}, BatchNorm in training mode")
     print(diagnostics.format_table(reports, every=args.every))

@@ -106,6 +106,10 @@ DEFAULT_TOP_K = 5
 PARITY_BATCH = 8
 
 
+#: How to install the optional exporters and runtimes, at the versions tested.
+EXPORT_EXTRA = 'pip install "keras-preact[export]"'
+
+
 class ExportParityError(RuntimeError):
     """An export's outputs differ from the Keras model's beyond the tolerance."""
 
@@ -474,18 +478,21 @@ def _is_our_export(path):
 
 
 def _check_target(target, *, overwrite, argument):
-    if os.path.lexists(target):
-        if not overwrite:
-            raise FileExistsError(
-                f"An export already exists at {target!r}; pass overwrite=True "
-                "(--overwrite) to replace it."
-            )
-        if not os.path.isdir(target) or not _is_our_export(target):
-            # Never delete a folder we did not write (e.g. --out pointing at $HOME).
-            raise ValueError(
-                f"Refusing to replace {target!r}: it is not a keras-preact export "
-                f"(no {MODEL_CARD_JSON}). Received: {argument}={target!r}"
-            )
+    if not os.path.lexists(target):
+        return
+    if not os.path.isdir(target) or not _is_our_export(target):
+        # Never delete what we did not write (e.g. --out pointing at $HOME); checked
+        # first, so that no message suggests an `overwrite` that would be refused.
+        raise ValueError(
+            f"Refusing to write over {target!r}: it exists and is not a keras-preact "
+            f"export (no {MODEL_CARD_JSON}); choose another path. Received: "
+            f"{argument}={target!r}"
+        )
+    if not overwrite:
+        raise FileExistsError(
+            f"An export already exists at {target!r}; pass overwrite=True "
+            "(--overwrite) to replace it."
+        )
 
 
 @contextlib.contextmanager
@@ -1088,9 +1095,9 @@ def _litert_interpreter(model_path):
     try:
         from ai_edge_litert.interpreter import Interpreter
     except ImportError:
-        raise ImportError(
+        raise ModuleNotFoundError(
             "Running a LiteRT export needs the `ai-edge-litert` package "
-            "(pip install ai-edge-litert); tf.lite.Interpreter is deprecated."
+            f"({EXPORT_EXTRA}); tf.lite.Interpreter is deprecated."
         ) from None
     return Interpreter(model_path=model_path)
 
@@ -1104,9 +1111,8 @@ def _onnx_session(model_path):
     try:
         import onnxruntime
     except ImportError:
-        raise ImportError(
-            "Running an ONNX export needs the `onnxruntime` package "
-            "(pip install onnxruntime)."
+        raise ModuleNotFoundError(
+            f"Running an ONNX export needs the `onnxruntime` package ({EXPORT_EXTRA})."
         ) from None
     return onnxruntime.InferenceSession(model_path, providers=["CPUExecutionProvider"])
 
@@ -1306,9 +1312,9 @@ def export_onnx(
     try:
         import tf2onnx  # noqa: F401
     except ImportError:
-        raise ImportError(
+        raise ModuleNotFoundError(
             "ONNX export on the TensorFlow backend needs `tf2onnx` and `onnx` "
-            "(pip install tf2onnx onnx)."
+            f"({EXPORT_EXTRA})."
         ) from None
     kwargs = {} if opset_version is None else {"opset_version": opset_version}
     return _export_single_file(
@@ -1400,6 +1406,34 @@ def export_demo_model(
     return {f: export_model(model, os.path.join(root, f), format=f, **common) for f in formats}
 
 
+def run_metrics(model_path):
+    """The held-out metrics a training run measured for its model file, or None.
+
+    `keras-preact train` writes ``metrics.json`` (``dataset``, ``test_accuracy``,
+    ``test_loss``) beside its final ``model.keras``; a model card carries them.
+
+    Args:
+        model_path: a `.keras` file.
+
+    Returns:
+        dict of the metrics found, or None when the file is not a run's model.
+
+    Raises:
+        ValueError: if that ``metrics.json`` is not valid JSON.
+    """
+    from keras_preact.training.workdir import METRICS_JSON
+    from keras_preact.training.workdir import read_json
+
+    path = os.path.join(os.path.dirname(os.path.abspath(model_path)), METRICS_JSON)
+    if not os.path.isfile(path):
+        return None
+    final = read_json(path)
+    # Metrics that name another model file (a checkpoint exported by hand) are not its.
+    if final.get("model_path", os.path.basename(model_path)) != os.path.basename(model_path):
+        return None
+    return {k: final[k] for k in ("dataset", "test_accuracy", "test_loss") if k in final} or None
+
+
 def export_demo(*, workdir, model_path, dataset="digits"):
     """The offline demo's last step: exports its trained model for serving.
 
@@ -1416,25 +1450,15 @@ def export_demo(*, workdir, model_path, dataset="digits"):
     Returns:
         dict: format -> folder written.
     """
-    import json
-
-    import keras
-
     from keras_preact.data import dataset_info
 
     model = keras.saving.load_model(model_path)
-    metrics = None
-    metrics_path = os.path.join(workdir, "metrics.json")
-    if os.path.isfile(metrics_path):
-        with open(metrics_path) as f:
-            final = json.load(f)
-        metrics = {k: final[k] for k in ("test_accuracy", "test_loss") if k in final}
     class_names = [str(c) for c in dataset_info(dataset)["class_names"]]
     return export_demo_model(
         model,
         os.path.join(workdir, "export"),
         class_names=class_names,
-        metrics=metrics,
+        metrics=run_metrics(model_path),
         weights_info={"path": os.path.abspath(model_path), "sha256": file_sha256(model_path)},
         overwrite=True,
     )
@@ -1592,10 +1616,9 @@ def load_export(path, *, preprocessing=AUTO, top_k=None):
     card = read_model_card(folder) if kind != "keras" else None
     class_names = card.get("class_names") if card else None
     if kind == "keras":
-        try:
-            model = keras.saving.load_model(target)
-        except Exception as err:  # a corrupt file fails in many ways deep in Keras
-            raise ValueError(f"Cannot load the .keras model ({err}). Received: path={path!r}") from None
+        from keras_preact.weights.local import load_keras_file
+
+        model = load_keras_file(target)
         serving = build_serving_model(model, preprocessing=preprocessing, top_k=top_k)
         shape = _model_input_shape(model)
         return ExportedModel(kind, target, shape, None, None, lambda x: serving(x, training=False))

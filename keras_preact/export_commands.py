@@ -2,8 +2,7 @@
 
 Listed in `keras_preact.cli.COMMAND_MODULES`. TensorFlow and the exporters
 (`keras_preact.export`) are imported only when a command runs, after its arguments
-and input files have been checked, so bad input gets a short ``error: ...`` and exit
-status 2 instead of a stack trace.
+and input files have been checked, so bad input fails fast.
 
 Examples:
     keras-preact export preact_resnet20 --format saved_model --out exports/r20
@@ -17,6 +16,9 @@ import sys
 
 import numpy as np
 
+from keras_preact.cli import error_message
+from keras_preact.cli import partial_status
+
 EXPORT_FORMATS = ("saved_model", "litert", "onnx")
 QUANTIZATIONS = ("float16", "dynamic_range")
 #: Image files `predict` reads with Pillow; `.npy` files hold uint8 arrays.
@@ -24,12 +26,7 @@ NPY_SUFFIX = ".npy"
 
 
 class CommandError(ValueError):
-    """Bad input to a command: printed as ``error: ...`` with exit status 2."""
-
-
-def _fail(message):
-    print(f"error: {message}", file=sys.stderr)
-    return 2
+    """Bad input to a command (`keras_preact.cli.main` reports it)."""
 
 
 # ----------------------------------------------------------------------------------
@@ -82,22 +79,15 @@ def _load_model_argument(name_or_path, *, classes, preprocessing):
             preprocessing = "cifar10" if kp.model_info(name_or_path)["family"] == "cifar" else "imagenet"
             print(f"note: building {name_or_path} with preprocessing={preprocessing!r} "
                   "(random initialisation)", file=sys.stderr)
-        try:
-            model = kp.get_model(name_or_path, classes=classes, preprocessing=preprocessing)
-        except ValueError as err:
-            raise CommandError(str(err)) from None
+        model = kp.get_model(name_or_path, classes=classes, preprocessing=preprocessing)
         return model, "auto", {"tag": None, "initialization": "random (He normal), no weights loaded"}
     if name_or_path.endswith(".keras"):
         if not os.path.isfile(name_or_path):
             raise CommandError(f"MODEL_OR_CHECKPOINT {name_or_path!r} does not exist")
-        import keras
-
         from keras_preact.export import file_sha256
+        from keras_preact.weights.local import load_keras_file
 
-        try:
-            model = keras.saving.load_model(name_or_path)
-        except Exception as err:  # a damaged file fails in many ways inside Keras
-            raise CommandError(f"cannot load the .keras model {name_or_path!r}: {err}") from None
+        model = load_keras_file(name_or_path)
         weights_info = {"file": os.path.basename(name_or_path), "sha256": file_sha256(name_or_path)}
         return model, preprocessing, weights_info
     raise CommandError(
@@ -107,39 +97,38 @@ def _load_model_argument(name_or_path, *, classes, preprocessing):
 
 
 def _cmd_export(args):
-    try:
-        if args.quantization is not None and args.format != "litert":
-            raise CommandError(
-                f"--quantization applies to --format litert only. Received: --format {args.format}"
-            )
-        if args.format != "saved_model":
-            for flag, given in (("--version", args.version != 1), ("--accept-encoded", args.accept_encoded)):
-                if given:
-                    raise CommandError(f"{flag} applies to --format saved_model only")
-        class_names = _read_class_names(args.class_names)
-        preprocessing = _parse_preprocessing(args.preprocessing)
-        model, preprocessing, weights_info = _load_model_argument(
-            args.model, classes=args.classes, preprocessing=preprocessing
+    if args.quantization is not None and args.format != "litert":
+        raise CommandError(
+            f"--quantization applies to --format litert only. Received: --format {args.format}"
         )
-        from keras_preact import export
+    if args.format != "saved_model":
+        for flag, given in (("--version", args.version != 1), ("--accept-encoded", args.accept_encoded)):
+            if given:
+                raise CommandError(f"{flag} applies to --format saved_model only")
+    class_names = _read_class_names(args.class_names)
+    preprocessing = _parse_preprocessing(args.preprocessing)
+    model, preprocessing, weights_info = _load_model_argument(
+        args.model, classes=args.classes, preprocessing=preprocessing
+    )
+    from keras_preact import export
 
-        kwargs = dict(
-            top_k=args.top_k,
-            include_features=args.include_features,
-            preprocessing=preprocessing,
-            class_names=class_names,
-            weights_info=weights_info,
-            overwrite=args.overwrite,
-            check_parity=not args.no_parity_check,
-            verbose=sys.stdout.isatty(),
-        )
-        if args.format == "saved_model":
-            kwargs.update(version=args.version, accept_encoded=args.accept_encoded)
-        elif args.format == "litert":
-            kwargs.update(quantization=args.quantization)
-        folder = export.export_model(model, args.out, format=args.format, **kwargs)
-    except (CommandError, ValueError, FileExistsError, ImportError) as err:
-        return _fail(str(err))
+    kwargs = dict(
+        top_k=args.top_k,
+        include_features=args.include_features,
+        preprocessing=preprocessing,
+        class_names=class_names,
+        weights_info=weights_info,
+        # A training run's model.keras: its measured test accuracy goes into the card.
+        metrics=export.run_metrics(args.model) if args.model.endswith(".keras") else None,
+        overwrite=args.overwrite,
+        check_parity=not args.no_parity_check,
+        verbose=sys.stdout.isatty(),
+    )
+    if args.format == "saved_model":
+        kwargs.update(version=args.version, accept_encoded=args.accept_encoded)
+    elif args.format == "litert":
+        kwargs.update(quantization=args.quantization)
+    folder = export.export_model(model, args.out, format=args.format, **kwargs)
     card = export.read_model_card(folder)
     print(f"Exported {args.model} as {args.format} to {folder}")
     parity = card.get("parity")
@@ -222,65 +211,105 @@ def read_image(path):
     return array
 
 
-def check_image(path, array, input_shape):
-    """Checks one image's channels and size against the model; raises CommandError."""
+#: Pillow modes by channel count, for --resize.
+_CHANNEL_MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
+
+
+def fit_image(name, array, input_shape, *, resize=False):
+    """One uint8 ``[H, W, C]`` image in the model's channels and size.
+
+    Args:
+        name: the image's name in messages.
+        array: uint8 ``[H, W, C]``.
+        input_shape: the model's ``(height, width, channels)``; a None height or
+            width takes any.
+        resize: bool, default False: convert the channels (Pillow's grey / RGB / RGBA
+            conversions) and resize (bilinear) instead of refusing a mismatch.
+
+    Returns:
+        The image, converted when `resize` is set.
+
+    Raises:
+        CommandError: naming the image, for a mismatch without `resize` (with the hint
+            ``--resize``) or channels that cannot be converted.
+    """
     height, width, channels = input_shape
-    if array.shape[-1] != channels:
+    h, w, c = array.shape
+    if c == channels and height in (None, h) and width in (None, w):
+        return array
+    if not resize:
+        if c != channels:
+            raise CommandError(
+                f"image {name!r} has {c} channel(s); the model takes {channels} "
+                f"({'RGB' if channels == 3 else 'channels last'}): pass --resize to convert it"
+            )
         raise CommandError(
-            f"image {path!r} has {array.shape[-1]} channel(s); the model takes {channels} "
-            f"({'RGB' if channels == 3 else 'channels last'})"
+            f"image {name!r} is {h}x{w} (height x width); the model takes "
+            f"{height}x{width}: pass --resize to resize it"
         )
-    h, w = array.shape[-3], array.shape[-2]
-    if (height is not None and h != height) or (width is not None and w != width):
+    if c not in _CHANNEL_MODES or channels not in (1, 3, 4):
         raise CommandError(
-            f"image {path!r} is {h}x{w} (height x width); the model takes "
-            f"{height}x{width}: resize it first"
+            f"image {name!r} has {c} channel(s) and the model takes {channels}; --resize "
+            "converts 1 to 4 channels into 1, 3 or 4"
         )
+    from PIL import Image
+
+    image = Image.fromarray(array[..., 0] if c == 1 else array).convert(_CHANNEL_MODES[channels])
+    image = image.resize((width or w, height or h), Image.Resampling.BILINEAR)
+    out = np.asarray(image, dtype=np.uint8)
+    return out[..., None] if out.ndim == 2 else out
+
+
+def _read_images(paths, input_shape, *, resize):
+    """Reads every image, reporting each bad file on stderr and going on with the rest.
+
+    Returns:
+        ``(names, arrays, failed)``: one name and ``[H, W, C]`` array per image (a
+        `.npy` batch gives ``path[i]``), and the number of files that failed.
+    """
+    names, arrays, failed = [], [], 0
+    for path in paths:
+        try:
+            array = read_image(path)
+            labels = [f"{path}[{i}]" for i in range(len(array))] if array.ndim == 4 else [path]
+            images = list(array) if array.ndim == 4 else [array]
+            images = [fit_image(n, a, input_shape, resize=resize) for n, a in zip(labels, images)]
+        except CommandError as err:
+            print(f"error: {error_message(err)}", file=sys.stderr)
+            failed += 1
+            continue
+        names += labels
+        arrays += images
+    return names, arrays, failed
 
 
 def _cmd_predict(args):
-    try:
-        from keras_preact import export
+    from keras_preact import export
 
-        if args.top_k is not None and args.top_k < 1:
-            raise CommandError(f"--top-k must be >= 1. Received: {args.top_k}")
-        preprocessing = _parse_preprocessing(args.preprocessing)
-        export._resolve_export(args.model)  # a clear error for a wrong path, first
-        class_names = _read_class_names(args.class_names)
-        # Read from the model card (or a .keras file's config): no model loaded yet.
-        shape = export.expected_input_shape(args.model)
-        arrays, errors = [], []
-        for path in args.images:
-            try:
-                array = read_image(path)
-                if shape is not None:
-                    check_image(path, array, shape)
-                arrays.append((path, array))
-            except CommandError as err:
-                errors.append(str(err))
-        if errors:
-            raise CommandError("; ".join(errors))
+    if args.top_k is not None and args.top_k < 1:
+        raise CommandError(f"--top-k must be >= 1. Received: {args.top_k}")
+    preprocessing = _parse_preprocessing(args.preprocessing)
+    export._resolve_export(args.model)  # a clear error for a wrong path, first
+    class_names = _read_class_names(args.class_names)
+    # From the model card (or a .keras file's config), so that bad images are found
+    # before the model loads; loaded first only when it is the only source.
+    shape = export.expected_input_shape(args.model)
+    served = None
+    if shape is None:
         served = export.load_export(args.model, preprocessing=preprocessing)
-        names, batch = [], []
-        for path, array in arrays:
-            if array.ndim == 4:
-                names += [f"{path}[{i}]" for i in range(len(array))]
-                batch += list(array)
-            else:
-                names.append(path)
-                batch.append(array)
-        for path, array in zip(names, batch):
-            check_image(path, array, served.input_shape)
-        outputs = served.predict(np.stack(batch))
-    except (CommandError, ValueError, ImportError) as err:
-        return _fail(str(err))
+        shape = served.input_shape
+    names, arrays, failed = _read_images(args.images, shape, resize=args.resize)
+    if not arrays:
+        return partial_status(failed, len(args.images))
+    served = served or export.load_export(args.model, preprocessing=preprocessing)
+    outputs = served.predict(np.stack(arrays))
     exported_k = outputs["top_k_classes"].shape[-1]
     k = exported_k if args.top_k is None else args.top_k
     if k > exported_k:
-        return _fail(f"--top-k {k} is more than the export's top-k ({exported_k})")
+        raise CommandError(f"--top-k {k} is more than the export's top-k ({exported_k})")
     labels = class_names or served.class_names
     if labels is not None and len(labels) != outputs["probabilities"].shape[-1]:
-        return _fail(
+        raise CommandError(
             f"--class-names has {len(labels)} names; the model has "
             f"{outputs['probabilities'].shape[-1]} classes"
         )
@@ -295,13 +324,13 @@ def _cmd_predict(args):
         results.append({"image": path, "top_k": top})
     if args.json:
         print(json.dumps(results, indent=2))
-        return 0
-    for result in results:
-        print(result["image"])
-        for rank, entry in enumerate(result["top_k"], start=1):
-            label = entry.get("label", str(entry["class"]))
-            print(f"  {rank:>2}. {label:<20} {entry['score']:.4f}")
-    return 0
+    else:
+        for result in results:
+            print(result["image"])
+            for rank, entry in enumerate(result["top_k"], start=1):
+                label = entry.get("label", str(entry["class"]))
+                print(f"  {rank:>2}. {label:<20} {entry['score']:.4f}")
+    return partial_status(failed, len(args.images))
 
 
 def add_commands(subparsers):
@@ -343,7 +372,8 @@ def add_commands(subparsers):
         "predict",
         help="classify images with an export or a .keras model",
         description="Print the top-k classes of each image. Images are checked (size, "
-        "channels, 8-bit pixels, readable) before the model runs.",
+        "channels, 8-bit pixels, readable) before the model runs; a bad image is "
+        "reported on stderr and the others are still classified (exit status 1).",
     )
     p.add_argument("model", metavar="EXPORT_OR_MODEL",
                    help="a SavedModel export (base or version folder), a LiteRT/ONNX export "
@@ -353,5 +383,8 @@ def add_commands(subparsers):
     p.add_argument("--top-k", type=int, default=None, help="default: the export's top-k")
     p.add_argument("--preprocessing", default="auto", help="for .keras models without their own layer")
     p.add_argument("--class-names", metavar="FILE", help="overrides the export's class names")
+    p.add_argument("--resize", action="store_true",
+                   help="convert images to the model's channels (grey, RGB) and resize them "
+                        "to its input size, instead of refusing them")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_predict)

@@ -240,7 +240,13 @@ def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
             return {"source": path, "copied_head": copied,
                     "classes": source.classes if source.include_top else None}
         path = local.resolve_weights_argument(path)
-    info = local.inspect_weights_file(path)
+    try:
+        info = local.inspect_weights_file(path)
+    except OSError as err:  # h5py's error for a truncated or damaged file names no file
+        raise ValueError(
+            f"The weights file {path} cannot be read ({err}): it is damaged or incomplete "
+            f"(an interrupted copy or download?); copy or fetch it again. Received: weights={weights!r}"
+        ) from None
     config = model.get_config()
     config.update(
         include_top=info["classes"] is not None,

@@ -64,3 +64,29 @@ def tiny_model_kwargs():
         stem_filters=8,
         input_shape=(16, 16, 3),
     )
+
+
+@pytest.fixture
+def built_convs(monkeypatch):
+    """The names of the Conv2D layers built while the test runs (to check that bad
+    input is refused before any layer is built)."""
+    import keras
+
+    built = []
+    original = keras.layers.Conv2D.__init__
+
+    def spy(self, *args, **kwargs):
+        built.append(kwargs.get("name"))
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(keras.layers.Conv2D, "__init__", spy)
+    return built
+
+
+@pytest.fixture
+def cifar_dir(tmp_path):
+    """CIFAR-10 in the python-pickle layout: 5 x 4 train images, 6 test images."""
+    from tests import data_fixtures
+
+    train, test = data_fixtures.cifar10_splits(per_batch=4, num_test=6)
+    return data_fixtures.write_cifar10_python(str(tmp_path / "data"), train, test)

@@ -35,6 +35,18 @@ def run_python(code, *, env=None, timeout=600, cwd=None):
     )
 
 
+def run_cli(argv, capsys):
+    """Runs `keras-preact` in this process; returns (exit status, stdout, stderr)."""
+    from keras_preact import cli
+
+    try:
+        code = cli.main(argv)
+    except SystemExit as exit_:  # argparse's own errors and --help
+        code = exit_.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass

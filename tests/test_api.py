@@ -42,19 +42,11 @@ def test_bad_input_raises_clear_value_error(call, match):
         call()
 
 
-def test_errors_come_before_any_layer_is_built(monkeypatch):
-    built = []
-    original = keras.layers.Conv2D.__init__
-
-    def spy(self, *args, **kwargs):
-        built.append(kwargs.get("name"))
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(keras.layers.Conv2D, "__init__", spy)
+def test_errors_come_before_any_layer_is_built(built_convs):
     for bad in (dict(classes=0), dict(input_shape=(4, 4, 3)), dict(weights="/nope.weights.h5")):
         with pytest.raises(ValueError):
             kp.preact_resnet20(**bad)
-    assert built == []
+    assert built_convs == []
 
 
 def test_bad_weights_files(tmp_path):

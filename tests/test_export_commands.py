@@ -14,15 +14,7 @@ import keras_preact as kp
 from keras_preact import cli
 from keras_preact import export
 from tests.helpers import REPO
-
-
-def run_cli(argv, capsys):
-    try:
-        code = cli.main(argv)
-    except SystemExit as exit_:  # argparse's own errors
-        code = exit_.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from tests.helpers import run_cli
 
 
 def write_png(path, array, mode=None):
@@ -186,3 +178,73 @@ def test_command_line_entry_point_prints_a_short_error(exported, tmp_path):
     assert result.returncode == 2
     assert "error: image" in result.stderr and "8x8" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_predict_reports_a_bad_image_and_classifies_the_others(exported, tmp_path, capsys):
+    good = write_png(tmp_path / "good.png", np.zeros((32, 32, 3), np.uint8))
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG not really")
+    broken = str(tmp_path / "broken.png")
+    code, out, err = run_cli(["predict", str(exported), broken, good, "--json"], capsys)
+    assert code == cli.EXIT_PARTIAL
+    assert [r["image"] for r in json.loads(out)] == [good]
+    assert err.startswith(f"error: image {broken!r} cannot be read as an image") and err.count("\n") == 1
+
+
+def test_predict_resize_converts_grey_and_other_sizes(exported, tmp_path, capsys):
+    grey = np.random.default_rng(3).integers(0, 256, (28, 20), dtype=np.uint8)
+    path = write_png(tmp_path / "grey.png", grey)
+    code, _, err = run_cli(["predict", str(exported), path], capsys)
+    assert code == cli.EXIT_ERROR
+    assert err == (f"error: image {path!r} has 1 channel(s); the model takes 3 (RGB): pass "
+                   "--resize to convert it\n")
+    code, out, err = run_cli(["predict", str(exported), path, "--resize", "--json"], capsys)
+    assert code == 0, err
+    rgb = np.asarray(Image.fromarray(grey).convert("RGB").resize((32, 32), Image.Resampling.BILINEAR))
+    expected = export.load_export(exported).predict(rgb[None])
+    assert [e["class"] for e in json.loads(out)[0]["top_k"]] == expected["top_k_classes"][0].tolist()
+
+
+def test_export_over_a_folder_that_is_not_an_export_never_suggests_overwrite(tmp_path, capsys):
+    out_dir = tmp_path / "mine"
+    out_dir.mkdir()
+    (out_dir / "notes.txt").write_text("keep me")
+    for extra in ([], ["--overwrite"]):
+        code, _, err = run_cli(["export", "preact_resnet20", "--format", "litert", "--out",
+                                str(out_dir), *extra], capsys)
+        assert code == cli.EXIT_ERROR
+        assert f"Refusing to write over {str(out_dir)!r}: it exists and is not a keras-preact export" in err
+        assert "overwrite" not in err.replace("write over", "")
+    assert os.listdir(out_dir) == ["notes.txt"]
+
+
+@pytest.mark.parametrize(
+    "argv, blocked",
+    [(["export", "preact_resnet20", "--format", "onnx", "--out", "{tmp}/x"], "tf2onnx"),
+     (["predict", "{tmp}/model.onnx", "{tmp}/a.png"], "onnxruntime"),
+     (["predict", "{tmp}/model.tflite", "{tmp}/a.png"], "ai_edge_litert")],
+)
+def test_missing_export_packages_hint_the_pinned_extra(tmp_path, capsys, monkeypatch, argv, blocked):
+    monkeypatch.setitem(sys.modules, blocked, None)  # `import` of it raises ImportError
+    monkeypatch.setitem(sys.modules, "ai_edge_litert.interpreter", None)
+    for name in ("model.onnx", "model.tflite"):
+        (tmp_path / name).write_bytes(b"not loaded")
+    write_png(tmp_path / "a.png", np.zeros((32, 32, 3), np.uint8))
+    code, _, err = run_cli([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
+    assert code == cli.EXIT_ERROR
+    assert err.splitlines()[-1].startswith("error: ") and "Traceback" not in err
+    assert '(pip install "keras-preact[export]")' in err
+
+
+def test_exported_run_model_card_carries_its_test_accuracy(tmp_path, capsys):
+    model = kp.PreActResNet(stage_blocks=(1, 1, 1), stage_filters=(8, 16, 32), stem_filters=8,
+                            input_shape=(16, 16, 3), classes=4, preprocessing="unit")
+    model.save(str(tmp_path / "model.keras"))
+    # What `keras-preact train` records beside its final model.
+    (tmp_path / "metrics.json").write_text(json.dumps(
+        {"model_path": "model.keras", "dataset": "digits", "test_accuracy": 0.9875, "test_loss": 0.05}))
+    code, _, err = run_cli(["export", str(tmp_path / "model.keras"), "--out", str(tmp_path / "x"),
+                            "--no-parity-check"], capsys)
+    assert code == 0, err
+    card = export.read_model_card(tmp_path / "x" / "1")
+    assert card["metrics"] == {"dataset": "digits", "test_accuracy": 0.9875, "test_loss": 0.05}
+    assert "- test_accuracy: 0.9875" in (tmp_path / "x" / "1" / "model_card.md").read_text()

@@ -71,6 +71,7 @@ def test_fused_bn_is_taken_and_can_be_switched_off(monkeypatch):
     assert F._fused_bn("channels_last", False)
     assert not F._fused_bn("channels_last", True)  # synchronized: Keras' cross-replica moments
     assert not F._fused_bn("channels_first", False)
+    assert not F._fused_bn("channels_last", False, "float64")  # the kernel is float32
     monkeypatch.setenv("KERAS_PREACT_FUSED_BN", "0")
     assert not F._fused_bn("channels_last", False)
 

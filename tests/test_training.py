@@ -14,7 +14,6 @@ import shutil
 import numpy as np
 import pytest
 
-from tests import data_fixtures as F
 
 TINY = {"architecture": {"stage_blocks": [1, 1, 1], "stage_filters": [8, 16, 32], "stem_filters": 8}}
 
@@ -47,13 +46,6 @@ def digits_run(tmp_path_factory):
     config = tiny_config()
     result = train_and_evaluate(config, workdir)
     return config, workdir, result
-
-
-@pytest.fixture
-def cifar_dir(tmp_path):
-    """CIFAR-10 in the python-pickle layout: 5 x 4 train images, 6 test images."""
-    train, test = F.cifar10_splits(per_batch=4, num_test=6)
-    return F.write_cifar10_python(str(tmp_path / "data"), train, test)
 
 
 def cifar_config(folder, **kw):
@@ -356,7 +348,7 @@ def test_train_and_evaluate_commands(cifar_dir, tmp_path, capsys):
         (["evaluate", "--workdir", "{tmp}/nothing-here"], "No training run in"),
         (["evaluate", "--dataset", "digits", "--weights", "{tmp}/missing.keras"], "Weights file not found"),
         (["evaluate", "--dataset", "digits", "--model", "preact_resnet20",
-          "--weights", "{tmp}/bad.weights.h5"], "do not fit 'preact_resnet20'"),
+          "--weights", "{tmp}/bad.weights.h5"], "bad.weights.h5 cannot be read"),
     ],
 )
 def test_commands_report_bad_input_as_error_exit_2(tmp_path, capsys, argv, message):

@@ -65,15 +65,43 @@ def test_catalog_tag_loads_with_its_architecture_and_preprocessing(offline_catal
     assert kp.preact_resnet20(weights="DEFAULT", include_top=False).output_shape == (None, 8, 8, 64)
 
 
-def test_tag_errors_come_before_any_layer_or_download(monkeypatch, no_network):
-    built = []
-    original = keras.layers.Conv2D.__init__
+def test_a_fetched_file_loads_as_its_tag_does(offline_catalog, no_network):
+    """`weights=fetch_weights(key)` builds the entry's architecture and preprocessing
+    from the file alone (it used to raise for first_unit_shared_preact, or to load
+    without the normalisation)."""
+    entry, _ = offline_catalog
+    path = W.fetch_weights("preact_resnet20.cifar10")
+    by_tag = kp.preact_resnet20(weights="cifar10")
+    by_path = kp.preact_resnet20(weights=path)
+    assert by_path.first_unit_shared_preact is False
+    assert by_path.preprocessing == entry["preprocessing"]
+    x = _x((32, 32, 3))
+    np.testing.assert_array_equal(to_numpy(by_path(x)), to_numpy(by_tag(x)))
+    # The caller's preprocessing wins; a conflicting architecture argument says what to pass.
+    assert kp.preact_resnet20(weights=path, preprocessing=None).preprocessing is None
+    with pytest.raises(ValueError, match=r"made for first_unit_shared_preact=False\. Received: "
+                                         r"first_unit_shared_preact=True.*Pass first_unit_shared_preact=False"):
+        kp.preact_resnet20(weights=path, first_unit_shared_preact=True)
+    with pytest.raises(ValueError, match=r"made for stage_blocks=\[3, 3, 3\], the model has"):
+        kp.preact_resnet56(weights=path)
 
-    def spy(self, *args, **kwargs):
-        built.append(kwargs.get("name"))
-        original(self, *args, **kwargs)
 
-    monkeypatch.setattr(keras.layers.Conv2D, "__init__", spy)
+def test_a_saved_file_rebuilds_its_model_in_python_and_from_keras_files(tmp_path):
+    source = kp.preact_resnet20(first_unit_shared_preact=False, preprocessing="cifar10",
+                                bottleneck_stride="first", input_shape=(16, 16, 3), classes=3)
+    x = _x()
+    source.save_weights(str(tmp_path / "plain_api.weights.h5"))  # Keras' own API records too
+    for path in (W.save_weights_file(source, str(tmp_path / "r20.weights.h5")),
+                 str(tmp_path / "plain_api.weights.h5"), str(tmp_path / "r20.keras")):
+        if path.endswith(".keras"):
+            source.save(path)
+        model = kp.preact_resnet20(weights=path)
+        assert (model.first_unit_shared_preact, model.preprocessing, model.classes) == (False, "cifar10", 3)
+        assert model.input_shape == (None, 16, 16, 3)
+        np.testing.assert_array_equal(to_numpy(model(x)), to_numpy(source(x)))
+
+
+def test_tag_errors_come_before_any_layer_or_download(built_convs, no_network):
     with pytest.raises(ValueError, match=r"weights='imagenet'.*cifar10.*cifar100.*svhn"):
         kp.preact_resnet20(weights="imagenet")
     with pytest.raises(ValueError, match="10 classes. Received: classes=100"):
@@ -92,7 +120,7 @@ def test_tag_errors_come_before_any_layer_or_download(monkeypatch, no_network):
     with pytest.raises(ValueError, match="Unknown `classifier_activation`"):
         kp.preact_resnet20(weights="https://example.invalid/a.weights.h5#md5=" + "0" * 32,
                            classifier_activation="nope")
-    assert built == []
+    assert built_convs == []
 
 
 def test_url_with_hash_forms(tmp_path, monkeypatch):
@@ -124,9 +152,14 @@ def test_wrong_depth_unit_and_head_fail_loudly(tmp_path):
             kp.preact_resnet_cifar(20, block="bottleneck", weights=weights)  # another unit
         with pytest.raises(ValueError, match="10 classes. Received: classes=5"):
             kp.preact_resnet20(weights=weights, classes=5)  # another head
-    # Same shapes, other meaning: recorded architecture arguments are compared.
-    with pytest.raises(ValueError, match="first_unit_shared_preact=True vs False"):
+    # Same shapes, other meaning: recorded architecture arguments are compared, by the
+    # factory (which says what to pass) and by the loader itself.
+    with pytest.raises(ValueError, match="made for first_unit_shared_preact=True. Received: "
+                                         "first_unit_shared_preact=False"):
         kp.preact_resnet20(weights=path, first_unit_shared_preact=False)
+    other = kp.preact_resnet20(first_unit_shared_preact=False, input_shape=(16, 16, 3))
+    with pytest.raises(ValueError, match="first_unit_shared_preact=True vs False"):
+        W.load_weights_file(other, path)
     # A headless file into a model with a head.
     headless = W.save_weights_file(kp.preact_resnet20(include_top=False, input_shape=(16, 16, 3)),
                                    str(tmp_path / "features.weights.h5"))

@@ -153,7 +153,8 @@ def _moving_stats(params, mean, variance, momentum):
 
 
 def batch_norm(x, params, *, training, momentum, epsilon, channel_axis, synchronized=False):
-    """Batch normalisation with Keras' arithmetic (float32 statistics).
+    """Batch normalisation with Keras' arithmetic: statistics in float32, or in
+    float64 for float64 inputs (as `keras.layers.BatchNormalization`).
 
     Args:
         x: 4D tensor.
@@ -164,7 +165,8 @@ def batch_norm(x, params, *, training, momentum, epsilon, channel_axis, synchron
         (y, (new_moving_mean, new_moving_variance) or None).
     """
     out_dtype = x.dtype
-    xf = ops.cast(x, "float32")
+    is_float64 = keras.backend.standardize_dtype(x.dtype) == "float64"
+    xf = ops.cast(x, "float64" if is_float64 else "float32")
     if training:
         axes = [a for a in range(4) if a != channel_axis % 4]
         if synchronized:
@@ -182,15 +184,15 @@ def batch_norm(x, params, *, training, momentum, epsilon, channel_axis, synchron
     return ops.cast(y, out_dtype), new_stats
 
 
-def _fused_bn(data_format, synchronized):
-    """Whether training BN + ReLU runs as TensorFlow's fused kernel
-    (`tf_kernels.batch_norm_relu`)."""
+def _fused_bn(data_format, synchronized, dtype="float32"):
+    """Whether training BN + ReLU of a `dtype` tensor runs as TensorFlow's fused kernel
+    (`tf_kernels.batch_norm_relu`; float32 statistics, so not for float64)."""
     if keras.backend.backend() != "tensorflow":
         return False
     from keras_preact.layers import tf_kernels
 
     tf_kernels.warn_if_onednn_off()  # asked once a training trace: the kernels are chosen now
-    if synchronized or data_format != "channels_last":
+    if synchronized or data_format != "channels_last" or dtype == "float64":
         return False
     return tf_kernels.bn_enabled()
 
@@ -299,7 +301,7 @@ def unit_forward(x, params, spec, *, training, momentum, epsilon, data_format, s
 
     def bn_relu(t, name):
         bn_params = {f: params[f"{name}_{f}"] for f in BN_FIELDS}
-        if training and _fused_bn(data_format, synchronized):
+        if training and _fused_bn(data_format, synchronized, keras.backend.standardize_dtype(t.dtype)):
             y, stats = _fast_batch_norm_relu(t, bn_params, momentum=momentum, epsilon=epsilon)
             updates[name] = stats
             return y

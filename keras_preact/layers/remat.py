@@ -10,7 +10,9 @@ extra forward pass (~1.33x the compute of a training step).
 The checkpoint is the backend's own:
 
 * TensorFlow: `tf.recompute_grad` (works inside `model.fit`'s `tf.function`;
-  `keras.RematScope` does not, see DESIGN.md);
+  `keras.RematScope(mode="full")` around the model fails there as soon as `fit` traces
+  it: "The custom_gradient decorator currently supports keywords arguments only when
+  eager execution is enabled", Keras 3.15.1 / TF 2.21);
 * JAX: `jax.checkpoint`;
 * PyTorch: `torch.utils.checkpoint.checkpoint` (non-reentrant).
 

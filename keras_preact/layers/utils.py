@@ -1,4 +1,6 @@
-"""Small shape and cost helpers shared by the layers and models."""
+"""Small argument, shape and cost helpers shared by the layers and models."""
+
+import difflib
 
 import keras
 
@@ -15,6 +17,27 @@ def normalize_data_format(data_format):
             f"Received: data_format={data_format!r}"
         )
     return data_format
+
+
+def check_known_arguments(given, valid, *, where):
+    """Raises ValueError for the first name in `given` that is not in `valid`.
+
+    Args:
+        given: dict of the keyword arguments received.
+        valid: iterable of the accepted names.
+        where: what received them, for the message (e.g. "preact_resnet20").
+
+    Raises:
+        ValueError: naming the argument, its value and the closest valid name.
+    """
+    valid = sorted(valid)
+    for name in sorted(set(given) - set(valid)):
+        close = difflib.get_close_matches(name, valid, n=1)
+        hint = f" Did you mean `{close[0]}`?" if close else ""
+        raise ValueError(
+            f"Unknown argument `{name}` for {where}.{hint} Received: "
+            f"{name}={given[name]!r}. Valid: {', '.join(valid)}"
+        )
 
 
 def spatial_shape(shape, data_format):

@@ -5,7 +5,9 @@ Basic units for depth 6n+2 (stage widths 16/32/64), bottleneck units for depth 9
 the first unit of stages 2 and 3 (paper Section 4 and Table 3 / 4).
 """
 
+from keras_preact.layers.utils import check_known_arguments
 from keras_preact.layers.utils import normalize_data_format
+from keras_preact.models.preact_resnet import MODEL_ARGUMENTS
 from keras_preact.models.preact_resnet import PreActResNet
 from keras_preact.models.registry import register_model
 from keras_preact.weights import hooks as weights_hooks
@@ -145,6 +147,7 @@ def build_with_weights(model_name, architecture, *, weights, include_top, input_
     Returns:
         A `PreActResNet`.
     """
+    check_known_arguments(kwargs, MODEL_ARGUMENTS, where=model_name)
     if weights is None and classes is None:
         classes = default_classes
     # The weights are validated (and fetched) before any layer is built; they may
@@ -156,6 +159,7 @@ def build_with_weights(model_name, architecture, *, weights, include_top, input_
         input_shape=tuple(input_tensor.shape[1:]) if input_tensor is not None else input_shape,
         channels_last=normalize_data_format(kwargs.get("data_format")) == "channels_last",
         kwargs=kwargs,
+        fixed=architecture,
         weights=weights,
     )
     plan = weights_hooks.plan_weights(

@@ -6,7 +6,9 @@ stages of pre-activation units -> final BN-ReLU (the paper's last-unit rule) ->
 pooling -> dense head.
 """
 
+import inspect
 import math
+import os
 
 import keras
 
@@ -21,6 +23,7 @@ from keras_preact.layers.preprocessing import ImageNormalization
 from keras_preact.layers.preprocessing import resolve_preprocessing
 from keras_preact.layers import variants
 from keras_preact.layers.remat import check_remat
+from keras_preact.layers.utils import check_known_arguments
 from keras_preact.layers.utils import normalize_data_format
 
 BLOCKS = BLOCK_TYPES
@@ -209,6 +212,27 @@ def validate_config(
     }
 
 
+def _head_dtype(dtype):
+    """The final activation's dtype: float32, or float64 under a float64 policy."""
+    if dtype is not None and keras.dtype_policies.get(dtype).compute_dtype == "float64":
+        return "float64"
+    return "float32"
+
+
+def _zero_last_convs(model):
+    """Sets the last conv kernel of every residual branch to zero (`zero_init_last`)."""
+    for stage in model.layers:
+        if not isinstance(stage, PreActStage):
+            continue
+        for unit in (stage.unit1, stage.unit_last):
+            if unit is not None:
+                kernel = unit.get_variable(f"{unit.spec.convs[-1][0]}_kernel")
+                kernel.assign(keras.ops.zeros(kernel.shape, kernel.dtype))
+        if stage.num_stacked:
+            kernel = stage.get_variable(f"{stage.repeat_spec.convs[-1][0]}_kernel")
+            kernel.assign(keras.ops.zeros(kernel.shape, kernel.dtype))
+
+
 @keras.saving.register_keras_serializable(package="keras_preact")
 class PreActResNet(keras.Model):
     """A pre-activation ResNet (He et al. 2016), driven entirely by its arguments.
@@ -258,6 +282,12 @@ class PreActResNet(keras.Model):
         data_format: "channels_last" or "channels_first"; None uses
             `keras.config.image_data_format()`.
         kernel_initializer: default "he_normal".
+        zero_init_last: bool, default False (the paper's He initialisation of every
+            conv). True starts the last conv of every residual branch at zero, as
+            timm's `zero_init_last`, so each unit starts as the identity. An
+            untrained ResNet-1001 in inference mode overflows to NaN: over 333
+            identity units the activations grow past float32 (a PyTorch model of
+            the same initialisation does too); with True its outputs are finite.
         bn_momentum: default 0.9; bn_epsilon: default 1e-5 (Torch's defaults).
         synchronized_bn: bool, default False. Cross-replica BatchNorm statistics
             under `tf.distribute` (TensorFlow only). By default each replica
@@ -294,10 +324,11 @@ class PreActResNet(keras.Model):
             gradients and moving statistics equal the plain path's; a training
             step costs about one extra forward pass. TensorFlow (also under
             `fit`), JAX and PyTorch; see `keras_preact.layers.remat`.
-        dtype: optional dtype policy for every layer (e.g. "mixed_bfloat16").
-            The final activation always computes in float32.
+        dtype: optional dtype policy for every layer (e.g. "mixed_bfloat16" or
+            "float64"). The final activation computes in float32 at least.
         name: model name, default "preact_resnet".
-        **kwargs: base `keras.Model` arguments (`trainable`).
+        **kwargs: the base `keras.Model` argument `trainable`; any other name
+            raises ValueError.
 
     Example:
         >>> model = PreActResNet(block="basic", stage_blocks=(3, 3, 3),
@@ -333,6 +364,7 @@ class PreActResNet(keras.Model):
         input_tensor=None,
         data_format=None,
         kernel_initializer="he_normal",
+        zero_init_last=False,
         bn_momentum=BN_MOMENTUM,
         bn_epsilon=BN_EPSILON,
         synchronized_bn=False,
@@ -349,6 +381,11 @@ class PreActResNet(keras.Model):
         name="preact_resnet",
         **kwargs,
     ):
+        check_known_arguments(kwargs, MODEL_ARGUMENTS, where="PreActResNet")
+        if not isinstance(zero_init_last, bool):
+            raise ValueError(
+                f"`zero_init_last` must be True or False. Received: zero_init_last={zero_init_last!r}"
+            )
         checked = validate_config(
             block=block,
             stage_blocks=stage_blocks,
@@ -497,9 +534,10 @@ class PreActResNet(keras.Model):
             pool = keras.layers.GlobalMaxPooling2D if pooling == "max" else keras.layers.GlobalAveragePooling2D
             x = pool(data_format=data_format, dtype=dtype, name="pool")(x)
             x = keras.layers.Dense(classes, dtype=dtype, name="logits")(x)
-            # Float32 so softmax stays accurate under mixed precision.
+            # Float32 (at least) so softmax stays accurate under mixed precision.
             x = keras.layers.Activation(
-                classifier_activation, dtype="float32", name="predictions"
+                classifier_activation, dtype=_head_dtype(dtype),
+                name="predictions",
             )(x)
         elif pooling == "avg":
             x = keras.layers.GlobalAveragePooling2D(
@@ -510,6 +548,8 @@ class PreActResNet(keras.Model):
                 data_format=data_format, dtype=dtype, name="pool"
             )(x)
         super().__init__(inputs=inputs, outputs=x, name=name, **kwargs)
+        if zero_init_last:
+            _zero_last_convs(self)
 
         # --- config (exactly the constructor's arguments) ---
         self.block = block
@@ -530,6 +570,7 @@ class PreActResNet(keras.Model):
         self.preprocessing = preprocessing
         self.data_format = data_format
         self.kernel_initializer = kernel_initializer
+        self.zero_init_last = zero_init_last
         self.bn_momentum = bn_momentum
         self.bn_epsilon = bn_epsilon
         self.synchronized_bn = synchronized_bn
@@ -580,6 +621,7 @@ class PreActResNet(keras.Model):
             else keras.initializers.serialize(
                 keras.initializers.get(self.kernel_initializer)
             ),
+            "zero_init_last": self.zero_init_last,
             "bn_momentum": self.bn_momentum,
             "bn_epsilon": self.bn_epsilon,
             "synchronized_bn": self.synchronized_bn,
@@ -597,9 +639,27 @@ class PreActResNet(keras.Model):
             "trainable": self.trainable,
         }
 
+    def save_weights(self, filepath, overwrite=True, max_shard_size=None):
+        """`keras.Model.save_weights`; a `.weights.h5` file also records the
+        architecture arguments, the preprocessing and the input shape, so that
+        ``get_model(name, weights=filepath)`` rebuilds this model from the file
+        alone (any Keras still loads it as a plain weights file)."""
+        super().save_weights(filepath, overwrite=overwrite, max_shard_size=max_shard_size)
+        if str(filepath).endswith(".weights.h5") and os.path.isfile(filepath):
+            from keras_preact.weights.local import record_model
+
+            record_model(self, filepath)
+
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
         if isinstance(config.get("dtype"), dict):
             config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
         return cls(**config)
+
+
+#: Every keyword argument `PreActResNet` accepts (the base `keras.Model` takes
+#: `trainable`), for the unknown-argument checks of the model and its factories.
+MODEL_ARGUMENTS = frozenset(
+    set(inspect.signature(PreActResNet.__init__).parameters) - {"self", "kwargs"}
+) | {"trainable"}

@@ -3,7 +3,7 @@
 The recipe pieces (`TrainConfig`, `WarmupPiecewiseConstant`, `CoupledSGD`) are plain
 Keras 3 and work on every backend. `train_and_evaluate`, `evaluate` and `run_demo`
 use tf.data and tf.distribute; they (and TensorFlow) are imported on first use, and
-`import keras_preact` never imports this package.
+`import keras_preact` imports only the recipe pieces (to register them for loading `.keras` files).
 
 Example:
     >>> from keras_preact.training import TrainConfig, train_and_evaluate
@@ -16,10 +16,12 @@ from keras_preact.training.config import STRATEGIES
 from keras_preact.training.config import TrainConfig
 from keras_preact.training.config import paper_cifar_recipe
 from keras_preact.training.config import paper_imagenet_recipe
-from keras_preact.training.optimizers import CoupledSGD
-from keras_preact.training.schedules import WarmupPiecewiseConstant
 
+# Keras (and with it TensorFlow) loads on first use, so `keras-preact --help` and the
+# command parsers start without it.
 _LAZY = {
+    "CoupledSGD": "keras_preact.training.optimizers",
+    "WarmupPiecewiseConstant": "keras_preact.training.schedules",
     "train_and_evaluate": "keras_preact.training.trainer",
     "evaluate": "keras_preact.training.trainer",
     "build_model": "keras_preact.training.trainer",
@@ -34,11 +36,9 @@ _LAZY = {
 }
 
 __all__ = [
-    "CoupledSGD",
     "PRECISIONS",
     "STRATEGIES",
     "TrainConfig",
-    "WarmupPiecewiseConstant",
     "paper_cifar_recipe",
     "paper_imagenet_recipe",
     *_LAZY,

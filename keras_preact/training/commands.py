@@ -1,21 +1,19 @@
 """`keras-preact train`, `keras-preact evaluate` and `keras-preact demo`.
 
-Each command turns bad input into ``error: ...`` on stderr and exit status 2; the
-library raises ValueError with the details.
+The library raises ValueError with the details of bad input; `keras_preact.cli.main`
+reports it.
 """
 
 import argparse
 import json
-import logging
-import sys
 
+from keras_preact.cli import verbosity
+from keras_preact.training.config import DECAY_VARIABLES
 from keras_preact.training.config import LR_SCALINGS
 from keras_preact.training.config import PRECISIONS
 from keras_preact.training.config import SCHEDULE_UNITS
 from keras_preact.training.config import STRATEGIES
 from keras_preact.training.config import TrainConfig
-from keras_preact.training.optimizers import DECAY_VARIABLES
-from keras_preact.weights.download import WeightsDownloadError
 
 _DEFAULTS = TrainConfig()
 
@@ -50,7 +48,7 @@ def add_commands(subparsers):
     p.add_argument("--data-path", default=None)
     p.add_argument("--split", default="test")
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--verbose", default="auto", type=_verbose)
+    p.add_argument("--verbose", default="auto", type=verbosity)
     p.set_defaults(func=cmd_evaluate)
 
     from keras_preact.training.demo import DEMO_EPOCHS
@@ -68,7 +66,7 @@ def add_commands(subparsers):
     p.add_argument("--epochs", type=int, default=DEMO_EPOCHS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-export", action="store_true", help="skip the export step")
-    p.add_argument("--verbose", default="auto", type=_verbose)
+    p.add_argument("--verbose", default="auto", type=verbosity)
     p.set_defaults(func=cmd_demo)
 
 
@@ -134,7 +132,8 @@ def add_train_arguments(p, *, workdir_required=True):
     g.add_argument("--deterministic", action="store_true", help="TensorFlow op determinism (bit-exact reruns)")
     g.add_argument("--intra-op-threads", type=int, default=None)
     g.add_argument("--inter-op-threads", type=int, default=None)
-    g.add_argument("--verbose", default="auto", type=_verbose, help="fit verbosity: auto, 0, 1, 2")
+    g.add_argument("--verbose", default="auto", type=verbosity,
+                   help="auto (a progress bar on a terminal, else a line per epoch), 0, 1, 2")
 
 
 def config_from_args(args):
@@ -181,20 +180,6 @@ def config_from_args(args):
     )
 
 
-def _setup_logging():
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    log = logging.getLogger("keras_preact.training")
-    if not log.handlers:
-        log.addHandler(handler)
-    log.setLevel(logging.INFO)
-
-
-def _fail(err):
-    print(f"error: {err}", file=sys.stderr)
-    return 2
-
-
 def print_result(result):
     print(
         f"test accuracy {100 * result['test_accuracy']:.2f}%  test loss "
@@ -205,19 +190,9 @@ def print_result(result):
 
 
 def cmd_train(args):
-    _setup_logging()
-    try:
-        config = config_from_args(args)
-        from keras_preact.training.trainer import train_and_evaluate
+    from keras_preact.training.trainer import train_and_evaluate
 
-        result = train_and_evaluate(config, args.workdir)
-    except (ValueError, FileNotFoundError, WeightsDownloadError) as err:
-        return _fail(err)
-    except RuntimeError as err:
-        # A multi-worker peer was lost: a clear message and the way to resume.
-        if type(err).__name__ != "ClusterError":
-            raise
-        return _fail(err)
+    result = train_and_evaluate(config_from_args(args), args.workdir)
     if result["resumed_from_epoch"] is None:
         print("The run was already complete.")
     elif result["resumed_from_epoch"]:
@@ -233,22 +208,19 @@ def cmd_train(args):
 
 
 def cmd_evaluate(args):
-    _setup_logging()
     if args.workdir is None and (args.dataset is None or (args.model is None and args.weights is None)):
-        return _fail(
+        raise ValueError(
             "give --workdir, or --dataset with --weights (a .keras file, or --model and "
-            "its .weights.h5)"
+            f"its .weights.h5). Received: --dataset {args.dataset}, --model {args.model}, "
+            f"--weights {args.weights}"
         )
-    try:
-        from keras_preact.training.trainer import evaluate
+    from keras_preact.training.trainer import evaluate
 
-        result = evaluate(
-            args.workdir, model=args.model, weights=args.weights, dataset=args.dataset,
-            data_dir=args.data_dir, data_source=args.data_source, data_path=args.data_path,
-            batch_size=args.batch_size, split=args.split, verbose=args.verbose,
-        )
-    except (ValueError, FileNotFoundError) as err:
-        return _fail(err)
+    result = evaluate(
+        args.workdir, model=args.model, weights=args.weights, dataset=args.dataset,
+        data_dir=args.data_dir, data_source=args.data_source, data_path=args.data_path,
+        batch_size=args.batch_size, split=args.split, verbose=args.verbose,
+    )
     print(
         f"{result['dataset']} {result['split']}: accuracy {100 * result['accuracy']:.2f}%  "
         f"loss {result['loss']:.4f}  ({result['num_examples']} images; {result['source']})"
@@ -257,34 +229,18 @@ def cmd_evaluate(args):
 
 
 def cmd_demo(args):
-    _setup_logging()
-    try:
-        from keras_preact.training.demo import run_demo
+    from keras_preact.training.demo import run_demo
 
-        result = run_demo(
-            args.workdir, epochs=args.epochs, seed=args.seed, export=not args.no_export,
-            verbose=args.verbose,
-        )
-    except (ValueError, FileNotFoundError) as err:
-        return _fail(err)
+    result = run_demo(
+        args.workdir, epochs=args.epochs, seed=args.seed, export=not args.no_export,
+        verbose=args.verbose,
+    )
     print(f"Held-out accuracy on digits: {100 * result['test_accuracy']:.2f}%")
     print(f"Training curve: {result['curve_path']}")
     print_result(result)
     if result.get("export"):
         print(f"Export: {result['export']}")
     return 0
-
-
-def _verbose(value):
-    if value == "auto":
-        return value
-    try:
-        v = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be auto, 0, 1 or 2, not {value!r}") from None
-    if v not in (0, 1, 2):
-        raise argparse.ArgumentTypeError(f"must be auto, 0, 1 or 2, not {value!r}")
-    return v
 
 
 def _json_dict(value):

@@ -33,12 +33,12 @@ import json
 import math
 from typing import Optional
 
-from keras_preact.training.optimizers import DECAY_VARIABLES
-
 STRATEGIES = ("default", "mirrored", "tpu", "multiworker")
 PRECISIONS = ("fp32", "mixed_float16", "mixed_bfloat16")
 SCHEDULE_UNITS = ("iterations", "epochs")
 LR_SCALINGS = ("linear", "sqrt", "none")
+#: Which variables get the coupled L2 term (see `keras_preact.training.optimizers`).
+DECAY_VARIABLES = ("all", "kernels")
 
 #: Fields that may change between a run and its resumption: where TFDS / the CIFAR
 #: files live, how often to evaluate, how many checkpoints to keep, thread pools and

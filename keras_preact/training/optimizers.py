@@ -20,7 +20,7 @@ the decay to convolution and dense kernels, a common later practice.
 import keras
 from keras import ops
 
-DECAY_VARIABLES = ("all", "kernels")
+from keras_preact.training.config import DECAY_VARIABLES
 
 
 def decays_variable(variable, decay_variables):

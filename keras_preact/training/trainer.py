@@ -34,6 +34,9 @@ from keras_preact.training.workdir import read_json
 logger = logging.getLogger("keras_preact.training")
 
 CONFIG_FORMAT = 1
+#: Fewer steps than this in an epoch get a warning: every epoch ends with a checkpoint,
+#: the reports and (with eval_every) a test evaluation, which then outweigh training.
+FEW_STEPS_PER_EPOCH = 10
 
 
 def build_model(config, info):
@@ -308,6 +311,8 @@ def train_and_evaluate(config, workdir):
             checkpoint, a batch size that does not divide across the replicas, or
             strategy "tpu" without a TPU. Raised before anything in `workdir` is
             written or overwritten.
+        WorkdirInUseError: if another process is training in `workdir` (each run
+            holds its lock); nothing was changed.
 
     Example:
         >>> from keras_preact.training import TrainConfig, train_and_evaluate
@@ -330,6 +335,12 @@ def train_and_evaluate(config, workdir):
 
         return train_multiworker(config, workdir)
     workdir = Workdir(workdir)
+    with workdir.lock():
+        return _train_locked(config, workdir)
+
+
+def _train_locked(config, workdir):
+    """`train_and_evaluate` of a validated config while this process holds `workdir`."""
     state = check_workdir(config, workdir)
     if state is not None and state.get("complete") and os.path.exists(workdir.final_model_path):
         metrics = read_json(workdir.file(METRICS_JSON))
@@ -400,11 +411,21 @@ def train_and_evaluate(config, workdir):
             **{**data_kwargs(), "batch_size": 1},
         ).cardinality()
     )
-    spe = num_train // config.batch_size
+    spe, dropped = divmod(num_train, config.batch_size)
     if spe < 1:
         raise ValueError(
             f"batch_size={config.batch_size} is larger than the {config.dataset!r} "
             f"training split ({num_train} images)."
+        )
+    # Batches are whole (drop_remainder=True): say so rather than lose images silently.
+    if dropped:
+        logger.warning("Training drops the last %d of %d training images each epoch (batch %d).",
+                       dropped, num_train, config.batch_size)
+    if spe < FEW_STEPS_PER_EPOCH:
+        logger.warning(
+            "An epoch is only %d step(s) (%d training images at batch %d): its checkpoint "
+            "and evaluation cost more than its training; a smaller batch size gives more steps.",
+            spe, num_train, config.batch_size,
         )
     sched = config.resolve_schedule(spe)
     epochs, total_steps = sched["epochs"], sched["total_steps"]
@@ -572,6 +593,11 @@ def has_preprocessing_layer(model):
 def _load_weights(model, path, label):
     try:
         model.load_weights(path)
+    except OSError as err:  # h5py's error for a truncated or damaged file names no file
+        raise ValueError(
+            f"The weights file {path} cannot be read ({_short(err)}): it is damaged or "
+            "incomplete (an interrupted copy?); copy it again."
+        ) from None
     except Exception as err:  # Keras raises several types for a mismatch.
         raise ValueError(
             f"The weights {path} do not fit {label!r} ({type(err).__name__}: "
@@ -671,13 +697,9 @@ def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=N
             if weights is not None:
                 _load_weights(net, weights, getattr(net, "name", "the model"))
         elif weights is not None and str(weights).endswith(".keras"):
-            try:
-                net = keras.saving.load_model(weights, compile=False)
-            except Exception as err:
-                raise ValueError(
-                    f"Cannot load the model file {weights} ({type(err).__name__}: "
-                    f"{_short(err)})."
-                ) from None
+            from keras_preact.weights.local import load_keras_file
+
+            net = load_keras_file(weights)
         else:
             if model not in keras_preact.list_models():
                 raise ValueError(

@@ -12,6 +12,7 @@ Layout of a workdir::
     training_curve.png          loss and error per epoch
     tensorboard/                TensorBoard event files
     model.keras                 the final model
+    .lock                       held by the process training in the workdir
 
 Every file is written to a temporary name in the same folder and renamed into place
 with `os.replace` (atomic on POSIX and Windows), and `state.json` is replaced only
@@ -19,6 +20,7 @@ after the checkpoint it names is complete: a kill at any instant leaves the prev
 consistent state.
 """
 
+import contextlib
 import csv
 import io
 import json
@@ -33,7 +35,12 @@ METRICS_CSV = "metrics.csv"
 CURVE_PNG = "training_curve.png"
 TENSORBOARD_DIR = "tensorboard"
 FINAL_MODEL = "model.keras"
+LOCK_FILE = ".lock"
 STATE_FORMAT = 1
+
+
+class WorkdirInUseError(RuntimeError):
+    """Another process is training in the workdir (see `Workdir.lock`)."""
 
 
 def atomic_write_bytes(path, data):
@@ -109,10 +116,46 @@ class Workdir:
         if not isinstance(path, (str, os.PathLike)) or not str(path):
             raise ValueError(f"`workdir` must be a folder path. Received: workdir={path!r}")
         self.path = os.path.abspath(os.fspath(path))
-        if os.path.exists(self.path) and not os.path.isdir(self.path):
+        existing = self.path
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):
             raise ValueError(
-                f"`workdir` must be a folder, but a file is there. Received: workdir={path!r}"
+                f"`workdir` must be a folder, but {existing} is a file. Received: workdir={path!r}"
             )
+
+    @contextlib.contextmanager
+    def lock(self):
+        """Holds the workdir for this process, so that a second run in it fails at once.
+
+        A workdir that this call creates is removed again when nothing else was
+        written into it (the run refused its input).
+
+        Raises:
+            WorkdirInUseError: if another process holds it; nothing was changed.
+            OSError: if the folder or its lock file cannot be created.
+        """
+        import filelock
+
+        created = not os.path.isdir(self.path)
+        os.makedirs(self.path, exist_ok=True)
+        lock = filelock.FileLock(self.file(LOCK_FILE), timeout=0)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            raise WorkdirInUseError(
+                f"The workdir {self.path} is in use by another process (it holds "
+                f"{self.file(LOCK_FILE)}). Nothing was changed. Wait for that run to "
+                "end, or use another workdir."
+            ) from None
+        try:
+            yield
+        finally:
+            lock.release()
+            if created and os.listdir(self.path) == [LOCK_FILE]:
+                _remove_quietly(self.file(LOCK_FILE))
+                with contextlib.suppress(OSError):  # another run may have begun there
+                    os.rmdir(self.path)
 
     def file(self, *parts):
         return os.path.join(self.path, *parts)

@@ -1,11 +1,9 @@
-"""`keras-preact tune`: a resumable depth sweep with KerasTuner.
-
-Bad input prints ``error: ...`` on stderr and exits with status 2.
-"""
+"""`keras-preact tune`: a resumable depth sweep with KerasTuner."""
 
 import argparse
-import logging
-import sys
+
+from keras_preact.cli import print_table
+from keras_preact.cli import verbosity
 
 
 def add_commands(subparsers):
@@ -57,22 +55,12 @@ def add_commands(subparsers):
     g.add_argument("--data-dir", default=None)
     g.add_argument("--data-source", default="auto")
     g.add_argument("--data-path", default=None)
-    g.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2))
+    g.add_argument("--verbose", default="auto", type=verbosity,
+                   help="auto (progress bars on a terminal, else a line per epoch), 0, 1, 2")
     p.set_defaults(func=cmd_tune)
 
 
-def _fail(err):
-    print(f"error: {err}", file=sys.stderr)
-    return 2
-
-
 def cmd_tune(args):
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    log = logging.getLogger("keras_preact.tuning")
-    if not log.handlers:
-        log.addHandler(handler)
-    log.setLevel(logging.INFO)
     budget = None
     for kind, value in (("params", args.max_params), ("macs", args.max_macs),
                         ("step_time", args.max_step_time)):
@@ -89,21 +77,18 @@ def cmd_tune(args):
     )
     if args.depths is not None:
         space["depths"] = args.depths
-    try:
-        if args.cpu_devices:
-            from keras_preact.training.distribute import configure_runtime
+    if args.cpu_devices:
+        from keras_preact.training.distribute import configure_runtime
 
-            configure_runtime(cpu_devices=args.cpu_devices)
-        from keras_preact.tuning.study import tune
+        configure_runtime(cpu_devices=args.cpu_devices)
+    from keras_preact.tuning.study import tune
 
-        result = tune(
-            args.workdir, tuner=args.tuner, max_trials=args.max_trials,
-            overwrite=args.overwrite, export=not args.no_export,
-            distribution_strategy=args.strategy if args.strategy not in (None, "default") else None,
-            verbose=args.verbose, **space,
-        )
-    except (ValueError, FileNotFoundError) as err:
-        return _fail(err)
+    result = tune(
+        args.workdir, tuner=args.tuner, max_trials=args.max_trials,
+        overwrite=args.overwrite, export=not args.no_export,
+        distribution_strategy=args.strategy if args.strategy not in (None, "default") else None,
+        verbose=args.verbose, **space,
+    )
     if result["role"] == "worker":
         print("Worker done: the chief writes the results.")
         return 0
@@ -139,10 +124,7 @@ def _print_table(rows):
             + ("" if r["within_budget"] in (None, 1) else " (over budget)"),
             f"{r['train_time_s']:.1f}" if r["train_time_s"] is not None else "",
         ))
-    widths = [max(len(x[i]) for x in lines + [header]) for i in range(len(header))]
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
-    for line in lines:
-        print("  ".join(c.ljust(w) for c, w in zip(line, widths)))
+    print_table(header, lines)
 
 
 def _int_list(value):

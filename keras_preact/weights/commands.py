@@ -3,6 +3,11 @@
 import os
 import sys
 
+from keras_preact.cli import EXIT_PARTIAL
+from keras_preact.cli import error_message
+from keras_preact.cli import partial_status
+from keras_preact.cli import print_table
+
 
 def add_commands(subparsers):
     """Adds the ``weights`` command and its subcommands to the `keras-preact` parser."""
@@ -53,68 +58,60 @@ def add_commands(subparsers):
     q.set_defaults(func=cmd_readme)
 
 
-def _fail(err):
-    print(f"error: {err}", file=sys.stderr)
-    return 2
-
-
 def _cached_keys(cache_dir):
     from keras_preact.weights.download import cached_entries
 
     return {e["key"]: e for e in cached_entries(cache_dir)}
 
 
+def _cell(value):
+    """A table cell: "-" for a value the catalog does not give."""
+    return "-" if value is None or value == "" else str(value)
+
+
 def cmd_list(args):
     from keras_preact.weights.catalog import list_entries
 
-    try:
-        if args.model is not None:
-            from keras_preact.models.registry import model_info
+    if args.model is not None:
+        from keras_preact.models.registry import model_info
 
-            model_info(args.model)
-        entries = list_entries(args.model)
-        cached = _cached_keys(args.cache_dir)
-    except ValueError as err:
-        return _fail(err)
+        model_info(args.model)
+    entries = list_entries(args.model)
+    cached = _cached_keys(args.cache_dir)
     if not entries:
         print("No pretrained weights in the catalog" + (f" for {args.model}." if args.model else "."))
         return 0
-    header = ("weights", "default", "dataset", "classes", "error %", "cached")
     rows = [
         (
             e["key"],
             "yes" if e.get("default") else "",
-            str(e.get("dataset", "")),
-            str(e.get("classes", "")),
-            str((e.get("metrics") or {}).get("top1_error", "-")),
+            _cell(e.get("dataset")),
+            _cell(e.get("classes")),
+            _cell((e.get("metrics") or {}).get("top1_error")),
             "yes" if e["key"] in cached else "",
         )
         for e in entries
     ]
-    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
-    line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
-    print(line)
-    print("-" * len(line))
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+    print_table(("weights", "default", "dataset", "classes", "error %", "cached"), rows)
     return 0
 
 
 def cmd_fetch(args):
     from keras_preact.weights.download import fetch_weights
 
-    status = 0
+    failed = 0
     for key in args.keys:
         try:
             path = fetch_weights(
                 key, cache_dir=args.cache_dir, offline=True if args.offline else None,
                 progress=not args.no_progress,
             )
-        except (ValueError, OSError) as err:
-            status = _fail(err)
+        except (ValueError, OSError) as err:  # the other keys are still fetched
+            print(f"error: {error_message(err)}", file=sys.stderr)
+            failed += 1
             continue
         print(f"{key}: {path}")
-    return status
+    return partial_status(failed, len(args.keys))
 
 
 def cmd_verify(args):
@@ -123,16 +120,13 @@ def cmd_verify(args):
     from keras_preact.weights.download import verify_cached
 
     cached = _cached_keys(args.cache_dir)
-    try:
-        keys = args.keys or sorted(cached)
-        paths = {}
-        for key in keys:
-            if key in cached:
-                paths[key] = cached[key]["path"]
-            else:
-                paths[key] = cached_paths(get_entry(key), args.cache_dir)[0]
-    except ValueError as err:
-        return _fail(err)
+    keys = args.keys or sorted(cached)
+    paths = {}
+    for key in keys:
+        if key in cached:
+            paths[key] = cached[key]["path"]
+        else:
+            paths[key] = cached_paths(get_entry(key), args.cache_dir)[0]
     if not keys:
         print("The cache holds no weights.")
         return 0
@@ -141,17 +135,17 @@ def cmd_verify(args):
         path = paths[key]
         if not os.path.isfile(path):
             print(f"{key}: not cached")
-            status = 1
+            status = EXIT_PARTIAL
             continue
         try:
             record = verify_cached(path, path + ".json")
         except FileNotFoundError:
             print(f"{key}: NO RECORD (no sidecar {path}.json; not trusted)")
-            status = 1
+            status = EXIT_PARTIAL
             continue
         except ValueError as err:
             print(f"{key}: ALTERED ({err})")
-            status = 1
+            status = EXIT_PARTIAL
             continue
         print(f"{key}: ok (sha256 {record['sha256']})")
     return status
@@ -165,12 +159,9 @@ def cmd_path(args):
     if args.key is None:
         print(resolve_cache_dir(args.cache_dir))
         return 0
-    try:
-        path = cached_paths(get_entry(args.key), args.cache_dir)[0]
-    except ValueError as err:
-        return _fail(err)
+    path = cached_paths(get_entry(args.key), args.cache_dir)[0]
     print(path)
-    return 0 if os.path.isfile(path) else 1
+    return 0 if os.path.isfile(path) else EXIT_PARTIAL
 
 
 def cmd_clear(args):
@@ -186,10 +177,7 @@ def cmd_clear(args):
 def cmd_readme(args):
     from keras_preact.weights.catalog import render_zoo_readme
 
-    try:
-        text = render_zoo_readme()
-    except ValueError as err:
-        return _fail(err)
+    text = render_zoo_readme()
     if args.output is None:
         sys.stdout.write(text)
         return 0

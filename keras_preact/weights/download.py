@@ -322,9 +322,9 @@ def _build_entry_model(entry):
     architecture = dict(entry.get("architecture") or {})
     if entry.get("classes") is not None:
         architecture.setdefault("classes", entry["classes"])
-    # The cached file holds weights only; preprocessing has none and is chosen
-    # when a model is built from it.
-    architecture.pop("preprocessing", None)
+    # The preprocessing has no weights, but the saved file records it, so that a
+    # model built from the file alone (`weights=path`) normalises as the entry says.
+    architecture["preprocessing"] = entry.get("preprocessing")
     return get_model(entry["model"], **architecture)
 
 
@@ -354,11 +354,14 @@ def _convert_and_cache(entry, source, cache, work):
 def _install_converted(entry, path, cache, work):
     """A converted file from the admin folder: checked against the architecture."""
     from keras_preact.weights.local import load_weights_file
+    from keras_preact.weights.local import save_weights_file
 
     model = _build_entry_model(entry)
     load_weights_file(model, path)
     tmp = os.path.join(work, "converted.weights.h5")
-    shutil.copyfile(path, tmp)
+    # Saved again (not copied) so that the cached file records the entry's
+    # architecture and preprocessing, as a converted download does.
+    save_weights_file(model, tmp)
     return _commit(entry, tmp, cache, {"copied_from": path})
 
 

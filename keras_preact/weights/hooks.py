@@ -21,6 +21,7 @@ model unless `preprocessing=` is passed.
 """
 
 import hashlib
+import json
 import os
 import urllib.parse
 
@@ -88,8 +89,15 @@ def url_entry(model, url, hash_value):
     )
 
 
-def plan_weights(weights, *, model, include_top, classes, input_shape, channels_last, kwargs):
+def plan_weights(weights, *, model, include_top, classes, input_shape, channels_last, kwargs,
+                 fixed):
     """Validates `weights` against the other factory arguments; builds nothing.
+
+    Weights that record their architecture and preprocessing (catalog entries,
+    `.keras` files, `.weights.h5` files written by keras-preact) are planned with
+    them: the caller's explicit arguments win where they don't conflict (e.g.
+    `preprocessing=None`); a conflicting architecture argument is a ValueError
+    that says which value to pass.
 
     Args:
         weights: the factory's `weights` argument.
@@ -98,6 +106,8 @@ def plan_weights(weights, *, model, include_top, classes, input_shape, channels_
         input_shape: the requested input shape or None.
         channels_last: bool, the data format.
         kwargs: the other `PreActResNet` arguments (read, not changed).
+        fixed: the `PreActResNet` arguments the model's name fixes (its depth,
+            unit type and widths).
 
     Returns:
         dict: "kind" (None, "entry", "url", "weights_h5" or "keras"), "classes"
@@ -123,7 +133,7 @@ def plan_weights(weights, *, model, include_top, classes, input_shape, channels_
         plan.update(kind="entry", entry=entry)
         _apply_entry(plan, entry, include_top=include_top, classes=classes,
                      input_shape=input_shape, channels_last=channels_last, kwargs=kwargs,
-                     weights=weights)
+                     fixed=fixed, weights=weights)
         return plan
     path = os.path.abspath(os.path.expanduser(weights))
     if weights.endswith(local.KERAS_SUFFIX):
@@ -135,8 +145,9 @@ def plan_weights(weights, *, model, include_top, classes, input_shape, channels_
             _check_info(plan, info, include_top=include_top, classes=classes,
                         input_shape=input_shape, channels_last=channels_last,
                         kwargs=kwargs, weights=weights)
-            _apply_recorded(plan, info, input_shape=input_shape,
-                            channels_last=channels_last, kwargs=kwargs)
+            _apply_recorded(plan, info, info["architecture"], input_shape=input_shape,
+                            channels_last=channels_last, kwargs=kwargs, fixed=fixed,
+                            weights=weights)
         else:
             plan["classes"] = DEFAULT_CLASSES if classes is None else classes
         return plan
@@ -149,21 +160,59 @@ def plan_weights(weights, *, model, include_top, classes, input_shape, channels_
     path = local.resolve_weights_argument(path)
     plan.update(kind="weights_h5", path=path)
     check_h5_plan(plan, include_top=include_top, classes=classes, input_shape=input_shape,
-                  channels_last=channels_last, kwargs=kwargs, weights=weights)
+                  channels_last=channels_last, kwargs=kwargs, fixed=fixed, weights=weights)
     return plan
 
 
-def check_h5_plan(plan, *, include_top, classes, input_shape, channels_last, kwargs, weights):
+def check_h5_plan(plan, *, include_top, classes, input_shape, channels_last, kwargs, fixed,
+                  weights):
     """Fills `plan` from a local `.weights.h5`'s stem, head and recorded facts."""
     info = local.inspect_weights_file(plan["path"])
     _check_info(plan, info, include_top=include_top, classes=classes, input_shape=input_shape,
                 channels_last=channels_last, kwargs=kwargs, weights=weights)
     recorded = local.read_recorded_defaults(plan["path"])
-    _apply_recorded(plan, recorded, input_shape=input_shape, channels_last=channels_last, kwargs=kwargs)
+    _, architecture = local.read_recorded_layout(plan["path"])
+    _apply_recorded(plan, recorded, architecture or {}, input_shape=input_shape,
+                    channels_last=channels_last, kwargs=kwargs, fixed=fixed, weights=weights)
 
 
-def _apply_recorded(plan, recorded, *, input_shape, channels_last, kwargs):
-    """Preprocessing and input size of the file's model, unless given explicitly."""
+def _same(a, b):
+    """Equal as recorded (a tuple argument equals the list a file records)."""
+    return json.dumps(a, default=str) == json.dumps(b, default=str)
+
+
+def _apply_architecture(plan, architecture, *, kwargs, fixed, weights):
+    """Plans the weights' architecture arguments (those the factory doesn't decide).
+
+    Raises:
+        ValueError: when the weights belong to another network (a `fixed` argument
+            differs) or the caller passed a conflicting value.
+    """
+    for key, value in architecture.items():
+        if key in _FACTORY_KEYS or value is None:  # None: not recorded (an older file)
+            continue
+        if key in fixed:
+            if not _same(fixed[key], value):
+                raise ValueError(
+                    "The weights file does not match the architecture of this model: it "
+                    f"was made for {key}={value!r}, the model has {key}={fixed[key]!r}. "
+                    f"Nothing was loaded. Received: weights={weights!r}"
+                )
+        elif key in kwargs and not _same(kwargs[key], value):
+            raise ValueError(
+                f"The weights were made for {key}={value!r}. Received: {key}="
+                f"{kwargs[key]!r}, weights={weights!r}. Pass {key}={value!r} or leave "
+                f"{key} out."
+            )
+        else:
+            plan["overrides"][key] = value
+
+
+def _apply_recorded(plan, recorded, architecture, *, input_shape, channels_last, kwargs, fixed,
+                    weights):
+    """The file's architecture, and its preprocessing and input size unless given
+    explicitly."""
+    _apply_architecture(plan, architecture, kwargs=kwargs, fixed=fixed, weights=weights)
     if recorded.get("preprocessing") is not None and "preprocessing" not in kwargs:
         plan["overrides"]["preprocessing"] = recorded["preprocessing"]
     shape = recorded.get("input_shape")
@@ -219,7 +268,8 @@ def _resolve_classes(weights_classes, include_top, classes, weights):
 _FACTORY_KEYS = ("classes", "include_top", "input_shape")
 
 
-def _apply_entry(plan, entry, *, include_top, classes, input_shape, channels_last, kwargs, weights):
+def _apply_entry(plan, entry, *, include_top, classes, input_shape, channels_last, kwargs, fixed,
+                 weights):
     if include_top and (entry.get("architecture") or {}).get("include_top") is False:
         raise ValueError(
             f"The weights {entry['key']!r} have no classifier head (a feature-extraction "
@@ -228,15 +278,8 @@ def _apply_entry(plan, entry, *, include_top, classes, input_shape, channels_las
         )
     plan["classes"] = _resolve_classes(entry.get("classes"), include_top, classes, weights)
     overrides = plan["overrides"]
-    for key, value in (entry.get("architecture") or {}).items():
-        if key in _FACTORY_KEYS:
-            continue
-        if key in kwargs and kwargs[key] != value:
-            raise ValueError(
-                f"The weights {entry['key']!r} were made for {key}={value!r}. "
-                f"Received: {key}={kwargs[key]!r}. Leave {key} out to use them."
-            )
-        overrides[key] = value
+    _apply_architecture(plan, entry.get("architecture") or {}, kwargs=kwargs, fixed=fixed,
+                        weights=weights)
     if "preprocessing" not in kwargs and entry.get("preprocessing") is not None:
         overrides["preprocessing"] = entry["preprocessing"]
     size = entry.get("input_size")
@@ -277,7 +320,8 @@ def check_model_arguments(config):
     validate_config(**{**defaults, **{k: v for k, v in config.items() if k in wanted}})
 
 
-def materialize(plan, *, include_top, classes, input_shape, channels_last, kwargs, weights):
+def materialize(plan, *, include_top, classes, input_shape, channels_last, kwargs, fixed,
+                weights):
     """Fetches what the plan needs (catalog or URL weights); returns the local path.
 
     For URL weights the verified file's classes are checked here, still before the
@@ -293,7 +337,7 @@ def materialize(plan, *, include_top, classes, input_shape, channels_last, kwarg
         if plan["kind"] == "url":
             check_h5_plan(plan, include_top=include_top, classes=classes,
                           input_shape=input_shape, channels_last=channels_last,
-                          kwargs=kwargs, weights=weights)
+                          kwargs=kwargs, fixed=fixed, weights=weights)
         return path
     return plan["path"]
 

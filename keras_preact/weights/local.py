@@ -128,12 +128,22 @@ def model_layout(model):
 
 
 def model_architecture(model):
-    """The architecture arguments of a `PreActResNet` (None for other models)."""
-    from keras_preact.models.preact_resnet import PreActResNet
+    """The architecture arguments of a `PreActResNet` (None for other models).
 
-    if not isinstance(model, PreActResNet):
+    Recognised by its config, which holds every `ARCHITECTURE_KEYS` argument, so that
+    this module needs no import of the models.
+    """
+    try:
+        config = model.get_config()
+    except NotImplementedError:
         return None
-    config = model.get_config()
+    if not set(ARCHITECTURE_KEYS) <= set(config or ()):
+        return None
+    return architecture_record(config)
+
+
+def architecture_record(config):
+    """The architecture arguments of a `PreActResNet` config, as files record them."""
     arch = {k: _jsonable(config.get(k)) for k in ARCHITECTURE_KEYS}
     arch.update(_optional_architecture(config, only_set=True))
     return arch
@@ -183,21 +193,29 @@ def save_weights_file(model, path):
     tmp = os.path.join(folder, f".{os.path.basename(path)[:-len(WEIGHTS_SUFFIX)]}.{os.getpid()}.{id(model)}.tmp{WEIGHTS_SUFFIX}")
     try:
         model.save_weights(tmp)
-        with h5py.File(tmp, "a") as f:
-            f.attrs[LAYOUT_ATTR] = json.dumps(model_layout(model))
-            arch = model_architecture(model)
-            if arch is not None:
-                f.attrs[ARCHITECTURE_ATTR] = json.dumps(arch)
-            if arch is not None:
-                config = model.get_config()
-                f.attrs[DEFAULTS_ATTR] = json.dumps(
-                    {k: config.get(k) for k in ("preprocessing", "input_shape", "data_format")}
-                )
+        record_model(model, tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
+
+
+def record_model(model, path):
+    """Writes `model`'s variable layout into the `.weights.h5` at `path`, and for a
+    `PreActResNet` its architecture arguments and its preprocessing, input shape and
+    data format, as root attributes (`PreActResNet.save_weights` calls this)."""
+    import h5py
+
+    with h5py.File(path, "a") as f:
+        f.attrs[LAYOUT_ATTR] = json.dumps(model_layout(model))
+        arch = model_architecture(model)
+        if arch is not None:
+            f.attrs[ARCHITECTURE_ATTR] = json.dumps(arch)
+            config = model.get_config()
+            f.attrs[DEFAULTS_ATTR] = json.dumps(
+                {k: config.get(k) for k in ("preprocessing", "input_shape", "data_format")}
+            )
 
 
 def read_recorded_layout(path):
@@ -408,6 +426,7 @@ def keras_file_info(path):
         "preprocessing": inner.get("preprocessing"),
         "input_shape": inner.get("input_shape"),
         "data_format": inner.get("data_format", "channels_last"),
+        "architecture": architecture_record(inner),
     }
 
 

@@ -52,7 +52,7 @@ def _import_torch():
     try:
         import torch
     except ImportError:
-        raise ImportError(TORCH_INSTALL_HINT) from None
+        raise ModuleNotFoundError(TORCH_INSTALL_HINT) from None
     return torch
 
 
@@ -267,7 +267,7 @@ def pytorchcv_reference(upstream_name, *, seed=0):
         from pytorchcv.models import preresnet
         from pytorchcv.models import preresnet_cifar
     except ImportError:
-        raise ImportError(
+        raise ModuleNotFoundError(
             "Comparing against the reference models needs pytorchcv: "
             "`pip install --no-deps pytorchcv==0.0.74` (after torch)."
         ) from None
