@@ -332,7 +332,8 @@ def read_csv(path):
 def plot_gradient_flow(reports, path, *, title=None):
     """Saves a PNG: RMS of dL/dx_l (top) and std of x_l (bottom) against depth.
 
-    Needs matplotlib (imported here, with the non-interactive "Agg" backend).
+    Needs matplotlib; draws on an Agg canvas directly, so it works without a
+    display and leaves `matplotlib.pyplot`'s backend alone.
 
     Args:
         reports: a `GradientFlowReport` or a list of them.
@@ -342,14 +343,14 @@ def plot_gradient_flow(reports, path, *, title=None):
     Returns:
         `path`.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     if isinstance(reports, GradientFlowReport):
         reports = [reports]
-    fig, (ax_g, ax_a) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    fig = Figure(figsize=(8, 7))
+    FigureCanvasAgg(fig)
+    ax_g, ax_a = fig.subplots(2, 1, sharex=True)
     for r in reports:
         units = [row["unit"] for row in r.rows]
         ax_g.semilogy(units, r.grad_rms, label=f"{r.label} (first/last {r.first_to_last:.3g})")
@@ -378,6 +379,4 @@ def plot_gradient_flow(reports, path, *, title=None):
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    finally:
-        plt.close(fig)
     return path

@@ -1644,3 +1644,236 @@ def load_export(path, *, preprocessing=AUTO, top_k=None):
     dims = session.get_inputs()[0].shape[1:]
     shape = tuple(d if isinstance(d, int) else None for d in dims)
     return ExportedModel(kind, target, shape, class_names, card, lambda x: _run_onnx(session, x))
+
+
+# ----------------------------------------------------------------------------------
+# What to export, and inputs from files (the `keras-preact export` and `predict` inputs)
+# ----------------------------------------------------------------------------------
+
+
+def load_model_to_export(name_or_path, *, classes=10, preprocessing=AUTO):
+    """A model to export, by registered name (random initialisation) or `.keras` file.
+
+    Args:
+        name_or_path: a name from `keras_preact.list_models()` or a ``.keras`` file
+            (e.g. a training run's ``model.keras``).
+        classes: int, default 10: classes of a model built by name.
+        preprocessing: "auto" (default), None or a preset name. For a model built by
+            name it becomes the model's own layer ("auto": "cifar10" for the CIFAR
+            family, else "imagenet", as no weights say otherwise); for a `.keras`
+            file it goes to the exporter (see `build_serving_model`).
+
+    Returns:
+        ``(model, described)``: the model, and the `export_model` arguments that
+        describe it: ``preprocessing``, ``weights_info`` (for the model card) and
+        ``metrics`` (a training run's held-out metrics, or None).
+
+    Raises:
+        ValueError: for an unknown name or a `.keras` file that does not exist.
+
+    Example:
+        >>> model, described = load_model_to_export("runs/r20/model.keras")
+        >>> export_model(model, "/tmp/r20", **described)
+    """
+    import keras_preact as kp
+
+    if name_or_path in kp.list_models():
+        if preprocessing == AUTO:
+            preprocessing = "cifar10" if kp.model_info(name_or_path)["family"] == "cifar" else "imagenet"
+        logger.warning("Building %s with random initialisation (no weights loaded) and "
+                       "preprocessing=%r.", name_or_path, preprocessing)
+        model = kp.get_model(name_or_path, classes=classes, preprocessing=preprocessing)
+        weights_info = {"tag": None, "initialization": "random (He normal), no weights loaded"}
+        return model, {"preprocessing": AUTO, "weights_info": weights_info, "metrics": None}
+    if not str(name_or_path).endswith(".keras"):
+        raise ValueError(
+            "`name_or_path` must be a registered model name or a .keras file. Received: "
+            f"name_or_path={name_or_path!r}. Models: {', '.join(kp.list_models())}"
+        )
+    if not os.path.isfile(name_or_path):
+        raise ValueError(f"The model file does not exist. Received: name_or_path={name_or_path!r}")
+    from keras_preact.weights.local import load_keras_file
+
+    weights_info = {"file": os.path.basename(name_or_path), "sha256": file_sha256(name_or_path)}
+    return load_keras_file(name_or_path), {
+        "preprocessing": preprocessing, "weights_info": weights_info,
+        "metrics": run_metrics(name_or_path),
+    }
+
+
+def read_class_names(path):
+    """Class names from a file: one a line, or a JSON list of strings (``.json``).
+
+    Raises:
+        OSError: if the file cannot be read.
+        ValueError: for a ``.json`` file that does not hold a list of strings.
+    """
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if not str(path).endswith(".json"):
+        return [line.strip() for line in text.splitlines() if line.strip()]
+    try:
+        names = json.loads(text)
+    except ValueError as err:
+        raise ValueError(f"The class names file {path!r} is not valid JSON ({err})") from None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"The class names file {path!r} must hold a JSON list of strings")
+    return names
+
+
+#: Channels of the Pillow modes read as they are.
+_MODE_CHANNELS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4, "CMYK": 4}
+#: Pillow modes converted on reading (palette images: to RGB, or RGBA if transparent).
+_CONVERTED_MODES = {"1": "L", "YCbCr": "RGB", "LAB": "RGB", "HSV": "RGB"}
+#: The Pillow mode of each channel count, for ``resize=True``.
+_CHANNEL_MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
+
+
+def read_image_file(path, input_shape, *, resize=False):
+    """The images of one file, in the model's size and channels.
+
+    Args:
+        path: an image file Pillow reads (PNG, JPEG, BMP, GIF, ...) or a ``.npy`` file
+            holding a uint8 array ``[H, W]``, ``[H, W, C]`` or ``[N, H, W, C]``.
+        input_shape: the model's ``(height, width, channels)``, e.g.
+            `ExportedModel.input_shape` or `expected_input_shape`.
+        resize: see `fit_image`.
+
+    Returns:
+        list of ``(name, uint8 [H, W, C] array)``: one for an image, ``N`` for a
+        ``.npy`` batch, named ``path[i]``.
+
+    Raises:
+        ValueError: naming the file, for a missing or unreadable file, pixels that
+            are not 8-bit or an image the model cannot take.
+    """
+    array = _read_pixels(path)
+    if array.ndim == 3:
+        return [(path, fit_image(array, input_shape, resize=resize, name=path))]
+    names = [f"{path}[{i}]" for i in range(len(array))]
+    return [(n, fit_image(a, input_shape, resize=resize, name=n)) for n, a in zip(names, array)]
+
+
+def _read_pixels(path):
+    """One image file (or `.npy` array) as uint8 ``[H, W, C]`` or ``[N, H, W, C]``."""
+    if not os.path.exists(path):
+        raise ValueError(f"image {path!r} does not exist")
+    if not os.path.isfile(path):
+        raise ValueError(f"image {path!r} is not a file")
+    if path.endswith(".npy"):
+        try:
+            array = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as err:
+            raise ValueError(f"image {path!r} is not a readable .npy array ({err})") from None
+        if array.dtype != np.uint8:
+            raise ValueError(f"image {path!r} has dtype {array.dtype}; the model takes uint8 pixels (0..255)")
+    else:
+        array = _read_with_pillow(path)
+    if array.ndim == 2:
+        array = array[..., None]
+    if array.ndim not in (3, 4):
+        raise ValueError(f"image {path!r} has shape {array.shape}; expected [H, W], [H, W, C] or [N, H, W, C]")
+    return array
+
+
+def _read_with_pillow(path):
+    from PIL import Image
+    from PIL import UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            image.load()
+            if image.mode == "P":
+                image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+            elif image.mode in _CONVERTED_MODES:
+                image = image.convert(_CONVERTED_MODES[image.mode])
+            mode = image.mode
+            # Read inside the block: closing the file releases the pixels.
+            array = np.asarray(image, dtype=np.uint8) if mode in _MODE_CHANNELS else None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        raise ValueError(f"image {path!r} cannot be read as an image ({err})") from None
+    if array is None:
+        raise ValueError(f"image {path!r} has {mode!r} pixels (not 8-bit); the model takes 8-bit (uint8) images")
+    return array
+
+
+def fit_image(array, input_shape, *, resize=False, name="image"):
+    """One uint8 ``[H, W, C]`` image in the model's channels and size.
+
+    Args:
+        array: uint8 ``[H, W, C]``.
+        input_shape: the model's ``(height, width, channels)``; a None height or
+            width takes any.
+        resize: bool, default False: convert the channels (Pillow's grey / RGB / RGBA
+            conversions) and resize (bilinear) instead of refusing a mismatch.
+        name: the image's name in messages.
+
+    Returns:
+        The image, converted when `resize` is set.
+
+    Raises:
+        ValueError: naming the image, for a mismatch without `resize` or channels
+            that cannot be converted.
+    """
+    height, width, channels = input_shape
+    h, w, c = array.shape
+    if c == channels and height in (None, h) and width in (None, w):
+        return array
+    if not resize:
+        if c != channels:
+            raise ValueError(
+                f"image {name!r} has {c} channel(s); the model takes {channels} "
+                f"({'RGB' if channels == 3 else 'channels last'}): pass resize=True "
+                "(--resize) to convert it"
+            )
+        raise ValueError(
+            f"image {name!r} is {h}x{w} (height x width); the model takes "
+            f"{height}x{width}: pass resize=True (--resize) to resize it"
+        )
+    if c not in _CHANNEL_MODES or channels not in (1, 3, 4):
+        raise ValueError(
+            f"image {name!r} has {c} channel(s) and the model takes {channels}; resizing "
+            "converts 1 to 4 channels into 1, 3 or 4"
+        )
+    from PIL import Image
+
+    image = Image.fromarray(array[..., 0] if c == 1 else array).convert(_CHANNEL_MODES[channels])
+    image = image.resize((width or w, height or h), Image.Resampling.BILINEAR)
+    out = np.asarray(image, dtype=np.uint8)
+    return out[..., None] if out.ndim == 2 else out
+
+
+def top_k_predictions(outputs, *, top_k=None, class_names=None):
+    """Each image's top classes from `ExportedModel.predict` outputs.
+
+    Args:
+        outputs: the dict `ExportedModel.predict` returns.
+        top_k: optional int, 1 to the export's top-k (default: the export's).
+        class_names: optional list of str, one per class, for the ``label`` entries.
+
+    Returns:
+        list, one per image, of lists of ``{"class": int, "score": float}`` dicts
+        (with ``"label"`` when class names are given), best first.
+
+    Raises:
+        ValueError: for a `top_k` out of range, or class names that do not match
+            the classes.
+    """
+    exported_k = outputs["top_k_classes"].shape[-1]
+    k = exported_k if top_k is None else top_k
+    if not 1 <= k <= exported_k:
+        raise ValueError(f"`top_k` must be 1 to the export's top-k ({exported_k}). Received: top_k={top_k}")
+    classes = outputs["probabilities"].shape[-1]
+    if class_names is not None and len(class_names) != classes:
+        raise ValueError(
+            f"`class_names` has {len(class_names)} names; the model has {classes} classes. "
+            f"Received: class_names={class_names!r}"
+        )
+    results = []
+    for indices, scores in zip(outputs["top_k_classes"][:, :k], outputs["top_k_scores"][:, :k]):
+        top = [{"class": int(i), "score": float(s)} for i, s in zip(indices, scores)]
+        if class_names is not None:
+            for entry in top:
+                entry["label"] = class_names[entry["class"]]
+        results.append(top)
+    return results

@@ -164,9 +164,9 @@ def _copy_backbone(source, target, *, source_label, copy_head="auto"):
 
     src, dst = _backbone_layout(source), _backbone_layout(target)
     if src != dst:
-        from keras_preact.weights.local import _first_difference
+        from keras_preact.weights.local import first_difference
 
-        i, want, got = _first_difference(dst, src)
+        i, want, got = first_difference(dst, src)
         raise ValueError(
             f"The weights from {source_label} do not match the architecture of "
             f"{target.name!r}: {len(src)} backbone variables vs {len(dst)}; the first "
@@ -215,20 +215,18 @@ def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
     """
     _check_model(model)
     from keras_preact.models.preact_resnet import PreActResNet
+    from keras_preact.models.registry import get_model
     from keras_preact.weights import catalog
     from keras_preact.weights import hooks
     from keras_preact.weights import local
+    from keras_preact.weights.download import fetch_weights
 
     model_name = model_name or model.name
     parsed = hooks.parse_url_weights(weights)
     if parsed is not None:
-        from keras_preact.weights.download import fetch_weights
-
-        path = fetch_weights(hooks.url_entry(model_name, *parsed))
+        path = fetch_weights(hooks.url_entry(model_name, *parsed), build=get_model)
     elif isinstance(weights, str) and catalog.looks_like_tag(weights):
-        from keras_preact.weights.download import fetch_weights
-
-        path = fetch_weights(catalog.resolve_tag(model_name, weights))
+        path = fetch_weights(catalog.resolve_tag(model_name, weights), build=get_model)
     else:
         path = os.path.abspath(os.path.expanduser(os.fspath(weights)))
         if path.endswith(local.KERAS_SUFFIX):

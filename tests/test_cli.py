@@ -186,7 +186,7 @@ def test_debug_shows_the_traceback_and_bugs_point_to_it(tmp_path, capsys, monkey
     def bug(args):
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr(cli, "_cmd_summary", bug)
+    monkeypatch.setattr(cli.models, "cmd_summary", bug)
     code, _, err = run_cli(["summary", "preact_resnet20"], capsys)
     assert code == cli.EXIT_BUG
     assert err == ("error: unexpected ZeroDivisionError: division by zero (a bug; rerun with "

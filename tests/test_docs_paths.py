@@ -24,7 +24,8 @@ WRITTEN = ("benchmarks/results/", "model_card.md")
 def _repository_files():
     out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
                          cwd=REPO, capture_output=True, text=True, check=True).stdout
-    files = set(out.split())
+    # A tracked file deleted in the working tree is gone: it neither counts nor is read.
+    files = {f for f in out.split() if os.path.exists(os.path.join(REPO, f))}
     return files | {os.path.dirname(f) + "/" for f in files} | {
         "/".join(f.split("/")[:i]) + "/" for f in files for i in range(1, f.count("/") + 1)
     }

@@ -196,7 +196,7 @@ def test_predict_resize_converts_grey_and_other_sizes(exported, tmp_path, capsys
     code, _, err = run_cli(["predict", str(exported), path], capsys)
     assert code == cli.EXIT_ERROR
     assert err == (f"error: image {path!r} has 1 channel(s); the model takes 3 (RGB): pass "
-                   "--resize to convert it\n")
+                   "resize=True (--resize) to convert it\n")
     code, out, err = run_cli(["predict", str(exported), path, "--resize", "--json"], capsys)
     assert code == 0, err
     rgb = np.asarray(Image.fromarray(grey).convert("RGB").resize((32, 32), Image.Resampling.BILINEAR))

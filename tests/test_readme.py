@@ -18,7 +18,7 @@ from tests.helpers import run_python
 
 BLOCK = re.compile(r"(?:<!-- not run: (?P<why>[^>]*) -->\n)?```python\n(?P<code>.*?)```", re.S)
 #: `kp.preact_resnet110(weights="cifar10")`, `fetch_weights("preact_resnet110.cifar10")`.
-TAG = re.compile(r"\b(preact_resnet\d+)\(weights=\"([\w.]+)\"|fetch_weights\(\"([\w.]+)\"\)")
+TAG = re.compile(r"\b(preact_resnet\d+)\(weights=\"([\w.]+)\"|fetch_weights\(\"([\w.]+)\"")
 
 
 def readme_blocks():

@@ -55,8 +55,9 @@ def test_optimizer_uses_the_schedule_by_its_iteration_count():
     import keras
 
     from keras_preact.training import CoupledSGD
+    from keras_preact.training.optimizers import make_optimizer
 
-    opt = _config().make_optimizer(390)
+    opt = make_optimizer(_config(), 390)
     assert isinstance(opt, CoupledSGD)
     var = keras.Variable(np.ones((2,), "float32"))
     opt.build([var])

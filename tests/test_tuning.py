@@ -36,7 +36,7 @@ def _cli(args, *, env=None, **kwargs):
     full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     full_env.update(env or {})
     return subprocess.Popen(
-        [sys.executable, "-m", "keras_preact.cli", "tune", *args], cwd=REPO, env=full_env,
+        [sys.executable, "-m", "keras_preact", "tune", *args], cwd=REPO, env=full_env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs,
     )
 

@@ -133,7 +133,7 @@ def _load_and_compare(path, published):
 def test_correct_hash_over_http_loads_and_later_uses_the_cache(published, server, cache):
     url = server.serve("/ok/r20.weights.h5", published["bytes"])
     entry = _entry(url, published["bytes"], algorithm="sha256")
-    path = W.fetch_weights(entry, cache_dir=cache, progress=False)
+    path = W.fetch_weights(entry, cache_dir=cache, progress=False, build=kp.get_model)
     assert path == os.path.join(cache, "preact_resnet20.test.weights.h5")
     with open(path + ".json") as f:
         record = json.load(f)
@@ -141,7 +141,7 @@ def test_correct_hash_over_http_loads_and_later_uses_the_cache(published, server
     assert record["source"]["url"] == url
     _load_and_compare(path, published)
     # A second fetch is served from the verified cache: no second request.
-    assert W.fetch_weights(entry, cache_dir=cache, progress=False) == path
+    assert W.fetch_weights(entry, cache_dir=cache, progress=False, build=kp.get_model) == path
     assert server.counts["/ok/r20.weights.h5"] == 1
     assert _left_in_cache(cache) == sorted(
         ["preact_resnet20.test.weights.h5", "preact_resnet20.test.weights.h5.json"]
@@ -150,18 +150,20 @@ def test_correct_hash_over_http_loads_and_later_uses_the_cache(published, server
 
 def test_file_url_and_zip_member(published, tmp_path, cache):
     entry = _entry("file://" + published["path"], published["bytes"], algorithm="md5", tag="plain")
-    _load_and_compare(W.fetch_weights(entry, cache_dir=cache, progress=False), published)
+    path = W.fetch_weights(entry, cache_dir=cache, progress=False, build=kp.get_model)
+    _load_and_compare(path, published)
 
     archive = tmp_path / "release.zip"
     with zipfile.ZipFile(archive, "w") as z:
         z.writestr("inner/r20.weights.h5", published["bytes"])
     entry = _entry("file://" + str(archive), published["bytes"], tag="zipped",
                    archive_member="inner/r20.weights.h5")
-    _load_and_compare(W.fetch_weights(entry, cache_dir=cache, progress=False), published)
+    path = W.fetch_weights(entry, cache_dir=cache, progress=False, build=kp.get_model)
+    _load_and_compare(path, published)
 
     missing = dict(entry, tag="missing", archive_member="nope.pth")
     with pytest.raises(ValueError, match="no member 'nope.pth'"):
-        W.fetch_weights(missing, cache_dir=cache, progress=False)
+        W.fetch_weights(missing, cache_dir=cache, progress=False, build=kp.get_model)
     assert not any("missing" in f for f in _left_in_cache(cache))
 
 
@@ -169,7 +171,7 @@ def test_wrong_hash_raises_and_leaves_nothing(published, server, cache):
     url = server.serve("/bad/r20.weights.h5", published["bytes"])
     entry = _entry(url, published["bytes"], wrong=True)
     with pytest.raises(W.WeightsIntegrityError, match="sha1 hash.*deleted"):
-        W.fetch_weights(entry, cache_dir=cache, progress=False)
+        W.fetch_weights(entry, cache_dir=cache, progress=False, build=kp.get_model)
     assert _left_in_cache(cache) == []
     # Also through a factory's URL-with-hash argument.
     bad = url + "#sha256=" + "0" * 64
@@ -183,19 +185,20 @@ def test_truncated_transfer_http_error_and_no_network_leave_nothing(published, s
     body = published["bytes"][: len(published["bytes"]) // 2]
     url = server.serve("/cut/r20.weights.h5", body, announced=len(published["bytes"]))
     with pytest.raises(W.WeightsDownloadError, match="truncated"):
-        W.fetch_weights(_entry(url, published["bytes"]), cache_dir=cache, progress=False)
+        W.fetch_weights(_entry(url, published["bytes"]), cache_dir=cache, progress=False,
+                        build=kp.get_model)
     assert _left_in_cache(cache) == []
 
     missing = f"http://127.0.0.1:{server.port}/missing.weights.h5"
     with pytest.raises(W.WeightsDownloadError, match="HTTP error"):
-        W.fetch_weights(_entry(missing, b"x"), cache_dir=cache, progress=False)
+        W.fetch_weights(_entry(missing, b"x"), cache_dir=cache, progress=False, build=kp.get_model)
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
     with pytest.raises(W.WeightsDownloadError, match="no network"):
         W.fetch_weights(_entry(f"http://127.0.0.1:{closed}/x.weights.h5", b"x"),
-                        cache_dir=cache, progress=False)
+                        cache_dir=cache, progress=False, build=kp.get_model)
     assert _left_in_cache(cache) == []
 
 
@@ -211,7 +214,7 @@ def test_offline_mode_never_opens_a_socket(published, tmp_path, cache, monkeypat
     # The URL points at a host; offline mode must not try it.
     entry = _entry("https://example.invalid/releases/r20.weights.h5", published["bytes"])
     with pytest.raises(W.WeightsDownloadError, match="Offline mode: no local copy"):
-        W.fetch_weights(entry, cache_dir=cache, offline=True, progress=False)
+        W.fetch_weights(entry, cache_dir=cache, offline=True, progress=False, build=kp.get_model)
 
     # An admin-filled folder holding the published file (under its URL's name).
     admin = tmp_path / "admin"
@@ -219,17 +222,17 @@ def test_offline_mode_never_opens_a_socket(published, tmp_path, cache, monkeypat
     (admin / "r20.weights.h5").write_bytes(published["bytes"])
     monkeypatch.setenv("KERAS_PREACT_WEIGHTS_DIR", str(admin))
     monkeypatch.setenv("KERAS_PREACT_OFFLINE", "1")
-    path = W.fetch_weights(entry, cache_dir=cache, progress=False)
+    path = W.fetch_weights(entry, cache_dir=cache, progress=False, build=kp.get_model)
     _load_and_compare(path, published)
     # Then from the cache, the admin folder emptied.
     (admin / "r20.weights.h5").unlink()
-    assert W.fetch_weights(entry, cache_dir=cache, progress=False) == path
+    assert W.fetch_weights(entry, cache_dir=cache, progress=False, build=kp.get_model) == path
     assert opened == []
 
 
 def test_cached_file_altered_on_disk_is_detected(published, cache, capsys):
     entry = _entry("file://" + published["path"], published["bytes"])
-    path = W.fetch_weights(entry, cache_dir=cache, progress=False)
+    path = W.fetch_weights(entry, cache_dir=cache, progress=False, build=kp.get_model)
     from keras_preact.cli import main
 
     assert main(["weights", "verify", "--cache-dir", cache]) == 0
@@ -239,7 +242,7 @@ def test_cached_file_altered_on_disk_is_detected(published, cache, capsys):
     with open(path, "wb") as f:
         f.write(bytes(data))
     with pytest.raises(W.WeightsIntegrityError, match="altered on disk"):
-        W.fetch_weights(entry, cache_dir=cache, progress=False)
+        W.fetch_weights(entry, cache_dir=cache, progress=False, build=kp.get_model)
     assert main(["weights", "verify", "--cache-dir", cache]) == 1
     assert "ALTERED" in capsys.readouterr().out
     assert main(["weights", "clear", "preact_resnet20.test", "--cache-dir", cache]) == 0
@@ -256,12 +259,14 @@ def test_four_concurrent_processes_download_once(published, server, cache, tmp_p
     gate.mkdir()
     code = f"""
 import json, os, sys, time
+import keras_preact as kp
 from keras_preact.weights import fetch_weights
 # All four start fetching together (after their slow imports).
 open(os.path.join({str(gate)!r}, str(os.getpid())), "w").close()
 while len(os.listdir({str(gate)!r})) < 4:
     time.sleep(0.05)
-print("PATH", fetch_weights(json.loads({json.dumps(json.dumps(entry))}), cache_dir={cache!r}, progress=False))
+print("PATH", fetch_weights(json.loads({json.dumps(json.dumps(entry))}), cache_dir={cache!r},
+                            progress=False, build=kp.get_model))
 """
     import subprocess
     import sys

@@ -70,7 +70,7 @@ def test_a_fetched_file_loads_as_its_tag_does(offline_catalog, no_network):
     from the file alone (it used to raise for first_unit_shared_preact, or to load
     without the normalisation)."""
     entry, _ = offline_catalog
-    path = W.fetch_weights("preact_resnet20.cifar10")
+    path = W.fetch_weights("preact_resnet20.cifar10", build=kp.get_model)
     by_tag = kp.preact_resnet20(weights="cifar10")
     by_path = kp.preact_resnet20(weights=path)
     assert by_path.first_unit_shared_preact is False

@@ -87,7 +87,7 @@ def test_served_file_resolves_through_the_catalog_and_matches_logits(
     monkeypatch.delenv("KERAS_PREACT_OFFLINE", raising=False)
     monkeypatch.delenv("KERAS_PREACT_WEIGHTS_DIR", raising=False)
     entry, _ = _served_entry("preact_resnet50.keras_imagenet", server, resnet50v2)
-    path = fetch_weights(entry, progress=False)
+    path = fetch_weights(entry, progress=False, build=kp.get_model)
     model = kp.get_model("preact_resnet50", **entry["architecture"], input_shape=SIZE,
                          classifier_activation=None)
     model.load_weights(path)
@@ -145,7 +145,7 @@ def test_another_depth_a_missing_layer_and_a_wrong_hash_are_refused(
     deeper = conv.keras_reference(101, input_shape=SIZE, seed=0)
     entry, path101 = _served_entry("preact_resnet50.keras_imagenet", server, deeper, subfolder="r101")
     with pytest.raises(ValueError, match="does not match the architecture") as err:
-        fetch_weights(entry, cache_dir=str(cache), progress=False)
+        fetch_weights(entry, cache_dir=str(cache), progress=False, build=kp.get_model)
     message = str(err.value)
     assert "ResNet50V2 layout" in message and "conv4_block7" in message
     assert path101.split(os.sep)[-1] in message  # names the file
@@ -177,7 +177,7 @@ def test_another_depth_a_missing_layer_and_a_wrong_hash_are_refused(
     bad, _ = _served_entry("preact_resnet50.keras_imagenet", server, resnet50v2,
                            wrong_hash=True, subfolder="bad")
     with pytest.raises(WeightsIntegrityError, match="md5 hash"):
-        fetch_weights(bad, cache_dir=str(cache), progress=False)
+        fetch_weights(bad, cache_dir=str(cache), progress=False, build=kp.get_model)
     assert not list(cache.glob("*.weights.h5"))
 
 

@@ -74,7 +74,8 @@ def _served_entry(key, server, *, net=None, upstream_name=None):
 )
 def test_served_checkpoint_resolves_and_matches_logits(key, server, tmp_path):
     entry, net = _served_entry(key, server)
-    path = fetch_weights(entry, cache_dir=str(tmp_path / "cache"), progress=False)
+    path = fetch_weights(entry, cache_dir=str(tmp_path / "cache"), progress=False,
+                         build=kp.get_model)
     model = kp.get_model(entry["model"], **entry["architecture"], classifier_activation=None)
     model.load_weights(path)
     # The published models take normalised images; compare on the same ones.
@@ -89,7 +90,8 @@ def test_served_checkpoint_resolves_and_matches_logits(key, server, tmp_path):
 def test_factory_with_preprocessing_matches_raw_pixels(server, tmp_path):
     """The catalog's preprocessing, built into the model, equals imgclsmob's transform."""
     entry, net = _served_entry("preact_resnet20.cifar10", server)
-    path = fetch_weights(entry, cache_dir=str(tmp_path / "cache"), progress=False)
+    path = fetch_weights(entry, cache_dir=str(tmp_path / "cache"), progress=False,
+                         build=kp.get_model)
     model = kp.preact_resnet20(**entry["architecture"], preprocessing=entry["preprocessing"],
                                classifier_activation=None)
     model.load_weights(path)
@@ -108,7 +110,7 @@ def test_checkpoint_of_another_depth_or_block_is_refused(server, tmp_path):
                              upstream_name="preresnet20_cifar10")
     cache = tmp_path / "cache"
     with pytest.raises(ValueError, match="does not match the architecture") as err:
-        fetch_weights(entry, cache_dir=str(cache), progress=False)
+        fetch_weights(entry, cache_dir=str(cache), progress=False, build=kp.get_model)
     assert "unexpected tensors" in str(err.value)
     assert not list(cache.glob("*.weights.h5"))  # nothing cached
 

@@ -16,11 +16,11 @@ from keras_preact.data.registry import AUGMENTATIONS
 from keras_preact.data.registry import CIFAR10_CLASSES
 from keras_preact.data.registry import CIFAR100_CLASSES
 from keras_preact.data.registry import channel_stats
-from keras_preact.data.registry import dataset_info
 from keras_preact.data.registry import list_datasets
 from keras_preact.data.safe_pickle import safe_load_pickle
 from keras_preact.data.sources import SOURCES
 from keras_preact.data.sources import clear_cache
+from keras_preact.data.sources import dataset_info
 from keras_preact.data.sources import load_arrays
 
 

@@ -29,7 +29,7 @@ from keras_preact.data.augment import ALG
 from keras_preact.data.augment import apply_augmentation
 from keras_preact.data.registry import AUGMENTATIONS
 from keras_preact.data.registry import check_dataset_name
-from keras_preact.data.registry import dataset_info
+from keras_preact.data.sources import dataset_info
 from keras_preact.data.sources import load_arrays
 
 # Distinct streams for the order and for the augmentation of the same (seed, epoch).

@@ -1,9 +1,8 @@
 """The dataset registry: names, shapes, sizes, classes, statistics, augmentation.
 
-No TensorFlow here. Statistics are per channel in [0, 1] units (pixels / 255).
+No TensorFlow here and no file read (`sources.dataset_info` adds what the files say).
+Statistics are per channel in [0, 1] units (pixels / 255).
 """
-
-import functools
 
 import numpy as np
 
@@ -43,7 +42,9 @@ AUGMENTATIONS = ("pad_crop_flip", "pad_crop", "none")
 _CIFAR10_MEAN, _CIFAR10_STD = PRESETS["cifar10"][1], PRESETS["cifar10"][2]
 _CIFAR100_MEAN, _CIFAR100_STD = PRESETS["cifar100"][1], PRESETS["cifar100"][2]
 
-_DATASETS = {
+#: The registered datasets' published facts (`sources.dataset_info` adds what is
+#: computed from the files: the digits' statistics, a folder's classes and sizes).
+DATASETS = {
     "cifar10": {
         "description": "CIFAR-10 (Krizhevsky 2009): 32x32 colour images, 10 classes.",
         "num_classes": 10,
@@ -81,7 +82,7 @@ _DATASETS = {
         "num_train": 1438,
         "num_test": 359,
         "class_names": tuple(str(i) for i in range(10)),
-        "mean": None,  # Computed on the train split (see `_digits_stats`).
+        "mean": None,  # Computed on the train split (see `sources.dataset_info`).
         "std": None,
         "stats_source": "computed on the train split",
         "augmentation": "pad_crop",
@@ -116,12 +117,12 @@ def list_datasets():
         >>> list_datasets()
         ['cifar10', 'cifar100', 'digits', 'folder']
     """
-    return sorted(_DATASETS)
+    return sorted(DATASETS)
 
 
 def check_dataset_name(name):
     """Raises ValueError listing the valid names when `name` is not registered."""
-    if not isinstance(name, str) or name not in _DATASETS:
+    if not isinstance(name, str) or name not in DATASETS:
         raise ValueError(
             f"Unknown dataset name. Received: name={name!r}. Valid: {list_datasets()}"
         )
@@ -142,63 +143,3 @@ def channel_stats(images):
     std = x.std(axis=0)
     std = np.where(std > 0, std, 1.0)
     return tuple(float(m) for m in mean), tuple(float(s) for s in std)
-
-
-@functools.lru_cache(maxsize=1)
-def _digits_stats():
-    from keras_preact.data.digits import read_digits
-
-    images, _, _ = read_digits("train")
-    return channel_stats(images)
-
-
-def dataset_info(name, *, path=None, image_size=None):
-    """What a registered dataset is: classes, shapes, sizes, statistics, augmentation.
-
-    Args:
-        name: a name from `list_datasets()`.
-        path: the image folder, needed for (and only used by) "folder".
-        image_size: (height, width) for "folder"; default (32, 32).
-
-    Returns:
-        dict with "name", "description", "num_classes", "image_shape", "num_train",
-        "num_test", "class_names" (tuple), "mean" and "std" (per channel, [0, 1] units),
-        "stats_source", "augmentation" (the default for the train split) and "sources".
-
-    Raises:
-        ValueError: for an unknown name (the message lists the valid names), or
-            "folder" without a usable `path`.
-
-    Example:
-        >>> dataset_info("cifar10")["num_classes"]
-        10
-    """
-    check_dataset_name(name)
-    if name != "folder" and (path is not None or image_size is not None):
-        # Silently ignoring them would hide a mistake (the published sizes and
-        # statistics do not depend on where the files are).
-        raise ValueError(
-            "`path` and `image_size` only apply to the 'folder' dataset. Received: "
-            f"name={name!r}, path={path!r}, image_size={image_size!r}"
-        )
-    info = dict(_DATASETS[name])
-    info["name"] = name
-    if name == "digits":
-        info["mean"], info["std"] = _digits_stats()
-    elif name == "folder":
-        from keras_preact.data.sources import load_arrays_with_meta
-
-        size = (32, 32) if image_size is None else image_size
-        train_x, _, meta = load_arrays_with_meta("folder", "train", path=path, image_size=size)
-        test_x, _, _ = load_arrays_with_meta("folder", "test", path=path, image_size=size)
-        info["class_names"] = tuple(meta["class_names"])
-        info["num_classes"] = len(meta["class_names"])
-        info["num_train"] = int(train_x.shape[0])
-        info["num_test"] = int(test_x.shape[0])
-        info["image_shape"] = tuple(int(d) for d in train_x.shape[1:])
-        info["mean"], info["std"] = channel_stats(train_x)
-        info["path"] = meta["path"]
-    info["mean"] = tuple(info["mean"])
-    info["std"] = tuple(info["std"])
-    info["class_names"] = tuple(info["class_names"])
-    return info

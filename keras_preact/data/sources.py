@@ -1,9 +1,11 @@
-"""Loads any registered dataset into uint8 arrays, choosing and checking the source.
+"""Loads any registered dataset into uint8 arrays, choosing and checking the source,
+and describes it (`dataset_info`: the registry's facts plus those read from the files).
 
 No TensorFlow at import time: the TFDS and folder sources import it when used.
 """
 
 import collections
+import functools
 import logging
 import os
 import threading
@@ -11,6 +13,8 @@ import threading
 import numpy as np
 
 from keras_preact.data import cifar_files
+from keras_preact.data.registry import DATASETS
+from keras_preact.data.registry import channel_stats
 from keras_preact.data.registry import check_dataset_name
 
 logger = logging.getLogger(__name__)
@@ -209,3 +213,59 @@ def _cached(key, cache, read):
         while len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
     return images, labels, meta
+
+
+@functools.lru_cache(maxsize=1)
+def _digits_stats():
+    images, _, _ = _read_digits("train")
+    return channel_stats(images)
+
+
+def dataset_info(name, *, path=None, image_size=None):
+    """What a registered dataset is: classes, shapes, sizes, statistics, augmentation.
+
+    Args:
+        name: a name from `list_datasets()`.
+        path: the image folder, needed for (and only used by) "folder".
+        image_size: (height, width) for "folder"; default (32, 32).
+
+    Returns:
+        dict with "name", "description", "num_classes", "image_shape", "num_train",
+        "num_test", "class_names" (tuple), "mean" and "std" (per channel, [0, 1] units),
+        "stats_source", "augmentation" (the default for the train split) and "sources".
+
+    Raises:
+        ValueError: for an unknown name (the message lists the valid names), or
+            "folder" without a usable `path`.
+
+    Example:
+        >>> dataset_info("cifar10")["num_classes"]
+        10
+    """
+    check_dataset_name(name)
+    if name != "folder" and (path is not None or image_size is not None):
+        # Silently ignoring them would hide a mistake (the published sizes and
+        # statistics do not depend on where the files are).
+        raise ValueError(
+            "`path` and `image_size` only apply to the 'folder' dataset. Received: "
+            f"name={name!r}, path={path!r}, image_size={image_size!r}"
+        )
+    info = dict(DATASETS[name])
+    info["name"] = name
+    if name == "digits":
+        info["mean"], info["std"] = _digits_stats()
+    elif name == "folder":
+        size = (32, 32) if image_size is None else image_size
+        train_x, _, meta = load_arrays_with_meta("folder", "train", path=path, image_size=size)
+        test_x, _, _ = load_arrays_with_meta("folder", "test", path=path, image_size=size)
+        info["class_names"] = tuple(meta["class_names"])
+        info["num_classes"] = len(meta["class_names"])
+        info["num_train"] = int(train_x.shape[0])
+        info["num_test"] = int(test_x.shape[0])
+        info["image_shape"] = tuple(int(d) for d in train_x.shape[1:])
+        info["mean"], info["std"] = channel_stats(train_x)
+        info["path"] = meta["path"]
+    info["mean"] = tuple(info["mean"])
+    info["std"] = tuple(info["std"])
+    info["class_names"] = tuple(info["class_names"])
+    return info

@@ -23,6 +23,7 @@ import math
 import keras
 from keras import ops
 
+from keras_preact import private_api
 from keras_preact.layers import functional as F
 from keras_preact.layers import remat as remat_lib
 from keras_preact.layers import variants
@@ -486,7 +487,7 @@ class _StackedInitializer:
             # The stacked shape multiplies both fans by `units`; the scale compensates.
             stacked = keras.initializers.VarianceScaling(
                 scale=base.scale * self.units, mode=base.mode,
-                distribution=base.distribution, seed=base._init_seed,
+                distribution=base.distribution, seed=private_api.initializer_seed(base),
             )
             return stacked(shape, dtype=dtype)
         slices = [

@@ -50,10 +50,10 @@ def bn_enabled():
 
 def onednn_enabled():
     """Whether this TensorFlow process runs its oneDNN kernels (fixed at its import)."""
-    try:
-        from tensorflow.python.util import _pywrap_util_port
+    from keras_preact import private_api
 
-        return bool(_pywrap_util_port.IsMklEnabled())
+    try:
+        return private_api.onednn_enabled()
     except (ImportError, AttributeError):  # a TensorFlow without the query
         return os.environ.get("TF_ENABLE_ONEDNN_OPTS", "") in ("1", "true", "True")
 

@@ -5,10 +5,14 @@ Basic units for depth 6n+2 (stage widths 16/32/64), bottleneck units for depth 9
 the first unit of stages 2 and 3 (paper Section 4 and Table 3 / 4).
 """
 
+import inspect
+
 from keras_preact.layers.utils import check_known_arguments
 from keras_preact.layers.utils import normalize_data_format
 from keras_preact.models.preact_resnet import MODEL_ARGUMENTS
 from keras_preact.models.preact_resnet import PreActResNet
+from keras_preact.models.preact_resnet import validate_config
+from keras_preact.models.registry import get_model
 from keras_preact.models.registry import register_model
 from keras_preact.weights import hooks as weights_hooks
 
@@ -190,8 +194,8 @@ def build_with_weights(model_name, architecture, *, weights, include_top, input_
     if plan["kind"] in ("entry", "url"):
         # Bad arguments must not cost a download (a URL's classes come with its file).
         classes_known = config["classes"] if config["classes"] is not None else 1
-        weights_hooks.check_model_arguments({**config, "classes": classes_known})
-    weights_hooks.materialize(plan, **weights_args)
+        _check_model_arguments({**config, "classes": classes_known})
+    weights_hooks.materialize(plan, build=get_model, **weights_args)
     if plan["kind"] == "url":
         # The verified file decided the classes and may record the input size.
         config["classes"] = plan["classes"]
@@ -200,6 +204,21 @@ def build_with_weights(model_name, architecture, *, weights, include_top, input_
         config.update({k: v for k, v in plan["overrides"].items() if k != "input_shape" and k not in kwargs})
     model = PreActResNet(**config)
     return weights_hooks.load_planned_weights(model, plan)
+
+
+def _check_model_arguments(config):
+    """Runs `PreActResNet`'s argument checks on a factory's `config`, building nothing.
+
+    Raises:
+        ValueError: for any invalid argument (so bad input never costs a download).
+    """
+    wanted = set(inspect.signature(validate_config).parameters)
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(PreActResNet.__init__).parameters.items()
+        if name in wanted
+    }
+    validate_config(**{**defaults, **{k: v for k, v in config.items() if k in wanted}})
 
 
 def _factory(depth, block):

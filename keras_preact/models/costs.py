@@ -2,6 +2,8 @@
 
 import keras
 
+from keras_preact import private_api
+
 
 def count_macs(model):
     """Multiply-adds of one forward pass for one image.
@@ -22,7 +24,7 @@ def count_macs(model):
     Example:
         >>> count_macs(keras_preact.preact_resnet110())  # about 253M
     """
-    if not isinstance(model, keras.Model) or not hasattr(model, "_operations"):
+    if not isinstance(model, keras.Model) or not private_api.is_functional(model):
         raise ValueError(
             "count_macs needs a functional Keras model (such as a PreActResNet). "
             f"Received: model={type(model).__name__}"
@@ -34,7 +36,7 @@ def count_macs(model):
         shape = _input_shape(layer)
         if hasattr(layer, "compute_macs"):
             total += layer.compute_macs(shape)
-        elif isinstance(layer, keras.Model) and hasattr(layer, "_operations"):
+        elif isinstance(layer, keras.Model) and private_api.is_functional(layer):
             total += count_macs(layer)
         elif isinstance(layer, keras.layers.Conv2D):
             from keras_preact.layers.utils import conv_macs

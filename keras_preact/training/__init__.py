@@ -24,14 +24,14 @@ _LAZY = {
     "WarmupPiecewiseConstant": "keras_preact.training.schedules",
     "train_and_evaluate": "keras_preact.training.trainer",
     "evaluate": "keras_preact.training.trainer",
-    "build_model": "keras_preact.training.trainer",
+    "build_model": "keras_preact.training.run",
     "load_workdir_model": "keras_preact.training.trainer",
     "run_demo": "keras_preact.training.demo",
     "DEMO_EPOCHS": "keras_preact.training.demo",
     "make_strategy": "keras_preact.training.distribute",
     "set_synchronized_batch_norm": "keras_preact.training.distribute",
     "train_multiworker": "keras_preact.training.multiworker",
-    "parse_tf_config": "keras_preact.training.multiworker",
+    "parse_tf_config": "keras_preact.training.distribute",
     "train_data_parallel": "keras_preact.training.jax_parallel",
 }
 

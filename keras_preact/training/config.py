@@ -54,6 +54,15 @@ RUNTIME_FIELDS = (
 )
 
 
+def _field(default=None, help="", *, factory=None, choices=None):
+    """A `TrainConfig` field with its one-line description (`help`) and valid values
+    (`choices`) as metadata: the ``keras-preact train`` flags are made from them."""
+    metadata = {"help": help, "choices": choices}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
 @dataclasses.dataclass
 class TrainConfig:
     """One training run, JSON-serialisable (it is stored as ``config.json``).
@@ -119,45 +128,59 @@ class TrainConfig:
         verbose: Keras fit verbosity: "auto" (default), 0, 1 or 2.
     """
 
-    model: str = "preact_resnet110"
-    model_kwargs: dict = dataclasses.field(default_factory=dict)
-    preprocessing_in_model: bool = True
-    weights: Optional[str] = None
-    freeze: tuple = ()
-    dataset: str = "cifar10"
-    data_dir: Optional[str] = None
-    data_source: str = "auto"
-    data_path: Optional[str] = None
-    download: bool = False
-    augment: Optional[object] = None
-    batch_size: int = 128
-    base_batch_size: int = 128
-    learning_rate: float = 0.1
-    warmup_learning_rate: float = 0.01
-    lr_scaling: str = "linear"
-    momentum: float = 0.9
-    nesterov: bool = False
-    weight_decay: float = 1e-4
-    weight_decay_on: str = "all"
-    schedule_unit: str = "iterations"
-    warmup: float = 400
-    boundaries: tuple = (32000, 48000)
-    decay_factor: float = 0.1
-    total: float = 64000
-    epochs: Optional[int] = None
-    steps: Optional[int] = None
-    seed: int = 0
-    deterministic: bool = False
-    strategy: str = "default"
-    cpu_devices: Optional[int] = None
-    synchronized_bn: bool = False
-    precision: str = "fp32"
-    jit_compile: bool = False
-    eval_every: int = 1
-    keep_checkpoints: int = 2
-    intra_op_threads: Optional[int] = None
-    inter_op_threads: Optional[int] = None
-    verbose: object = "auto"
+    model: str = _field("preact_resnet110", "a model name from `keras-preact list`")
+    model_kwargs: dict = _field(
+        help='JSON object of extra model arguments, e.g. \'{"bottleneck_stride": "first"}\'; '
+        '{"architecture": {...}} builds a PreActResNet from that config',
+        factory=dict,
+    )
+    preprocessing_in_model: bool = _field(
+        True, "the model normalises raw 0..255 pixels itself (else the data pipeline does)"
+    )
+    weights: Optional[str] = _field(
+        None, "fine-tune from pretrained weights: a catalog tag of the model (e.g. cifar10), a "
+        ".weights.h5 or .keras file (e.g. another run's checkpoint), or URL#sha256=<hex>",
+    )
+    freeze: tuple = _field((), "comma-separated parts kept frozen: stem, stage1, stage2, ..., head, backbone")
+    dataset: str = _field("cifar10", "cifar10, cifar100, digits or folder")
+    data_dir: Optional[str] = _field(None, "CIFAR files or TFDS data folder")
+    data_source: str = _field("auto", "auto, tfds or archive")
+    data_path: Optional[str] = _field(None, "an archive, extracted folder or image folder")
+    download: bool = _field(False, "let TFDS download (else offline)")
+    augment: Optional[object] = _field(
+        None, "training augmentation: pad_crop_flip, pad_crop or none (default: the dataset's own)"
+    )
+    batch_size: int = _field(128, "global mini-batch, split across replicas")
+    base_batch_size: int = _field(128, "the batch the rates and iteration counts are stated for")
+    learning_rate: float = _field(0.1, "base learning rate at base_batch_size")
+    warmup_learning_rate: float = _field(0.01, "learning rate during the warm-up")
+    lr_scaling: str = _field("linear", "how the rates follow the batch size", choices=LR_SCALINGS)
+    momentum: float = _field(0.9, "SGD momentum")
+    nesterov: bool = _field(False, "Nesterov momentum")
+    weight_decay: float = _field(1e-4, "coupled L2 (added to the gradient before momentum)")
+    weight_decay_on: str = _field("all", "which variables get the L2 term", choices=DECAY_VARIABLES)
+    schedule_unit: str = _field("iterations", "the unit of warmup, boundaries and total",
+                                choices=SCHEDULE_UNITS)
+    warmup: float = _field(400, "warm-up length, in schedule units")
+    boundaries: tuple = _field((32000, 48000), "comma-separated rate drops in schedule units, e.g. 32000,48000")
+    decay_factor: float = _field(0.1, "learning-rate factor at each boundary")
+    total: float = _field(64000, "schedule length, in schedule units")
+    epochs: Optional[int] = _field(None, "run length in epochs (stretches the schedule)")
+    steps: Optional[int] = _field(None, "run length in updates (stretches the schedule)")
+    seed: int = _field(0, "initialisation, data order and augmentation")
+    deterministic: bool = _field(False, "TensorFlow op determinism (bit-exact reruns)")
+    strategy: str = _field("default", "tf.distribute strategy", choices=STRATEGIES)
+    cpu_devices: Optional[int] = _field(
+        None, "split the CPU into N logical devices (mirrored on a CPU-only host)"
+    )
+    synchronized_bn: bool = _field(False, "BatchNorm statistics over the global batch")
+    precision: str = _field("fp32", "float precision policy", choices=PRECISIONS)
+    jit_compile: bool = _field(False, "XLA (measure first: slower on CPU here)")
+    eval_every: int = _field(1, "epochs between test evaluations (0: end only)")
+    keep_checkpoints: int = _field(2, "completed-epoch checkpoints kept")
+    intra_op_threads: Optional[int] = _field(None, "TensorFlow intra-op thread count")
+    inter_op_threads: Optional[int] = _field(None, "TensorFlow inter-op thread count")
+    verbose: object = _field("auto", "auto (a progress bar on a terminal, else a line per epoch), 0, 1, 2")
 
     def __post_init__(self):
         self.boundaries = tuple(self.boundaries)
@@ -393,18 +416,6 @@ class TrainConfig:
             s["values"],
             warmup_steps=s["warmup_steps"],
             warmup_learning_rate=s["warmup_learning_rate"] if s["warmup_steps"] else None,
-        )
-
-    def make_optimizer(self, steps_per_epoch):
-        """The recipe's `CoupledSGD` with its schedule."""
-        from keras_preact.training.optimizers import CoupledSGD
-
-        return CoupledSGD(
-            learning_rate=self.make_schedule(steps_per_epoch),
-            momentum=float(self.momentum),
-            nesterov=bool(self.nesterov),
-            l2=float(self.weight_decay),
-            decay_variables=self.weight_decay_on,
         )
 
 

@@ -1,8 +1,10 @@
 """tf.distribute strategies, precision and determinism (TensorFlow only).
 
-Multi-worker training (``strategy="multiworker"``) lives in
-`keras_preact.training.multiworker`; its BatchNorm handling follows the same rules
-as below, with the moving statistics averaged across all workers.
+Multi-worker training (``strategy="multiworker"``) runs its own loop in
+`keras_preact.training.multiworker`; its cluster (``TF_CONFIG``: `parse_tf_config`)
+and its strategy (`make_multiworker_strategy`, with bounded waits) are defined here,
+below both loops. Its BatchNorm handling follows the same rules as below, with the
+moving statistics averaged across all workers.
 
 BatchNorm under `MirroredStrategy`: each replica normalises its activations with the
 mean and variance of *its own share* of the global batch (global batch / replicas),
@@ -22,12 +24,30 @@ single-device numbers up to floating-point summation order, at the cost of one
 all-reduce per BatchNorm layer per step.
 """
 
+import dataclasses
+import json
 import logging
+import math
 import os
+import socket
+import time
+
+from keras_preact import private_api
 
 logger = logging.getLogger(__name__)
 
+TF_CONFIG_ENV = "TF_CONFIG"
+CONNECT_TIMEOUT_ENV = "KERAS_PREACT_CONNECT_TIMEOUT_S"
+COLLECTIVE_TIMEOUT_ENV = "KERAS_PREACT_COLLECTIVE_TIMEOUT_S"
+DEFAULT_CONNECT_TIMEOUT_S = 300.0
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
+#: How long the coordination service waits for a worker's heartbeat before it
+#: declares the worker dead and aborts the collectives of the others.
+HEARTBEAT_TIMEOUT_S = 15.0
+
+_JOBS = ("chief", "worker")
 _STRATEGIES = {}
+_STRATEGY = {}
 
 
 def _tf():
@@ -130,10 +150,7 @@ def make_strategy(name):
             _STRATEGIES[key] = tf.distribute.MirroredStrategy(devices=devices)
         return _STRATEGIES[key]
     if name == "multiworker":
-        # Every worker of TF_CONFIG; bounded waits (see keras_preact.training.multiworker).
-        from keras_preact.training.multiworker import make_multiworker_strategy
-        from keras_preact.training.multiworker import parse_tf_config
-
+        # Every worker of TF_CONFIG, with bounded waits.
         return make_multiworker_strategy(parse_tf_config())
     if name == "tpu":
         try:
@@ -189,7 +206,7 @@ def batch_norm_layers(model):
 
     return [
         layer
-        for layer in model._flatten_layers(include_self=False, recursive=True)
+        for layer in private_api.flatten_layers(model)
         if isinstance(layer, keras.layers.BatchNormalization)
         or isinstance(getattr(layer, "synchronized", None), bool)
     ]
@@ -270,3 +287,288 @@ def seed_everything(seed):
 
     os.environ.setdefault("PYTHONHASHSEED", str(seed))
     keras.utils.set_random_seed(int(seed))
+
+
+# -- multi-worker: the cluster of TF_CONFIG and its strategy -------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ClusterInfo:
+    """A validated ``TF_CONFIG``.
+
+    Attributes:
+        tasks: ``[(job, index, "host:port"), ...]`` in rank order (the chief job
+            first, then the workers).
+        task_type: this process's job, "chief" or "worker".
+        task_index: this process's index in its job.
+        rank: this process's position in `tasks`; rank 0 is the chief.
+        raw: the parsed dict (for `tf.distribute.cluster_resolver.TFConfigClusterResolver`).
+    """
+
+    tasks: tuple
+    task_type: str
+    task_index: int
+    rank: int
+    raw: dict
+
+    @property
+    def num_workers(self):
+        return len(self.tasks)
+
+    @property
+    def is_chief(self):
+        return self.rank == 0
+
+    @property
+    def address(self):
+        return self.tasks[self.rank][2]
+
+    @property
+    def leader(self):
+        """The coordination service leader: TensorFlow's rule, the chief job if any."""
+        job, index, _ = self.tasks[0]
+        return f"/job:{job}/replica:0/task:{index}"
+
+    def job_counts(self):
+        counts = {}
+        for job, _, _ in self.tasks:
+            counts[job] = counts.get(job, 0) + 1
+        return counts
+
+
+def parse_tf_config(text=None):
+    """Parses and validates a ``TF_CONFIG`` for multi-worker training.
+
+    Args:
+        text: the JSON text; default: the ``TF_CONFIG`` environment variable.
+
+    Returns:
+        `ClusterInfo`.
+
+    Raises:
+        ValueError: naming what is wrong (missing, not JSON, no ``cluster`` or
+            ``task``, a job other than "chief"/"worker", more than one chief, an
+            address that is not ``host:port``, a duplicate address, or a task that
+            is not in the cluster), with the value received.
+
+    Example:
+        >>> info = parse_tf_config('{"cluster": {"worker": ["10.0.0.1:2222", '
+        ...                        '"10.0.0.2:2222"]}, "task": {"type": "worker", "index": 1}}')
+        >>> info.rank, info.num_workers, info.is_chief
+        (1, 2, False)
+    """
+    if text is None:
+        text = os.environ.get(TF_CONFIG_ENV)
+    if text is None or not str(text).strip():
+        raise ValueError(
+            f"strategy='multiworker' needs the {TF_CONFIG_ENV} environment variable, e.g. "
+            '{"cluster": {"worker": ["host0:12345", "host1:12345"]}, '
+            '"task": {"type": "worker", "index": 0}} on the first host. '
+            f"Received: {TF_CONFIG_ENV}={text!r}"
+        )
+    shown = shorten(str(text))
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{TF_CONFIG_ENV} is not valid JSON ({err}). Received: {TF_CONFIG_ENV}={shown}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("cluster"), dict) or not isinstance(raw.get("task"), dict):
+        raise ValueError(
+            f'{TF_CONFIG_ENV} must be a JSON object with a "cluster" object and a "task" '
+            f"object. Received: {TF_CONFIG_ENV}={shown}"
+        )
+    cluster, task = raw["cluster"], raw["task"]
+    unknown = sorted(set(cluster) - set(_JOBS))
+    if unknown:
+        raise ValueError(
+            f"{TF_CONFIG_ENV}: jobs {unknown} are not supported by "
+            f"MultiWorkerMirroredStrategy (no parameter servers or evaluators). Valid jobs: "
+            f"{list(_JOBS)}. Received: {TF_CONFIG_ENV}={shown}"
+        )
+    tasks, seen = [], {}
+    for job in _JOBS:
+        addresses = cluster.get(job, [])
+        if not isinstance(addresses, list) or not addresses and job in cluster:
+            raise ValueError(
+                f'{TF_CONFIG_ENV}: cluster["{job}"] must be a non-empty list of "host:port" '
+                f"strings. Received: {TF_CONFIG_ENV}={shown}"
+            )
+        if job == "chief" and len(addresses) > 1:
+            raise ValueError(
+                f'{TF_CONFIG_ENV}: cluster["chief"] holds at most one address. Received: '
+                f"{len(addresses)} ({addresses})"
+            )
+        for index, address in enumerate(addresses):
+            _check_address(job, index, address, shown)
+            if address in seen:
+                raise ValueError(
+                    f"{TF_CONFIG_ENV}: the address {address!r} is listed twice ({seen[address]} "
+                    f"and {job} {index}); every task needs its own port. Received: "
+                    f"{TF_CONFIG_ENV}={shown}"
+                )
+            seen[address] = f"{job} {index}"
+            tasks.append((job, index, address))
+    if not tasks:
+        raise ValueError(f'{TF_CONFIG_ENV}: the cluster lists no "worker" (or "chief"). Received: {TF_CONFIG_ENV}={shown}')
+    task_type, task_index = task.get("type"), task.get("index")
+    if task_type not in _JOBS or task_type not in cluster:
+        raise ValueError(
+            f'{TF_CONFIG_ENV}: task["type"] must be one of the cluster\'s jobs '
+            f"{[j for j in _JOBS if j in cluster]}. Received: type={task_type!r}"
+        )
+    count = len(cluster[task_type])
+    if isinstance(task_index, bool) or not isinstance(task_index, int) or not 0 <= task_index < count:
+        raise ValueError(
+            f'{TF_CONFIG_ENV}: task["index"] must be an int in [0, {count - 1}] for job '
+            f"{task_type!r}. Received: index={task_index!r}"
+        )
+    rank = next(i for i, (job, index, _) in enumerate(tasks) if (job, index) == (task_type, task_index))
+    return ClusterInfo(tuple(tasks), task_type, task_index, rank, raw)
+
+
+def _check_address(job, index, address, shown):
+    host, sep, port = str(address).rpartition(":") if isinstance(address, str) else ("", "", "")
+    ok = bool(sep and host) and port.isdigit() and 0 < int(port) < 65536
+    if not ok:
+        raise ValueError(
+            f'{TF_CONFIG_ENV}: cluster["{job}"][{index}] must be "host:port" with a port in '
+            f"1..65535. Received: {address!r} in {TF_CONFIG_ENV}={shown}"
+        )
+
+
+def shorten(text, limit=300):
+    """`text` on one line, cut to `limit` characters (for error messages)."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def resolve_timeouts(connect_timeout=None, collective_timeout=None):
+    """The multi-worker timeouts in seconds: each argument, else its environment
+    variable (`CONNECT_TIMEOUT_ENV`, `COLLECTIVE_TIMEOUT_ENV`), else its default.
+
+    Returns:
+        ``(connect_timeout, collective_timeout)``.
+
+    Raises:
+        ValueError: for an environment value that is not a number of seconds > 0.
+    """
+    if connect_timeout is None:
+        connect_timeout = _timeout_from_env(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT_S)
+    if collective_timeout is None:
+        collective_timeout = _timeout_from_env(COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT_S)
+    return connect_timeout, collective_timeout
+
+
+def _timeout_from_env(name, default):
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return float(default)
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0 or math.isinf(seconds):
+        raise ValueError(f"{name} must be a number of seconds > 0. Received: {name}={value!r}")
+    return seconds
+
+
+def wait_for_peers(addresses, timeout):
+    """Waits until every ``host:port`` accepts a TCP connection, at most `timeout` s.
+
+    Returns:
+        list of the addresses that never accepted (empty when all did).
+    """
+    deadline = time.monotonic() + timeout
+    pending = list(addresses)
+    while pending:
+        still = []
+        for address in pending:
+            host, _, port = address.rpartition(":")
+            try:
+                with socket.create_connection((host.strip("[]"), int(port)), timeout=2.0):
+                    pass
+            except OSError:
+                still.append(address)
+        pending = still
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    return pending
+
+
+def make_multiworker_strategy(cluster, *, connect_timeout=None, collective_timeout=None):
+    """The process's `MultiWorkerMirroredStrategy` for `cluster`, with bounded waits.
+
+    The chief first waits (at most `connect_timeout` s) until every other worker
+    listens; the others register with the chief within 2 * `connect_timeout` + 10 s.
+    Collectives time out after `collective_timeout` s. One strategy per process
+    (TensorFlow's collective runtime can be set up only once).
+
+    Args:
+        cluster: a `ClusterInfo`.
+        connect_timeout, collective_timeout: seconds; default from the environment
+            (see `resolve_timeouts`) or `DEFAULT_CONNECT_TIMEOUT_S` /
+            `DEFAULT_COLLECTIVE_TIMEOUT_S`.
+
+    Raises:
+        ValueError: if a worker cannot be reached in time, or this process already
+            joined another cluster.
+    """
+    import tensorflow as tf
+
+    connect_timeout, collective_timeout = resolve_timeouts(connect_timeout, collective_timeout)
+    key = json.dumps(cluster.raw, sort_keys=True)
+    if _STRATEGY:
+        if key in _STRATEGY:
+            return _STRATEGY[key]
+        raise ValueError(
+            "This process already joined another multi-worker cluster; TensorFlow sets "
+            "up its collective runtime once per process. Run each training in a fresh "
+            f"process. Received: {TF_CONFIG_ENV}={shorten(key)}"
+        )
+    peers = [address for i, (_, _, address) in enumerate(cluster.tasks) if i != cluster.rank]
+    if cluster.is_chief and peers:
+        logger.info("Chief %s: waiting up to %.0f s for %d worker(s) to start.",
+                    cluster.address, connect_timeout, len(peers))
+        missing = wait_for_peers(peers, connect_timeout)
+        if missing:
+            raise ValueError(
+                f"Cannot reach worker(s) {missing} within {connect_timeout:.0f} s: nothing "
+                "accepts connections there. Start every worker listed in "
+                f"{TF_CONFIG_ENV}['cluster'] with the same command and its own task, or fix "
+                f"the address(es). Received: {TF_CONFIG_ENV}={shorten(key)}"
+            )
+    # The chief may spend `connect_timeout` waiting for the slowest worker before it
+    # starts its own server, so the others wait for it somewhat longer.
+    _configure_coordination(cluster, register_timeout=2 * connect_timeout + 10.0)
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout)
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver, communication_options=options
+        )
+    except tf.errors.OpError as err:
+        raise ValueError(
+            f"Worker {cluster.task_type} {cluster.task_index} ({cluster.address}) could not "
+            f"join the cluster: the chief at {cluster.tasks[0][2]} did not accept it in "
+            f"time ({type(err).__name__}: {shorten(str(err), 200)}). Is the chief running "
+            f"with the same {TF_CONFIG_ENV}['cluster']?"
+        ) from None
+    _STRATEGY[key] = strategy
+    return strategy
+
+
+def _configure_coordination(cluster, *, register_timeout):
+    """Sets up TensorFlow's coordination service as the strategy would, plus timeouts.
+
+    The strategy configures the service itself only when nobody did; doing it first
+    adds the registration and heartbeat timeouts (TensorFlow's defaults let a chief
+    wait for a missing worker without end). The job list is the strategy's own.
+    """
+    configured = private_api.configure_coordination_service(
+        leader=cluster.leader,
+        job_counts=cluster.job_counts(),
+        register_timeout_ms=int(register_timeout * 1000),
+        heartbeat_timeout_ms=int(HEARTBEAT_TIMEOUT_S * 1000),
+    )
+    if configured is None:
+        logger.warning("TensorFlow's coordination config is not importable: "
+                       "registration and heartbeat use TensorFlow's defaults.")

@@ -22,6 +22,8 @@ Nothing here imports TensorFlow.
 import logging
 
 from keras_preact.training.config import TrainConfig
+from keras_preact.training.run import build_model
+from keras_preact.training.run import dataset_info
 
 logger = logging.getLogger("keras_preact.training")
 
@@ -99,7 +101,7 @@ def train_data_parallel(config, *, devices=None):
     import numpy as np
 
     from keras_preact import data
-    from keras_preact.training import trainer
+    from keras_preact.training.optimizers import make_optimizer
 
     if isinstance(config, dict):
         config = TrainConfig.from_dict(config)
@@ -120,7 +122,7 @@ def train_data_parallel(config, *, devices=None):
             f"The global batch size must divide evenly across the {num_devices} devices. "
             f"Received: batch_size={config.batch_size}."
         )
-    info = trainer.dataset_info(config.dataset, config.data_path)
+    info = dataset_info(config.dataset, config.data_path)
     arrays = {}
     for split in ("train", "test"):
         x, y = data.load_arrays(config.dataset, split, data_dir=config.data_dir,
@@ -145,9 +147,9 @@ def train_data_parallel(config, *, devices=None):
     keras.distribution.set_distribution(distribution)
     try:
         keras.utils.set_random_seed(int(config.seed))
-        model = trainer.build_model(config, info)
+        model = build_model(config, info)
         model.compile(
-            optimizer=config.make_optimizer(spe),
+            optimizer=make_optimizer(config, spe),
             loss=keras.losses.SparseCategoricalCrossentropy(),
             metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
         )

@@ -9,18 +9,18 @@ averaged over the *global* batch (`tf.nn.compute_average_loss`), and the Keras
 optimizer's ``apply_gradients``, which all-reduces (sums) the gradients across every
 replica of every worker. The optimizer is the recipe's `CoupledSGD` with its
 `WarmupPiecewiseConstant` schedule, the model is `build_model`'s, and the epoch
-bookkeeping, checkpoints, metrics, curve and final model reuse
-`keras_preact.training.trainer`'s helpers, so a workdir looks exactly like a
+bookkeeping, checkpoints, metrics, curve and final model are those of
+`keras_preact.training.run`, as for `model.fit`, so a workdir looks exactly like a
 single-host one.
 
 The cluster. Every worker runs the same command with its own ``TF_CONFIG``
-(`parse_tf_config`): ``{"cluster": {"worker": ["host0:port", "host1:port"]},
-"task": {"type": "worker", "index": i}}`` (a ``"chief"`` job of one task may be
-listed as well). Rank 0 -- the chief if there is one, else worker 0 -- is the chief:
-it leads TensorFlow's coordination service, it alone reads and writes the workdir,
-and it broadcasts its state (the resume epoch and every model and optimizer
-variable) to the others, so the other workers need no shared filesystem and write
-nothing (their ``workdir`` argument is not touched).
+(`keras_preact.training.distribute.parse_tf_config`): ``{"cluster": {"worker":
+["host0:port", "host1:port"]}, "task": {"type": "worker", "index": i}}`` (a
+``"chief"`` job of one task may be listed as well). Rank 0 -- the chief if there is
+one, else worker 0 -- is the chief: it leads TensorFlow's coordination service, it
+alone reads and writes the workdir, and it broadcasts its state (the resume epoch and
+every model and optimizer variable) to the others, so the other workers need no shared
+filesystem and write nothing (their ``workdir`` argument is not touched).
 
 Data sharding: DATA, at the batch level. Every worker builds the same deterministic
 pipeline (`keras_preact.data.make_dataset`, keyed by ``(seed, epoch)``) at the global
@@ -59,330 +59,53 @@ Failures stop within bounded time instead of hanging:
   and exit. Restart every worker with the same command to resume from the last
   completed epoch.
 
-The timeouts default to `DEFAULT_CONNECT_TIMEOUT_S` and
-`DEFAULT_COLLECTIVE_TIMEOUT_S`; the environment variables
+The timeouts default to `DEFAULT_CONNECT_TIMEOUT_S` and `DEFAULT_COLLECTIVE_TIMEOUT_S`
+(`keras_preact.training.distribute.resolve_timeouts`); the environment variables
 ``KERAS_PREACT_CONNECT_TIMEOUT_S`` and ``KERAS_PREACT_COLLECTIVE_TIMEOUT_S`` override
 them (runtime settings: they are not part of the config).
 """
 
-import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
-import socket
 import time
 import zlib
 
 from keras_preact.training.config import RUNTIME_FIELDS
 from keras_preact.training.config import TrainConfig
+from keras_preact.training.distribute import make_multiworker_strategy
+from keras_preact.training.distribute import parse_tf_config
+from keras_preact.training.distribute import resolve_timeouts
+from keras_preact.training.distribute import shorten
+from keras_preact.training.run import EpochRecorder
+from keras_preact.training.run import build_model
+from keras_preact.training.run import check_workdir
+from keras_preact.training.run import config_document
+from keras_preact.training.run import dataset_info
+from keras_preact.training.run import dataset_preprocessing
+from keras_preact.training.run import optimizer_step
+from keras_preact.training.run import weights_fingerprint
+from keras_preact.training.run import write_reports
+from keras_preact.training.workdir import CHECKPOINT_DIR
+from keras_preact.training.workdir import CURVE_PNG
+from keras_preact.training.workdir import METRICS_JSON
+from keras_preact.training.workdir import Workdir
+from keras_preact.training.workdir import atomic_save
+from keras_preact.training.workdir import read_json
 
 logger = logging.getLogger("keras_preact.training")
 
-TF_CONFIG_ENV = "TF_CONFIG"
-CONNECT_TIMEOUT_ENV = "KERAS_PREACT_CONNECT_TIMEOUT_S"
-COLLECTIVE_TIMEOUT_ENV = "KERAS_PREACT_COLLECTIVE_TIMEOUT_S"
-DEFAULT_CONNECT_TIMEOUT_S = 300.0
-DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
-#: How long the coordination service waits for a worker's heartbeat before it
-#: declares the worker dead and aborts the collectives of the others.
-HEARTBEAT_TIMEOUT_S = 15.0
 #: Config fields that may differ between workers: the runtime fields (paths, thread
 #: counts, verbosity) and where each host keeps its copy of the data.
 WORKER_LOCAL_FIELDS = tuple(RUNTIME_FIELDS) + ("data_path",)
 
-_JOBS = ("chief", "worker")
 _STATUS_OK, _STATUS_WORKDIR_REFUSED, _STATUS_COMPLETE = 0, 1, 2
-_STRATEGY = {}
 _SYNC_FNS = {}
 
 
 class ClusterError(RuntimeError):
     """A worker of the cluster failed or stopped responding during training."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ClusterInfo:
-    """A validated ``TF_CONFIG``.
-
-    Attributes:
-        tasks: ``[(job, index, "host:port"), ...]`` in rank order (the chief job
-            first, then the workers).
-        task_type: this process's job, "chief" or "worker".
-        task_index: this process's index in its job.
-        rank: this process's position in `tasks`; rank 0 is the chief.
-        raw: the parsed dict (for `tf.distribute.cluster_resolver.TFConfigClusterResolver`).
-    """
-
-    tasks: tuple
-    task_type: str
-    task_index: int
-    rank: int
-    raw: dict
-
-    @property
-    def num_workers(self):
-        return len(self.tasks)
-
-    @property
-    def is_chief(self):
-        return self.rank == 0
-
-    @property
-    def address(self):
-        return self.tasks[self.rank][2]
-
-    @property
-    def leader(self):
-        """The coordination service leader: TensorFlow's rule, the chief job if any."""
-        job, index, _ = self.tasks[0]
-        return f"/job:{job}/replica:0/task:{index}"
-
-    def job_counts(self):
-        counts = {}
-        for job, _, _ in self.tasks:
-            counts[job] = counts.get(job, 0) + 1
-        return counts
-
-
-def parse_tf_config(text=None):
-    """Parses and validates a ``TF_CONFIG`` for multi-worker training.
-
-    Args:
-        text: the JSON text; default: the ``TF_CONFIG`` environment variable.
-
-    Returns:
-        `ClusterInfo`.
-
-    Raises:
-        ValueError: naming what is wrong (missing, not JSON, no ``cluster`` or
-            ``task``, a job other than "chief"/"worker", more than one chief, an
-            address that is not ``host:port``, a duplicate address, or a task that
-            is not in the cluster), with the value received.
-
-    Example:
-        >>> info = parse_tf_config('{"cluster": {"worker": ["10.0.0.1:2222", '
-        ...                        '"10.0.0.2:2222"]}, "task": {"type": "worker", "index": 1}}')
-        >>> info.rank, info.num_workers, info.is_chief
-        (1, 2, False)
-    """
-    if text is None:
-        text = os.environ.get(TF_CONFIG_ENV)
-    if text is None or not str(text).strip():
-        raise ValueError(
-            f"strategy='multiworker' needs the {TF_CONFIG_ENV} environment variable, e.g. "
-            '{"cluster": {"worker": ["host0:12345", "host1:12345"]}, '
-            '"task": {"type": "worker", "index": 0}} on the first host. '
-            f"Received: {TF_CONFIG_ENV}={text!r}"
-        )
-    shown = _shorten(str(text))
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{TF_CONFIG_ENV} is not valid JSON ({err}). Received: {TF_CONFIG_ENV}={shown}") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("cluster"), dict) or not isinstance(raw.get("task"), dict):
-        raise ValueError(
-            f'{TF_CONFIG_ENV} must be a JSON object with a "cluster" object and a "task" '
-            f"object. Received: {TF_CONFIG_ENV}={shown}"
-        )
-    cluster, task = raw["cluster"], raw["task"]
-    unknown = sorted(set(cluster) - set(_JOBS))
-    if unknown:
-        raise ValueError(
-            f"{TF_CONFIG_ENV}: jobs {unknown} are not supported by "
-            f"MultiWorkerMirroredStrategy (no parameter servers or evaluators). Valid jobs: "
-            f"{list(_JOBS)}. Received: {TF_CONFIG_ENV}={shown}"
-        )
-    tasks, seen = [], {}
-    for job in _JOBS:
-        addresses = cluster.get(job, [])
-        if not isinstance(addresses, list) or not addresses and job in cluster:
-            raise ValueError(
-                f'{TF_CONFIG_ENV}: cluster["{job}"] must be a non-empty list of "host:port" '
-                f"strings. Received: {TF_CONFIG_ENV}={shown}"
-            )
-        if job == "chief" and len(addresses) > 1:
-            raise ValueError(
-                f'{TF_CONFIG_ENV}: cluster["chief"] holds at most one address. Received: '
-                f"{len(addresses)} ({addresses})"
-            )
-        for index, address in enumerate(addresses):
-            _check_address(job, index, address, shown)
-            if address in seen:
-                raise ValueError(
-                    f"{TF_CONFIG_ENV}: the address {address!r} is listed twice ({seen[address]} "
-                    f"and {job} {index}); every task needs its own port. Received: "
-                    f"{TF_CONFIG_ENV}={shown}"
-                )
-            seen[address] = f"{job} {index}"
-            tasks.append((job, index, address))
-    if not tasks:
-        raise ValueError(f'{TF_CONFIG_ENV}: the cluster lists no "worker" (or "chief"). Received: {TF_CONFIG_ENV}={shown}')
-    task_type, task_index = task.get("type"), task.get("index")
-    if task_type not in _JOBS or task_type not in cluster:
-        raise ValueError(
-            f'{TF_CONFIG_ENV}: task["type"] must be one of the cluster\'s jobs '
-            f"{[j for j in _JOBS if j in cluster]}. Received: type={task_type!r}"
-        )
-    count = len(cluster[task_type])
-    if isinstance(task_index, bool) or not isinstance(task_index, int) or not 0 <= task_index < count:
-        raise ValueError(
-            f'{TF_CONFIG_ENV}: task["index"] must be an int in [0, {count - 1}] for job '
-            f"{task_type!r}. Received: index={task_index!r}"
-        )
-    rank = next(i for i, (job, index, _) in enumerate(tasks) if (job, index) == (task_type, task_index))
-    return ClusterInfo(tuple(tasks), task_type, task_index, rank, raw)
-
-
-def _check_address(job, index, address, shown):
-    host, sep, port = str(address).rpartition(":") if isinstance(address, str) else ("", "", "")
-    ok = bool(sep and host) and port.isdigit() and 0 < int(port) < 65536
-    if not ok:
-        raise ValueError(
-            f'{TF_CONFIG_ENV}: cluster["{job}"][{index}] must be "host:port" with a port in '
-            f"1..65535. Received: {address!r} in {TF_CONFIG_ENV}={shown}"
-        )
-
-
-def _shorten(text, limit=300):
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _timeout_from_env(name, default):
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return float(default)
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0 or math.isinf(seconds):
-        raise ValueError(f"{name} must be a number of seconds > 0. Received: {name}={value!r}")
-    return seconds
-
-
-def wait_for_peers(addresses, timeout):
-    """Waits until every ``host:port`` accepts a TCP connection, at most `timeout` s.
-
-    Returns:
-        list of the addresses that never accepted (empty when all did).
-    """
-    deadline = time.monotonic() + timeout
-    pending = list(addresses)
-    while pending:
-        still = []
-        for address in pending:
-            host, _, port = address.rpartition(":")
-            try:
-                with socket.create_connection((host.strip("[]"), int(port)), timeout=2.0):
-                    pass
-            except OSError:
-                still.append(address)
-        pending = still
-        if not pending or time.monotonic() >= deadline:
-            break
-        time.sleep(0.5)
-    return pending
-
-
-def make_multiworker_strategy(cluster, *, connect_timeout=None, collective_timeout=None):
-    """The process's `MultiWorkerMirroredStrategy` for `cluster`, with bounded waits.
-
-    The chief first waits (at most `connect_timeout` s) until every other worker
-    listens; the others register with the chief within 2 * `connect_timeout` + 10 s.
-    Collectives time out after `collective_timeout` s. One strategy per process
-    (TensorFlow's collective runtime can be set up only once).
-
-    Args:
-        cluster: a `ClusterInfo`.
-        connect_timeout, collective_timeout: seconds; default from the environment
-            (see the module doc) or `DEFAULT_CONNECT_TIMEOUT_S` /
-            `DEFAULT_COLLECTIVE_TIMEOUT_S`.
-
-    Raises:
-        ValueError: if a worker cannot be reached in time, or this process already
-            joined another cluster.
-    """
-    import tensorflow as tf
-
-    if connect_timeout is None:
-        connect_timeout = _timeout_from_env(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT_S)
-    if collective_timeout is None:
-        collective_timeout = _timeout_from_env(COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT_S)
-    key = json.dumps(cluster.raw, sort_keys=True)
-    if _STRATEGY:
-        if key in _STRATEGY:
-            return _STRATEGY[key]
-        raise ValueError(
-            "This process already joined another multi-worker cluster; TensorFlow sets "
-            "up its collective runtime once per process. Run each training in a fresh "
-            f"process. Received: {TF_CONFIG_ENV}={_shorten(key)}"
-        )
-    peers = [address for i, (_, _, address) in enumerate(cluster.tasks) if i != cluster.rank]
-    if cluster.is_chief and peers:
-        logger.info("Chief %s: waiting up to %.0f s for %d worker(s) to start.",
-                    cluster.address, connect_timeout, len(peers))
-        missing = wait_for_peers(peers, connect_timeout)
-        if missing:
-            raise ValueError(
-                f"Cannot reach worker(s) {missing} within {connect_timeout:.0f} s: nothing "
-                "accepts connections there. Start every worker listed in "
-                f"{TF_CONFIG_ENV}['cluster'] with the same command and its own task, or fix "
-                f"the address(es). Received: {TF_CONFIG_ENV}={_shorten(key)}"
-            )
-    # The chief may spend `connect_timeout` waiting for the slowest worker before it
-    # starts its own server, so the others wait for it somewhat longer.
-    _configure_coordination(cluster, register_timeout=2 * connect_timeout + 10.0)
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout)
-    try:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=resolver, communication_options=options
-        )
-    except tf.errors.OpError as err:
-        raise ValueError(
-            f"Worker {cluster.task_type} {cluster.task_index} ({cluster.address}) could not "
-            f"join the cluster: the chief at {cluster.tasks[0][2]} did not accept it in "
-            f"time ({type(err).__name__}: {_shorten(str(err), 200)}). Is the chief running "
-            f"with the same {TF_CONFIG_ENV}['cluster']?"
-        ) from None
-    _STRATEGY[key] = strategy
-    return strategy
-
-
-def _configure_coordination(cluster, *, register_timeout):
-    """Sets up TensorFlow's coordination service as the strategy would, plus timeouts.
-
-    The strategy configures the service itself only when nobody did; doing it first
-    adds the registration and heartbeat timeouts (TensorFlow's defaults let a chief
-    wait for a missing worker without end). The job list is the strategy's own.
-    """
-    from tensorflow.python.eager import context
-
-    try:
-        from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-    except ImportError:  # the module moved between TensorFlow releases
-        try:
-            from tsl.protobuf import coordination_config_pb2
-        except ImportError:
-            logger.warning("TensorFlow's coordination config is not importable: "
-                           "registration and heartbeat use TensorFlow's defaults.")
-            return
-    if context.context().coordination_service is not None:
-        return
-    jobs = [
-        coordination_config_pb2.CoordinatedJob(name=job, num_tasks=count)
-        for job, count in cluster.job_counts().items()
-    ]
-    context.context().configure_coordination_service(
-        service_type="standalone",
-        service_leader=cluster.leader,
-        cluster_register_timeout_in_ms=int(register_timeout * 1000),
-        heartbeat_timeout_in_ms=int(HEARTBEAT_TIMEOUT_S * 1000),
-        coordinated_jobs=jobs,
-    )
 
 
 # -- collectives used outside the training step --------------------------------------
@@ -526,14 +249,6 @@ def train_multiworker(config, workdir, *, connect_timeout=None, collective_timeo
             bad input. Raised before anything is written.
         RuntimeError: if the workers' final weights differ (a bug, not bad input).
     """
-    from keras_preact.training import trainer
-    from keras_preact.training.workdir import CHECKPOINT_DIR
-    from keras_preact.training.workdir import CURVE_PNG
-    from keras_preact.training.workdir import METRICS_JSON
-    from keras_preact.training.workdir import Workdir
-    from keras_preact.training.workdir import atomic_save
-    from keras_preact.training.workdir import read_json
-
     if isinstance(config, dict):
         config = TrainConfig.from_dict(config)
     if not isinstance(config, TrainConfig):
@@ -557,10 +272,7 @@ def train_multiworker(config, workdir, *, connect_timeout=None, collective_timeo
             f"uses its own devices. Received: cpu_devices={config.cpu_devices}"
         )
     cluster = parse_tf_config()
-    if connect_timeout is None:
-        connect_timeout = _timeout_from_env(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT_S)
-    if collective_timeout is None:
-        collective_timeout = _timeout_from_env(COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT_S)
+    connect_timeout, collective_timeout = resolve_timeouts(connect_timeout, collective_timeout)
     task = f"{cluster.task_type} {cluster.task_index}"
 
     import keras
@@ -576,6 +288,7 @@ def train_multiworker(config, workdir, *, connect_timeout=None, collective_timeo
 
     from keras_preact import data
     from keras_preact.training import distribute
+    from keras_preact.training.optimizers import make_optimizer
 
     # What can fail on this worker's input without TensorFlow runs before it joins
     # (a worker that fails here never registers; the others stop at their connect
@@ -586,10 +299,10 @@ def train_multiworker(config, workdir, *, connect_timeout=None, collective_timeo
     state, refused = None, None
     if cluster.is_chief:
         try:
-            state = trainer.check_workdir(config, workdir)
+            state = check_workdir(config, workdir)
         except ValueError as err:
             refused = err  # told to the other workers below, then raised
-    info = trainer.dataset_info(config.dataset, config.data_path)
+    info = dataset_info(config.dataset, config.data_path)
     distribute.configure_runtime(
         intra_op_threads=config.intra_op_threads,
         inter_op_threads=config.inter_op_threads,
@@ -679,21 +392,21 @@ def train_multiworker(config, workdir, *, connect_timeout=None, collective_timeo
 
     distribute.seed_everything(config.seed)
     with strategy.scope():
-        model = trainer.build_model(config, info)
+        model = build_model(config, info)
         if config.synchronized_bn:
             distribute.set_synchronized_batch_norm(model, True)
         if getattr(config, "freeze", ()):
             from keras_preact import finetune
 
             finetune.freeze(model, list(config.freeze))
-        optimizer = config.make_optimizer(spe)
+        optimizer = make_optimizer(config, spe)
         model.compile(
             optimizer=optimizer,
             loss=keras.losses.SparseCategoricalCrossentropy(),
             metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
         )
         optimizer.build(model.trainable_variables)
-        fingerprint = trainer.weights_fingerprint(model)
+        fingerprint = weights_fingerprint(model)
     if cluster.is_chief and state is not None:
         ckpt = workdir.file(CHECKPOINT_DIR, state["checkpoint"])
         stored_print = state.get("fingerprint")
@@ -724,20 +437,15 @@ def train_multiworker(config, workdir, *, connect_timeout=None, collective_timeo
             logger.info("Removed %s (a write interrupted by a crash).", path)
         if state is None:
             os.makedirs(workdir.path, exist_ok=True)
-            workdir.write_config(trainer._config_document(config))
-            trainer._write_reports(workdir, config, history, schedule_info=schedule_info)
-        schedule = config.make_schedule(spe)
-        callbacks = trainer._make_callbacks(
-            keras, config=config, workdir=workdir, schedule=schedule, spe=spe,
-            history=history, total_steps=total_steps, fingerprint=fingerprint,
-        )
-        recorder = next(c for c in callbacks if type(c).__name__ == "EpochCheckpoint")
-        recorder.set_model(model)
+            workdir.write_config(config_document(config))
+            write_reports(workdir, config, history, schedule_info=schedule_info)
+        recorder = EpochRecorder(config=config, workdir=workdir, schedule=config.make_schedule(spe),
+                                 history=history, fingerprint=fingerprint)
 
     train_step = _make_train_step(strategy, model, optimizer, config.batch_size)
     evaluate = _make_evaluator(model)
     t0 = time.time()
-    step = trainer._step(optimizer)
+    step = optimizer_step(optimizer)
 
     def train_epochs(step):
         """The remaining epochs; returns the optimizer step reached."""
@@ -752,7 +460,7 @@ def train_multiworker(config, workdir, *, connect_timeout=None, collective_timeo
             iterator = iter(dist_ds)
             for epoch in range(start_epoch, epochs):
                 if cluster.is_chief:
-                    recorder.on_epoch_begin(epoch)
+                    recorder.epoch_begin()
                 steps_now = min(spe, total_steps - step)
                 bar = None
                 if cluster.is_chief and config.verbose not in (0,):
@@ -777,7 +485,7 @@ def train_multiworker(config, workdir, *, connect_timeout=None, collective_timeo
                     val = evaluate(test_ds)
                     logs.update(val_loss=val["loss"], val_accuracy=val["accuracy"])
                 if cluster.is_chief:
-                    recorder.on_epoch_end(epoch, logs)
+                    recorder.epoch_end(model, epoch, logs)
                 logger.info("%s: epoch %d/%d done, step %d, loss %.4f", task, epoch + 1, epochs,
                             step, logs["loss"])
                 if step >= total_steps:
@@ -790,7 +498,7 @@ def train_multiworker(config, workdir, *, connect_timeout=None, collective_timeo
         last = workdir.read_state() if cluster.is_chief else None
         raise ClusterError(
             f"{task}: training stopped because another worker failed or stopped "
-            f"responding ({type(err).__name__}: {_shorten(str(err), 300)}). Restart every "
+            f"responding ({type(err).__name__}: {shorten(err, 300)}). Restart every "
             "worker with the same command to resume from the last completed epoch"
             + (f" ({last['epoch']})." if last else ".")
         ) from None
@@ -811,16 +519,16 @@ def train_multiworker(config, workdir, *, connect_timeout=None, collective_timeo
         "num_params": int(model.count_params()), "num_replicas": replicas,
         "num_workers": cluster.num_workers,
         "input_normalization": {"in_model": config.model_normalizes(),
-                                **trainer.dataset_preprocessing(info)},
+                                **dataset_preprocessing(info)},
         "schedule": schedule_info,
         "model_path": os.path.basename(workdir.final_model_path), "curve_path": CURVE_PNG,
         "weights_digest": digest,
     }
-    epochs_done, steps_done = None, trainer._step(optimizer)
+    epochs_done, steps_done = None, optimizer_step(optimizer)
     if cluster.is_chief:
         atomic_save(workdir.final_model_path, model.save)
         state = workdir.read_state()
-        trainer._write_reports(workdir, config, history, schedule_info=schedule_info, final=final)
+        write_reports(workdir, config, history, schedule_info=schedule_info, final=final)
         workdir.write_state({**{k: v for k, v in state.items() if k != "format"}, "complete": True})
         epochs_done, steps_done = state["epoch"], state["step"]
     return {
@@ -843,14 +551,14 @@ def _load_checkpoint_outside_strategy(config, info, spe, path, model, optimizer)
     a shadow copy is built and loaded outside the scope, and its values are assigned
     (no collective) to the strategy's variables, created in the same order.
     """
-    from keras_preact.training import trainer
+    from keras_preact.training.optimizers import make_optimizer
 
-    shadow = trainer.build_model(config, info)
+    shadow = build_model(config, info)
     if getattr(config, "freeze", ()):
         from keras_preact import finetune
 
         finetune.freeze(shadow, list(config.freeze))
-    shadow_optimizer = config.make_optimizer(spe)
+    shadow_optimizer = make_optimizer(config, spe)
     shadow.compile(optimizer=shadow_optimizer, loss="sparse_categorical_crossentropy")
     shadow_optimizer.build(shadow.trainable_variables)
     try:
@@ -858,7 +566,7 @@ def _load_checkpoint_outside_strategy(config, info, spe, path, model, optimizer)
     except Exception as err:  # Keras raises several types for a mismatch.
         raise ValueError(
             f"The checkpoint {path} does not fit the model {config.model!r} "
-            f"({type(err).__name__}: {_shorten(str(err), 300)}). Nothing was changed. "
+            f"({type(err).__name__}: {shorten(err, 300)}). Nothing was changed. "
             "Use a new --workdir."
         ) from None
     targets = list(model.weights) + list(optimizer.variables)

@@ -133,3 +133,25 @@ class CoupledSGD(keras.optimizers.SGD):
         config = super().get_config()
         config.update({"l2": self.l2, "decay_variables": self.decay_variables})
         return config
+
+
+def make_optimizer(config, steps_per_epoch):
+    """The recipe's `CoupledSGD` with its schedule (`config.make_schedule`).
+
+    Args:
+        config: a `TrainConfig`.
+        steps_per_epoch: int, the optimizer steps of one epoch.
+
+    Returns:
+        `CoupledSGD`.
+
+    Example:
+        >>> optimizer = make_optimizer(TrainConfig(), steps_per_epoch=390)
+    """
+    return CoupledSGD(
+        learning_rate=config.make_schedule(steps_per_epoch),
+        momentum=float(config.momentum),
+        nesterov=bool(config.nesterov),
+        l2=float(config.weight_decay),
+        decay_variables=config.weight_decay_on,
+    )

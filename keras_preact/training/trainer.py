@@ -20,9 +20,19 @@ import logging
 import os
 import time
 
-from keras_preact.training.config import RUNTIME_FIELDS
-from keras_preact.training.distribute import average_replica_statistics
+from keras_preact import private_api
 from keras_preact.training.config import TrainConfig
+from keras_preact.training.distribute import average_replica_statistics
+from keras_preact.training.distribute import shorten
+from keras_preact.training.run import EpochRecorder
+from keras_preact.training.run import build_model
+from keras_preact.training.run import check_workdir
+from keras_preact.training.run import config_document
+from keras_preact.training.run import dataset_info
+from keras_preact.training.run import dataset_preprocessing
+from keras_preact.training.run import optimizer_step
+from keras_preact.training.run import weights_fingerprint
+from keras_preact.training.run import write_reports
 from keras_preact.training.workdir import CHECKPOINT_DIR
 from keras_preact.training.workdir import CURVE_PNG
 from keras_preact.training.workdir import METRICS_JSON
@@ -33,197 +43,30 @@ from keras_preact.training.workdir import read_json
 
 logger = logging.getLogger("keras_preact.training")
 
-CONFIG_FORMAT = 1
 #: Fewer steps than this in an epoch get a warning: every epoch ends with a checkpoint,
 #: the reports and (with eval_every) a test evaluation, which then outweigh training.
 FEW_STEPS_PER_EPOCH = 10
 
 
-def build_model(config, info):
-    """The config's model for a dataset described by `info` (`dataset_info`).
-
-    ``classes`` and ``input_shape`` default to the dataset's; the precision sets the
-    model's dtype policy. ``model_kwargs["architecture"]`` (a `PreActResNet` config)
-    builds that network instead of a named one.
-
-    Raises:
-        ValueError: for an unknown model or invalid model arguments.
-    """
-    import keras_preact
-    from keras_preact.training.distribute import precision_dtype
-
-    kwargs = dict(config.model_kwargs)
-    architecture = kwargs.pop("architecture", None)
-    import inspect
-
-    from keras_preact.models.cifar import preact_resnet_cifar
-
-    valid = set(inspect.signature(keras_preact.PreActResNet.__init__).parameters) - {"self", "kwargs"}
-    valid |= {"trainable"}
-    if architecture is None:
-        valid |= set(inspect.signature(preact_resnet_cifar).parameters) - {"kwargs", "depth"}
-    unknown = sorted((set(kwargs) | set(architecture or {})) - valid)
-    if unknown:
-        raise ValueError(
-            f"Invalid model arguments for {config.model!r}: unknown {unknown}. "
-            f"Received: model_kwargs={config.model_kwargs!r}. Valid: {sorted(valid)}"
-        )
-    dtype = precision_dtype(config.precision)
-    defaults = {"classes": info["num_classes"], "input_shape": tuple(info["image_shape"])}
-    if config.preprocessing_in_model:
-        defaults["preprocessing"] = dataset_preprocessing(info)
-    if getattr(config, "weights", None) is not None and architecture is None:
-        # A catalog tag fixes architecture arguments its weights need (e.g.
-        # first_unit_shared_preact=False for the converted pytorchcv nets).
-        from keras_preact.finetune import pretrained_architecture
-
-        defaults.update(pretrained_architecture(config.model, config.weights))
-    try:
-        if architecture is not None:
-            arch = {**defaults, "name": config.model, **dict(architecture), **kwargs}
-            if dtype:
-                arch["dtype"] = dtype
-            return keras_preact.PreActResNet(**arch)
-        kwargs = {**defaults, **kwargs}
-        if dtype:
-            kwargs["dtype"] = dtype
-        return keras_preact.get_model(config.model, **kwargs)
-    except TypeError as err:
-        raise ValueError(
-            f"Invalid model arguments for {config.model!r}: {err}. "
-            f"Received: model_kwargs={config.model_kwargs!r}"
-        ) from None
-
-
-def weights_fingerprint(model):
-    """``[[name, shape], ...]`` of the model's variables in creation order.
-
-    Weights files are matched by creation order, so two networks with the same
-    fingerprint load each other's checkpoints; any other pair is refused before
-    loading (Keras may skip a mismatched nested layer with only a warning).
-    """
-    return [[v.name, [int(d) for d in v.shape]] for v in model.weights]
-
-
-def _step(optimizer):
-    """The optimizer's iteration count as an int (also for a MirroredVariable)."""
-    import numpy as np
-
-    value = optimizer.iterations
-    value = getattr(value, "value", value)
-    return int(np.asarray(value.numpy() if hasattr(value, "numpy") else value))
-
-
-def dataset_info(name, path=None):
-    """`keras_preact.data.dataset_info`; `path` is passed only where it means something
-    (the image folder), since CIFAR's published sizes do not depend on it."""
-    from keras_preact import data
-
-    return data.dataset_info(name, path=path if name == "folder" else None)
-
-
-def _short(err, limit=400):
-    """An exception's message on one line, cut to `limit` characters."""
-    text = " ".join(str(err).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def dataset_preprocessing(info):
-    """The model `preprocessing` dict for a dataset: its per-channel mean and std."""
-    return {
-        "mean": [float(m) for m in info["mean"]],
-        "std": [float(v) for v in info["std"]],
-        "scale": 1.0 / 255.0,
-    }
-
-
-def _config_document(config):
-    import keras_preact
-
-    return {
-        "format": CONFIG_FORMAT,
-        "keras_preact_version": keras_preact.__version__,
-        "train_config": config.to_dict(),
-    }
-
-
-def check_workdir(config, workdir):
-    """Refuses a workdir that holds another run; returns the stored state or None.
-
-    Reads only: nothing is written or deleted.
-
-    Raises:
-        ValueError: if `workdir` holds a run with a different config, or
-            checkpoints without a config, or an unreadable state.
-    """
-    stored = workdir.read_config()
-    if stored is None:
-        if workdir.checkpoint_files() or os.path.exists(workdir.state_path) or os.path.exists(
-            workdir.final_model_path
-        ):
-            raise ValueError(
-                f"The workdir {workdir.path} holds checkpoints but no config.json, so "
-                "it cannot be checked against this run. Use an empty or new --workdir."
-            )
-        return None
-    if not isinstance(stored, dict) or "train_config" not in stored:
-        raise ValueError(
-            f"{workdir.config_path} is not a keras-preact training config. "
-            "Use an empty or new --workdir."
-        )
-    stored_config = TrainConfig.from_dict(stored["train_config"])
-    diff = config.differences(stored_config, ignore=RUNTIME_FIELDS)
-    if diff:
-        lines = ", ".join(f"{k}: stored {b!r}, requested {a!r}" for k, (a, b) in diff.items())
-        raise ValueError(
-            f"The workdir {workdir.path} holds a run with a different config ({lines}). "
-            "Nothing was changed. Restart with the same settings to resume, or use a "
-            "new --workdir."
-        )
-    return workdir.read_state()
-
-
 def _make_callbacks(keras, *, config, workdir, schedule, spe, history, total_steps,
                     fingerprint):
+    recorder = EpochRecorder(config=config, workdir=workdir, schedule=schedule,
+                             history=history, fingerprint=fingerprint)
+
     class EpochCheckpoint(keras.callbacks.Callback):
-        """Checkpoint + state + metrics after every completed epoch, atomically."""
+        """`EpochRecorder` after every completed epoch."""
 
         def on_epoch_begin(self, epoch, logs=None):
-            self._t0 = time.time()
+            recorder.epoch_begin()
 
         def on_epoch_end(self, epoch, logs=None):
-            logs = dict(logs or {})
-            step = _step(self.model.optimizer)
-            elapsed = time.time() - self._t0
-            done = step - (history[-1]["step"] if history else 0)
-            entry = {
-                "epoch": epoch + 1,
-                "step": step,
-                "learning_rate": schedule.value_at(max(step - 1, 0)),
-                "time_s": round(elapsed, 3),
-                "images_per_s": round(done * config.batch_size / elapsed, 2) if elapsed > 0 else None,
-            }
-            for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
-                if key in logs:
-                    entry[key] = float(logs[key])
-            history.append(entry)
-            name = os.path.basename(workdir.checkpoint_path(epoch + 1))
-            atomic_save(workdir.checkpoint_path(epoch + 1), self.model.save_weights)
-            # Only now does the state move on: a kill before this line leaves the
-            # previous epoch's state and checkpoint intact.
-            workdir.write_state(
-                {"epoch": epoch + 1, "step": step, "checkpoint": name, "history": history,
-                 "complete": False, "fingerprint": fingerprint}
-            )
-            workdir.prune_checkpoints(config.keep_checkpoints, name)
-            _write_reports(workdir, config, history, schedule_info=None)
-            logger.info("epoch %d done: step %d, checkpoint %s", epoch + 1, step, name)
+            recorder.epoch_end(self.model, epoch, logs)
 
     class StopAtStep(keras.callbacks.Callback):
         """Ends training at the schedule's last step, even inside an epoch."""
 
         def on_train_batch_end(self, batch, logs=None):
-            if _step(self.model.optimizer) >= total_steps:
+            if optimizer_step(self.model.optimizer) >= total_steps:
                 self.model.stop_training = True
 
     class AverageReplicaStatistics(keras.callbacks.Callback):
@@ -253,35 +96,6 @@ def _make_callbacks(keras, *, config, workdir, schedule, spe, history, total_ste
             "(pip install tensorboard).", workdir.file(TENSORBOARD_DIR),
         )
     return callbacks
-
-
-def _write_reports(workdir, config, history, *, schedule_info, final=None):
-    metrics = {
-        "model": config.model,
-        "dataset": config.dataset,
-        "epochs": history,
-        "complete": final is not None,
-    }
-    if schedule_info is not None:
-        metrics["schedule"] = schedule_info
-    if final:
-        metrics.update(final)
-    else:
-        # Keep what a previous write knew about the schedule.
-        path = workdir.file(METRICS_JSON)
-        if os.path.exists(path):
-            try:
-                previous = read_json(path)
-                if "schedule" in previous:
-                    metrics["schedule"] = previous["schedule"]
-            except ValueError:
-                pass
-    workdir.write_metrics(metrics)
-    workdir.write_metrics_csv(history)
-    title = f"{config.model} on {config.dataset}"
-    if final and "test_accuracy" in final:
-        title += f" (test accuracy {100 * final['test_accuracy']:.2f}%)"
-    workdir.write_curve(history, title=title)
 
 
 def train_and_evaluate(config, workdir):
@@ -368,6 +182,8 @@ def _train_locked(config, workdir):
             "Set KERAS_BACKEND=tensorflow."
         )
     from keras_preact.training import distribute
+    from keras_preact.training.optimizers import make_optimizer
+    from keras_preact.weights.local import first_difference
 
     distribute.configure_runtime(
         cpu_devices=config.cpu_devices,
@@ -471,7 +287,7 @@ def _train_locked(config, workdir):
                 "Fine-tuning from %s (%s).", loaded["source"],
                 "classifier loaded too" if loaded["copied_head"] else "new classifier",
             )
-        optimizer = config.make_optimizer(spe)
+        optimizer = make_optimizer(config, spe)
         if config.precision == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         model.compile(
@@ -486,29 +302,24 @@ def _train_locked(config, workdir):
             ckpt = workdir.file(CHECKPOINT_DIR, state["checkpoint"])
             stored_print = state.get("fingerprint")
             if stored_print is not None and stored_print != fingerprint:
-                first = next(
-                    (i for i, (a, b) in enumerate(zip(stored_print, fingerprint)) if a != b),
-                    min(len(stored_print), len(fingerprint)),
-                )
+                first, stored, built = first_difference(stored_print, fingerprint)
                 raise ValueError(
                     f"The checkpoint {ckpt} does not fit the model {config.model!r}: it "
                     f"holds {len(stored_print)} variables, the model {len(fingerprint)}; "
-                    f"the first difference is variable {first} (checkpoint: "
-                    f"{stored_print[first] if first < len(stored_print) else None}, model: "
-                    f"{fingerprint[first] if first < len(fingerprint) else None}). "
-                    "Nothing was changed. Use a new --workdir."
+                    f"the first difference is variable {first} (checkpoint: {stored}, "
+                    f"model: {built}). Nothing was changed. Use a new --workdir."
                 )
             try:
                 model.load_weights(ckpt)
             except Exception as err:  # Keras raises several types for a mismatch.
                 raise ValueError(
                     f"The checkpoint {ckpt} does not fit the model {config.model!r} "
-                    f"({type(err).__name__}: {_short(err)}). "
+                    f"({type(err).__name__}: {shorten(err, 400)}). "
                     "Nothing was changed. Use a new --workdir."
                 ) from None
-            if _step(optimizer) != int(state["step"]):
+            if optimizer_step(optimizer) != int(state["step"]):
                 raise ValueError(
-                    f"The checkpoint {ckpt} holds {_step(optimizer)} optimizer "
+                    f"The checkpoint {ckpt} holds {optimizer_step(optimizer)} optimizer "
                     f"steps but its state says {state['step']}; refusing to resume."
                 )
             logger.info(
@@ -523,8 +334,8 @@ def _train_locked(config, workdir):
     if state is None:
         # The first write: everything that can fail on bad input has run by now.
         os.makedirs(workdir.path, exist_ok=True)
-        workdir.write_config(_config_document(config))
-        _write_reports(workdir, config, history, schedule_info=schedule_info)
+        workdir.write_config(config_document(config))
+        write_reports(workdir, config, history, schedule_info=schedule_info)
 
     t0 = time.time()
     if start_epoch < epochs:
@@ -564,7 +375,7 @@ def _train_locked(config, workdir):
         "model_path": os.path.basename(workdir.final_model_path),
         "curve_path": CURVE_PNG,
     }
-    _write_reports(workdir, config, history, schedule_info=schedule_info, final=final)
+    write_reports(workdir, config, history, schedule_info=schedule_info, final=final)
     workdir.write_state({**{k: v for k, v in state.items() if k != "format"}, "complete": True})
     return {
         "test_accuracy": final["test_accuracy"],
@@ -586,7 +397,7 @@ def has_preprocessing_layer(model):
 
     return any(
         isinstance(layer, ImageNormalization)
-        for layer in model._flatten_layers(include_self=False, recursive=True)
+        for layer in private_api.flatten_layers(model)
     )
 
 
@@ -595,13 +406,13 @@ def _load_weights(model, path, label):
         model.load_weights(path)
     except OSError as err:  # h5py's error for a truncated or damaged file names no file
         raise ValueError(
-            f"The weights file {path} cannot be read ({_short(err)}): it is damaged or "
+            f"The weights file {path} cannot be read ({shorten(err, 400)}): it is damaged or "
             "incomplete (an interrupted copy?); copy it again."
         ) from None
     except Exception as err:  # Keras raises several types for a mismatch.
         raise ValueError(
             f"The weights {path} do not fit {label!r} ({type(err).__name__}: "
-            f"{_short(err)})."
+            f"{shorten(err, 400)})."
         ) from None
 
 

@@ -5,7 +5,7 @@ The search space is data: depths (any valid CIFAR depth), block ("auto", "basic"
 learning rate, weight decay and warm-up. Models come from the library's factories
 (`keras_preact.preact_resnet_cifar`, or `keras_preact.PreActResNet` with the CIFAR
 layout for widened nets); fitting uses the library's data pipeline
-(`keras_preact.data.dataset_from_arrays`) and recipe (`TrainConfig.make_optimizer`:
+(`keras_preact.data.dataset_from_arrays`) and recipe (`optimizers.make_optimizer`:
 `CoupledSGD` with `WarmupPiecewiseConstant`).
 
 Cost awareness. A `Budget` caps parameters, multiply-adds (`count_macs`) or the
@@ -29,6 +29,8 @@ import time
 
 import keras
 import keras_tuner
+
+from keras_preact.training.optimizers import make_optimizer
 
 logger = logging.getLogger("keras_preact.tuning")
 
@@ -593,7 +595,7 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         )
         scope = self.distribution_strategy.scope() if self.distribution_strategy else _null()
         with scope:
-            optimizer = config.make_optimizer(spe)
+            optimizer = make_optimizer(config, spe)
             model.compile(
                 optimizer=optimizer,
                 loss=keras.losses.SparseCategoricalCrossentropy(),

@@ -2,7 +2,8 @@
 
 - `list_entries`, `get_entry`: the catalog (``zoo/weights/*.json``);
 - `fetch_weights`: the verified cached `.weights.h5` of an entry (downloads,
-  checks the publisher's hash, converts, caches with its SHA-256);
+  checks the publisher's hash, converts into the model its `build` argument makes,
+  e.g. ``build=keras_preact.get_model``, caches with its SHA-256);
 - `save_weights_file`, `load_weights_file`: `.weights.h5` files that record the
   model's variable layout, so another architecture (even the same shapes in another
   order) fails loudly instead of loading silently wrong.

@@ -16,6 +16,8 @@ import json
 import os
 from importlib import resources
 
+from keras_preact.zoo_catalog import load_json
+
 MANIFEST_FOLDER = "weights"
 HASH_ALGORITHMS = ("sha1", "md5", "sha256")
 URL_SCHEMES = ("https://", "http://", "file://")
@@ -249,9 +251,9 @@ def list_entries(model=None):
         list of entry dicts.
     """
     catalog = load_catalog()
-    from keras_preact.models.registry import list_models
-
-    order = {name: i for i, name in enumerate(list_models())}
+    # models.json lists the models as the registry does (a test checks it): the
+    # catalog describes models without importing them.
+    order = {name: i for i, name in enumerate(load_json("models.json")["models"])}
     keys = sorted(catalog, key=lambda k: (order.get(catalog[k]["model"], len(order)), catalog[k]["model"], catalog[k]["tag"]))
     return [catalog[k] for k in keys if model is None or catalog[k]["model"] == model]
 
@@ -345,8 +347,6 @@ def render_zoo_readme(entries=None):
     Returns:
         str.
     """
-    from keras_preact.zoo_catalog import load_json
-
     entries = list_entries() if entries is None else entries
     models = load_json("models.json").get("models", {})
     lines = [

@@ -8,7 +8,8 @@ One chain for every catalog entry (or entry dict):
    `keras.utils.get_file` (its progress bar; partial files removed on errors);
 3. extract the named member when the published file is a zip;
 4. verify the publisher's hash (SHA-1, MD5 or SHA-256); a mismatch deletes the file;
-5. build the entry's architecture from the registry and run its converter;
+5. build the entry's architecture with the caller's `build` (e.g.
+   `keras_preact.get_model`: weights/ never imports models/) and run its converter;
 6. save a `.weights.h5` to a temporary path, record its SHA-256 in a sidecar
    ``<name>.weights.h5.json`` and rename both into the cache;
 7. on every later use, verify that SHA-256 before returning the path.
@@ -144,13 +145,16 @@ def _lookup_cache(entry, cache):
     return path
 
 
-def fetch_weights(key_or_entry, *, cache_dir=None, offline=None, progress=True):
+def fetch_weights(key_or_entry, *, build, cache_dir=None, offline=None, progress=True):
     """The path of the verified cached `.weights.h5` for a catalog entry.
 
     Args:
         key_or_entry: a catalog key ("preact_resnet110.cifar10") or an entry dict
             (needs at least model, tag, url, hash, converter; see
             `keras_preact.weights.catalog`).
+        build: ``build(model_name, **arguments)`` builds a registered model, e.g.
+            `keras_preact.get_model`: the entry's architecture, which a published
+            file is converted into (and a converted file is checked against).
         cache_dir: the cache folder (default ``$KERAS_PREACT_HOME/weights`` or
             ``~/.keras/keras_preact/weights``).
         offline: None (``KERAS_PREACT_OFFLINE``), True or False. Offline, the file
@@ -170,7 +174,7 @@ def fetch_weights(key_or_entry, *, cache_dir=None, offline=None, progress=True):
             copy.
 
     Example:
-        >>> path = fetch_weights("preact_resnet110.cifar10")
+        >>> path = fetch_weights("preact_resnet110.cifar10", build=keras_preact.get_model)
         >>> model = keras_preact.preact_resnet110(weights=path)
     """
     entry = _resolve_entry(key_or_entry)
@@ -191,10 +195,10 @@ def fetch_weights(key_or_entry, *, cache_dir=None, offline=None, progress=True):
         found = _lookup_cache(entry, cache)
         if found is not None:
             return found
-        return _fetch_locked(entry, cache, offline=offline, progress=progress)
+        return _fetch_locked(entry, cache, build=build, offline=offline, progress=progress)
 
 
-def _fetch_locked(entry, cache, *, offline, progress):
+def _fetch_locked(entry, cache, *, build, offline, progress):
     os.makedirs(os.path.join(cache, TMP_FOLDER), exist_ok=True)
     work = tempfile.mkdtemp(prefix=entry["key"] + ".", dir=os.path.join(cache, TMP_FOLDER))
     try:
@@ -210,11 +214,11 @@ def _fetch_locked(entry, cache, *, offline, progress):
                 f"(`keras-preact weights fetch {entry['key']}`)."
             )
         if local is not None and local[1] == "converted":
-            return _install_converted(entry, local[0], cache, work)
+            return _install_converted(entry, local[0], cache, work, build)
         published = local[0] if local is not None else _download(entry["url"], work, progress=progress)
         source = _extract_member(entry, published, work)
         _verify_publisher_hash(entry, source, delete=local is None)
-        return _convert_and_cache(entry, source, cache, work)
+        return _convert_and_cache(entry, source, cache, work, build)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -316,19 +320,17 @@ def _verify_publisher_hash(entry, path, *, delete):
         )
 
 
-def _build_entry_model(entry):
-    from keras_preact.models.registry import get_model
-
+def _build_entry_model(entry, build):
     architecture = dict(entry.get("architecture") or {})
     if entry.get("classes") is not None:
         architecture.setdefault("classes", entry["classes"])
     # The preprocessing has no weights, but the saved file records it, so that a
     # model built from the file alone (`weights=path`) normalises as the entry says.
     architecture["preprocessing"] = entry.get("preprocessing")
-    return get_model(entry["model"], **architecture)
+    return build(entry["model"], **architecture)
 
 
-def _convert_and_cache(entry, source, cache, work):
+def _convert_and_cache(entry, source, cache, work, build):
     from keras_preact.weights.converters import get_converter
     from keras_preact.weights.local import save_weights_file
 
@@ -344,19 +346,19 @@ def _convert_and_cache(entry, source, cache, work):
         tmp = os.path.join(work, "verbatim.weights.h5")
         shutil.copyfile(source, tmp)
         return _commit(entry, tmp, cache, {"verbatim": True})
-    model = _build_entry_model(entry)
+    model = _build_entry_model(entry, build)
     facts = get_converter(entry["converter"])(source, model, entry) or {}
     tmp = os.path.join(work, "converted.weights.h5")
     save_weights_file(model, tmp)
     return _commit(entry, tmp, cache, facts)
 
 
-def _install_converted(entry, path, cache, work):
+def _install_converted(entry, path, cache, work, build):
     """A converted file from the admin folder: checked against the architecture."""
     from keras_preact.weights.local import load_weights_file
     from keras_preact.weights.local import save_weights_file
 
-    model = _build_entry_model(entry)
+    model = _build_entry_model(entry, build)
     load_weights_file(model, path)
     tmp = os.path.join(work, "converted.weights.h5")
     # Saved again (not copied) so that the cached file records the entry's
@@ -433,3 +435,51 @@ def clear_cache(key=None, cache=None):
             os.remove(full)
         removed.append(full)
     return removed
+
+
+def list_weights(model=None, cache=None):
+    """The catalog's entries (of `model`, default all), each with where it is cached.
+
+    Returns:
+        list of entry dicts (as `list_entries` orders them), each with ``cached``:
+        the cached file's path, or None.
+    """
+    from keras_preact.weights.catalog import list_entries
+
+    cached = {e["key"]: e["path"] for e in cached_entries(cache)}
+    return [{**e, "cached": cached.get(e["key"])} for e in list_entries(model)]
+
+
+def verify_cache(keys=None, cache=None):
+    """Checks cached weights files against the SHA-256 their sidecars recorded.
+
+    Args:
+        keys: catalog keys (default: every file in the cache).
+        cache: the cache folder (default `resolve_cache_dir()`).
+
+    Returns:
+        list of dicts, one per key: ``key``, ``path`` and ``status``: "ok" (then
+        ``sha256``), "not cached", "no record" (no sidecar: the file is not trusted)
+        or "altered" (then ``error``, what differs).
+
+    Raises:
+        ValueError: for a key the catalog does not have (before anything is read).
+    """
+    cached = {e["key"]: e["path"] for e in cached_entries(cache)}
+    keys = list(keys or sorted(cached))
+    paths = {key: cached.get(key) or cached_paths(get_entry(key), cache)[0] for key in keys}
+    out = []
+    for key in keys:
+        row = {"key": key, "path": paths[key]}
+        if not os.path.isfile(row["path"]):
+            row["status"] = "not cached"
+        else:
+            try:
+                row["sha256"] = verify_cached(row["path"], row["path"] + SIDECAR_SUFFIX)["sha256"]
+                row["status"] = "ok"
+            except FileNotFoundError:
+                row["status"] = "no record"
+            except ValueError as err:  # a changed hash, or a sidecar that is not JSON
+                row.update(status="altered", error=str(err))
+        out.append(row)
+    return out

@@ -297,42 +297,20 @@ def _apply_entry(plan, entry, *, include_top, classes, input_shape, channels_las
             overrides["input_shape"] = (h, w, c) if channels_last else (c, h, w)
 
 
-def check_model_arguments(config):
-    """Runs `PreActResNet`'s argument checks on a factory's config before a download.
-
-    Args:
-        config: the keyword arguments the factory will pass to `PreActResNet`.
-
-    Raises:
-        ValueError: for any invalid argument (so bad input never costs a download).
-    """
-    import inspect
-
-    from keras_preact.models.preact_resnet import PreActResNet
-    from keras_preact.models.preact_resnet import validate_config
-
-    wanted = set(inspect.signature(validate_config).parameters)
-    defaults = {
-        name: p.default
-        for name, p in inspect.signature(PreActResNet.__init__).parameters.items()
-        if name in wanted
-    }
-    validate_config(**{**defaults, **{k: v for k, v in config.items() if k in wanted}})
-
-
-def materialize(plan, *, include_top, classes, input_shape, channels_last, kwargs, fixed,
+def materialize(plan, *, build, include_top, classes, input_shape, channels_last, kwargs, fixed,
                 weights):
     """Fetches what the plan needs (catalog or URL weights); returns the local path.
 
     For URL weights the verified file's classes are checked here, still before the
-    model is built. Returns None for ``weights=None``.
+    model is built. `build` is `fetch_weights`' model builder (the factory's
+    `get_model`). Returns None for ``weights=None``.
     """
     if plan["kind"] is None:
         return None
     if plan["kind"] in ("entry", "url"):
         from keras_preact.weights.download import fetch_weights
 
-        path = fetch_weights(plan["entry"])
+        path = fetch_weights(plan["entry"], build=build)
         plan["path"] = path
         if plan["kind"] == "url":
             check_h5_plan(plan, include_top=include_top, classes=classes,

@@ -255,7 +255,9 @@ def _h5_datasets(path):
     return out
 
 
-def _first_difference(expected, found):
+def first_difference(expected, found):
+    """``(index, expected item, found item)`` where two lists first differ (an item
+    past the end of a list is None)."""
     for i, (a, b) in enumerate(zip(expected, found)):
         if a != b:
             return i, a, b
@@ -286,7 +288,7 @@ def compare_layouts(model, stored_layout, stored_arch, *, source):
     if not _has_head(model):
         found = [x for x in found if not x[0].startswith(HEAD_LAYER + "/")]
     if found != expected:
-        i, want, got = _first_difference(expected, found)
+        i, want, got = first_difference(expected, found)
         raise _mismatch(
             model,
             source,

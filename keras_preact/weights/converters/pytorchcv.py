@@ -164,9 +164,8 @@ def load_state_dict(model, state, *, source="checkpoint"):
             (another depth, block, width or number of classes), before any variable
             of the model is changed.
     """
-    from keras_preact.models.preact_resnet import PreActResNet
-
-    if not isinstance(model, PreActResNet):
+    # Told apart by its stages, not its class: weights/ never imports models/.
+    if not hasattr(model, "stage_blocks"):
         raise ValueError(
             "The pytorchcv converter loads into a keras_preact PreActResNet. "
             f"Received: {type(model).__name__}"

@@ -1,25 +1,40 @@
-"""The `keras-preact` command.
+"""The `keras-preact` command: every argparse parser of the package, one module per
+command group, each command a thin function over the library.
 
 Errors are reported here, once for every command: a user's error (bad input, a file
 or folder that cannot be used, a missing optional package, Ctrl-C) becomes one line on
 stderr and an exit status from `EPILOG`; ``keras-preact --debug`` shows the traceback
 instead. Commands raise; they print ``error: ...`` themselves only for the items of
-a batch that fail while the others go on (`predict`).
+a batch that fail while the others go on (`predict`, `weights fetch`).
+
+The command modules import the library inside their command functions, so that
+``--help`` loads neither Keras nor TensorFlow.
 """
 
 import argparse
 import contextlib
-import errno
 import os
 import re
 import sys
 import tempfile
 import traceback
 
-EXIT_PARTIAL = 1
-EXIT_ERROR = 2
-EXIT_BUG = 3
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
+from keras_preact.cli import diagnostics
+from keras_preact.cli import export
+from keras_preact.cli import models
+from keras_preact.cli import train
+from keras_preact.cli import tune
+from keras_preact.cli import weights
+from keras_preact.cli.common import EXIT_BUG
+from keras_preact.cli.common import EXIT_ERROR
+from keras_preact.cli.common import EXIT_INTERRUPTED
+from keras_preact.cli.common import EXIT_PARTIAL
+from keras_preact.cli.common import error_message
+
+__all__ = ["EXIT_BUG", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_PARTIAL", "build_parser", "main"]
+
+#: The command modules, in the order `keras-preact --help` lists their commands.
+COMMANDS = (models, train, export, weights, diagnostics, tune)
 
 EPILOG = """\
 exit status:
@@ -36,17 +51,6 @@ set or --debug is given.
 
 INTERRUPTED = "interrupted; run the same command again to resume"
 
-#: What to do about the operating-system errors users meet, by errno.
-_OS_ADVICE = {
-    errno.EACCES: "check its permissions, or choose another path",
-    errno.EPERM: "check its permissions, or choose another path",
-    errno.EROFS: "choose a path on a writable file system",
-    errno.ENOTDIR: "a part of that path is a file, not a folder: choose another path",
-    errno.ENOSPC: "free some space, or choose another disk",
-    errno.ENOENT: "check the path",
-    errno.EISDIR: "give a file, not a folder",
-}
-
 #: TensorFlow's C++ start-up lines: absl's pre-initialisation notice, absl-format
 #: log lines and the CPU-feature note's second line. TF_CPP_MIN_LOG_LEVEL does not
 #: reach the lines written before absl is initialised, hence the filter.
@@ -57,91 +61,8 @@ _TENSORFLOW_STARTUP_LOG = re.compile(
 )
 
 
-def verbosity(value):
-    """The argparse type of ``--verbose``: auto, 0, 1 or 2.
-
-    "auto" is a progress bar (1) on a terminal and one line per epoch (2) otherwise,
-    so that logs and CI output hold no bar redrawn in place.
-    """
-    if value == "auto":
-        return 1 if sys.stdout.isatty() else 2
-    if value not in ("0", "1", "2"):
-        raise argparse.ArgumentTypeError(f"must be auto, 0, 1 or 2, not {value!r}")
-    return int(value)
-
-
-def partial_status(failed, total):
-    """The exit status of a command over `total` items of which `failed` failed."""
-    if not failed:
-        return 0
-    return EXIT_ERROR if failed == total else EXIT_PARTIAL
-
-
-def print_table(header, rows, *, right=()):
-    """Prints rows of strings as aligned columns under `header` and a rule.
-
-    Args:
-        header: tuple of column titles.
-        rows: list of tuples of str, one a row.
-        right: indices of right-aligned (numeric) columns.
-    """
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
-    print(line)
-    print("-" * len(line))
-    for row in rows:
-        print("  ".join(c.rjust(w) if i in right else c.ljust(w)
-                        for i, (c, w) in enumerate(zip(row, widths))))
-
-
-def _cmd_list(args):
-    from keras_preact import models
-
-    names = models.list_models(args.pattern)
-    if not names:
-        raise ValueError(f"No model matches the pattern. Received: pattern={args.pattern!r}. "
-                         f"Models: {', '.join(models.list_models())}")
-    bar = None
-    if sys.stderr.isatty():
-        from keras.utils import Progbar
-
-        bar = Progbar(len(names), unit_name="model")
-    rows = []
-    for i, name in enumerate(names):
-        info = models.model_info(name)
-        model = models.get_model(name)
-        rows.append((name, str(info["depth"]), info["block"], f"{models.count_params(model):,}",
-                     f"{models.count_macs(model) / 1e6:,.1f}M"))
-        del model
-        if bar is not None:
-            bar.update(i + 1)
-    print_table(("model", "depth", "block", "parameters", "multiply-adds"), rows, right=(3, 4))
-    return 0
-
-
-def _cmd_summary(args):
-    from keras_preact import models
-
-    model = models.get_model(args.name, classes=args.classes)
-    model.summary(expand_nested=args.expand)
-    print(f"Trainable parameters: {models.count_params(model):,}")
-    print(f"Multiply-adds per image: {models.count_macs(model):,}")
-    return 0
-
-
-#: Modules that add subcommands: each defines `add_commands(subparsers)`, where every
-#: subparser sets `func` (called with the parsed args, returning an exit code).
-#: They are imported only when the CLI runs, so the library never imports the CLI.
-COMMAND_MODULES = (
-    "keras_preact.training.commands",
-    "keras_preact.export_commands",
-    "keras_preact.weights.commands",
-    "keras_preact.diagnostics_commands",
-    "keras_preact.tuning.commands",
-)
-
-
 def build_parser():
+    """The `keras-preact` parser; each subcommand sets ``func`` (args -> exit status)."""
     parser = argparse.ArgumentParser(
         prog="keras-preact",
         description="Pre-activation ResNets (He et al. 2016) for Keras 3.",
@@ -152,23 +73,7 @@ def build_parser():
                         help="show Python tracebacks and TensorFlow's start-up log "
                              "(before the command: keras-preact --debug train ...)")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("list", help="list the models with parameters and multiply-adds")
-    p.add_argument("pattern", nargs="?", default=None, help="shell wildcard, e.g. 'preact_resnet1*'")
-    p.set_defaults(func=_cmd_list)
-    p = sub.add_parser("summary", help="print a model's layers and costs")
-    p.add_argument("name", help="a model name from `keras-preact list`")
-    p.add_argument("--classes", type=int, default=10)
-    p.add_argument("--expand", action="store_true", help="expand the units' sub-layers")
-    p.set_defaults(func=_cmd_summary)
-    import importlib
-
-    for module_name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            if err.name and module_name.startswith(err.name):
-                continue  # that part of the package is not there yet
-            raise
+    for module in COMMANDS:
         module.add_commands(sub)
     return parser
 
@@ -250,16 +155,6 @@ def _is_users_error(err):
     return bool(frames) and "h5py/" in frames[-1].filename.replace(os.sep, "/")
 
 
-def error_message(err):
-    """One line saying what went wrong and, for an operating-system error, what to do."""
-    if isinstance(err, OSError) and err.filename and err.strerror:
-        advice = _OS_ADVICE.get(err.errno)
-        text = f"{err.strerror}: {err.filename!r}" + (f" ({advice})" if advice else "")
-    else:
-        text = str(err) or type(err).__name__
-    return " ".join(text.split())
-
-
 def main(argv=None):
     """Runs ``keras-preact`` with `argv` (default: the command line); returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -282,7 +177,3 @@ def main(argv=None):
         print(f"error: unexpected {type(err).__name__}: {error_message(err)} (a bug; rerun "
               "with --debug for the traceback and report it)", file=sys.stderr)
         return EXIT_BUG
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,12 +1,12 @@
-"""`keras-preact weights list|fetch|verify|path|clear|readme`."""
+"""`keras-preact weights list|fetch|verify|path|clear|readme` over `keras_preact.weights`."""
 
 import os
 import sys
 
-from keras_preact.cli import EXIT_PARTIAL
-from keras_preact.cli import error_message
-from keras_preact.cli import partial_status
-from keras_preact.cli import print_table
+from keras_preact.cli.common import EXIT_PARTIAL
+from keras_preact.cli.common import partial_status
+from keras_preact.cli.common import print_error
+from keras_preact.cli.common import print_table
 
 
 def add_commands(subparsers):
@@ -58,38 +58,25 @@ def add_commands(subparsers):
     q.set_defaults(func=cmd_readme)
 
 
-def _cached_keys(cache_dir):
-    from keras_preact.weights.download import cached_entries
-
-    return {e["key"]: e for e in cached_entries(cache_dir)}
-
-
 def _cell(value):
     """A table cell: "-" for a value the catalog does not give."""
     return "-" if value is None or value == "" else str(value)
 
 
 def cmd_list(args):
-    from keras_preact.weights.catalog import list_entries
+    from keras_preact.weights.download import list_weights
 
     if args.model is not None:
         from keras_preact.models.registry import model_info
 
-        model_info(args.model)
-    entries = list_entries(args.model)
-    cached = _cached_keys(args.cache_dir)
+        model_info(args.model)  # an unknown name is an error, not an empty list
+    entries = list_weights(args.model, args.cache_dir)
     if not entries:
         print("No pretrained weights in the catalog" + (f" for {args.model}." if args.model else "."))
         return 0
     rows = [
-        (
-            e["key"],
-            "yes" if e.get("default") else "",
-            _cell(e.get("dataset")),
-            _cell(e.get("classes")),
-            _cell((e.get("metrics") or {}).get("top1_error")),
-            "yes" if e["key"] in cached else "",
-        )
+        (e["key"], "yes" if e.get("default") else "", _cell(e.get("dataset")), _cell(e.get("classes")),
+         _cell((e.get("metrics") or {}).get("top1_error")), "yes" if e["cached"] else "")
         for e in entries
     ]
     print_table(("weights", "default", "dataset", "classes", "error %", "cached"), rows)
@@ -97,58 +84,43 @@ def cmd_list(args):
 
 
 def cmd_fetch(args):
+    from keras_preact.models import get_model
     from keras_preact.weights.download import fetch_weights
 
     failed = 0
     for key in args.keys:
         try:
             path = fetch_weights(
-                key, cache_dir=args.cache_dir, offline=True if args.offline else None,
-                progress=not args.no_progress,
+                key, build=get_model, cache_dir=args.cache_dir,
+                offline=True if args.offline else None, progress=not args.no_progress,
             )
         except (ValueError, OSError) as err:  # the other keys are still fetched
-            print(f"error: {error_message(err)}", file=sys.stderr)
+            print_error(err)
             failed += 1
             continue
         print(f"{key}: {path}")
     return partial_status(failed, len(args.keys))
 
 
-def cmd_verify(args):
-    from keras_preact.weights.catalog import get_entry
-    from keras_preact.weights.download import cached_paths
-    from keras_preact.weights.download import verify_cached
+#: What `weights verify` prints for each status of `verify_cache`.
+_VERIFY_LINES = {
+    "ok": "{key}: ok (sha256 {sha256})",
+    "not cached": "{key}: not cached",
+    "no record": "{key}: NO RECORD (no sidecar {path}.json; not trusted)",
+    "altered": "{key}: ALTERED ({error})",
+}
 
-    cached = _cached_keys(args.cache_dir)
-    keys = args.keys or sorted(cached)
-    paths = {}
-    for key in keys:
-        if key in cached:
-            paths[key] = cached[key]["path"]
-        else:
-            paths[key] = cached_paths(get_entry(key), args.cache_dir)[0]
-    if not keys:
+
+def cmd_verify(args):
+    from keras_preact.weights.download import verify_cache
+
+    rows = verify_cache(args.keys, args.cache_dir)
+    if not rows:
         print("The cache holds no weights.")
         return 0
-    status = 0
-    for key in keys:
-        path = paths[key]
-        if not os.path.isfile(path):
-            print(f"{key}: not cached")
-            status = EXIT_PARTIAL
-            continue
-        try:
-            record = verify_cached(path, path + ".json")
-        except FileNotFoundError:
-            print(f"{key}: NO RECORD (no sidecar {path}.json; not trusted)")
-            status = EXIT_PARTIAL
-            continue
-        except ValueError as err:
-            print(f"{key}: ALTERED ({err})")
-            status = EXIT_PARTIAL
-            continue
-        print(f"{key}: ok (sha256 {record['sha256']})")
-    return status
+    for row in rows:
+        print(_VERIFY_LINES[row["status"]].format(**row))
+    return 0 if all(row["status"] == "ok" for row in rows) else EXIT_PARTIAL
 
 
 def cmd_path(args):
@@ -175,15 +147,13 @@ def cmd_clear(args):
 
 
 def cmd_readme(args):
+    from keras_preact.training.workdir import atomic_write_text
     from keras_preact.weights.catalog import render_zoo_readme
 
     text = render_zoo_readme()
     if args.output is None:
         sys.stdout.write(text)
         return 0
-    tmp = args.output + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, args.output)
+    atomic_write_text(args.output, text)
     print(f"Wrote {args.output}")
     return 0

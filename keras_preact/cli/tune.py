@@ -1,9 +1,10 @@
-"""`keras-preact tune`: a resumable depth sweep with KerasTuner."""
+"""`keras-preact tune`: a resumable depth sweep with KerasTuner (`keras_preact.tuning`)."""
 
-import argparse
-
-from keras_preact.cli import print_table
-from keras_preact.cli import verbosity
+from keras_preact.cli.common import float_list
+from keras_preact.cli.common import int_list
+from keras_preact.cli.common import print_table
+from keras_preact.cli.common import str_list
+from keras_preact.cli.common import verbosity
 
 
 def add_commands(subparsers):
@@ -21,15 +22,15 @@ def add_commands(subparsers):
     )
     g = p.add_argument_group("search space")
     g.add_argument("--dataset", default="cifar10", help="cifar10, cifar100, digits or folder")
-    g.add_argument("--depths", type=_int_list, default=None,
+    g.add_argument("--depths", type=int_list, default=None,
                    help="comma-separated CIFAR depths, e.g. 20,56,110,164 (default 20..1001)")
-    g.add_argument("--blocks", type=_str_list, default=["auto"], help="auto, basic, bottleneck")
-    g.add_argument("--units", type=_str_list, default=None,
+    g.add_argument("--blocks", type=str_list, default=["auto"], help="auto, basic, bottleneck")
+    g.add_argument("--units", type=str_list, default=None,
                    help="residual unit variants to search (default: the library's default unit)")
-    g.add_argument("--widths", type=_float_list, default=[1], help="width multipliers, e.g. 1,2")
-    g.add_argument("--lrs", type=_float_list, default=[0.1], help="learning rates at batch 128")
-    g.add_argument("--weight-decays", type=_float_list, default=[1e-4])
-    g.add_argument("--warmups", type=_float_list, default=[400],
+    g.add_argument("--widths", type=float_list, default=[1], help="width multipliers, e.g. 1,2")
+    g.add_argument("--lrs", type=float_list, default=[0.1], help="learning rates at batch 128")
+    g.add_argument("--weight-decays", type=float_list, default=[1e-4])
+    g.add_argument("--warmups", type=float_list, default=[400],
                    help="warm-up iterations of the paper's 64k schedule (stretched with the run)")
     g = p.add_argument_group("budget (one of)")
     b = g.add_mutually_exclusive_group()
@@ -60,17 +61,22 @@ def add_commands(subparsers):
     p.set_defaults(func=cmd_tune)
 
 
+def _number(value):
+    """1.0 -> 1, so that the study records (and its table shows) whole numbers as such."""
+    return int(value) if value == int(value) else value
+
+
 def cmd_tune(args):
     budget = None
     for kind, value in (("params", args.max_params), ("macs", args.max_macs),
                         ("step_time", args.max_step_time)):
         if value is not None:
-            budget = {"kind": kind, "limit": int(value) if kind != "step_time" and value == int(value) else value}
+            budget = {"kind": kind, "limit": value if kind == "step_time" else _number(value)}
     space = dict(
         dataset=args.dataset, blocks=args.blocks, units=args.units,
-        width_multipliers=[int(w) if w == int(w) else w for w in args.widths],
+        width_multipliers=[_number(w) for w in args.widths],
         learning_rates=args.lrs, weight_decays=args.weight_decays,
-        warmups=[int(w) if w == int(w) else w for w in args.warmups],
+        warmups=[_number(w) for w in args.warmups],
         epochs=args.epochs, batch_size=args.batch_size,
         validation_fraction=args.validation_fraction, seed=args.seed, budget=budget,
         data_dir=args.data_dir, data_source=args.data_source, data_path=args.data_path,
@@ -92,7 +98,7 @@ def cmd_tune(args):
     if result["role"] == "worker":
         print("Worker done: the chief writes the results.")
         return 0
-    _print_table(result["rows"])
+    _print_results(result["rows"])
     best = result["best"]
     if best is None:
         print("No finished trial within the budget.")
@@ -110,7 +116,7 @@ def cmd_tune(args):
     return 0
 
 
-def _print_table(rows):
+def _print_results(rows):
     header = ("trial", "depth", "block", "width", "lr", "wd", "params", "MACs", "val acc", "time s")
     lines = []
     for r in rows:
@@ -125,21 +131,3 @@ def _print_table(rows):
             f"{r['train_time_s']:.1f}" if r["train_time_s"] is not None else "",
         ))
     print_table(header, lines)
-
-
-def _int_list(value):
-    try:
-        return [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be comma-separated integers, not {value!r}") from None
-
-
-def _float_list(value):
-    try:
-        return [float(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be comma-separated numbers, not {value!r}") from None
-
-
-def _str_list(value):
-    return [v.strip() for v in value.split(",") if v.strip()]

@@ -35,13 +35,13 @@ def add_commands(subparsers):
 
 
 def cmd_diagnose(args):
-    from keras_preact import diagnostics
-
-    units = args.unit or ["full_preact"]
+    # Checked before the model is built and run, which takes a while.
     if args.every is not None and args.every < 1:
         raise ValueError(f"`--every` must be >= 1. Received: --every={args.every}")
+    from keras_preact import diagnostics
+
     reports = diagnostics.compare_units(
-        args.model, units, batch_size=args.batch, seed=args.seed,
+        args.model, args.unit or ["full_preact"], batch_size=args.batch, seed=args.seed,
         input_size=args.input_size, classes=args.classes,
     )
     print(f"{args.model}, batch {args.batch} of random {args.input_size}x{args.input_size} "

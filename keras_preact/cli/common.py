@@ -1,0 +1,108 @@
+"""What the commands share: exit statuses, one-line error messages, tables and the
+argparse types of their flags."""
+
+import argparse
+import errno
+import json
+import sys
+
+EXIT_PARTIAL = 1
+EXIT_ERROR = 2
+EXIT_BUG = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
+
+#: What to do about the operating-system errors users meet, by errno.
+_OS_ADVICE = {
+    errno.EACCES: "check its permissions, or choose another path",
+    errno.EPERM: "check its permissions, or choose another path",
+    errno.EROFS: "choose a path on a writable file system",
+    errno.ENOTDIR: "a part of that path is a file, not a folder: choose another path",
+    errno.ENOSPC: "free some space, or choose another disk",
+    errno.ENOENT: "check the path",
+    errno.EISDIR: "give a file, not a folder",
+}
+
+
+def error_message(err):
+    """One line saying what went wrong and, for an operating-system error, what to do."""
+    if isinstance(err, OSError) and err.filename and err.strerror:
+        advice = _OS_ADVICE.get(err.errno)
+        text = f"{err.strerror}: {err.filename!r}" + (f" ({advice})" if advice else "")
+    else:
+        text = str(err) or type(err).__name__
+    return " ".join(text.split())
+
+
+def print_error(err):
+    """Reports one failed item of a batch on stderr; the command goes on with the rest."""
+    print(f"error: {error_message(err)}", file=sys.stderr)
+
+
+def partial_status(failed, total):
+    """The exit status of a command over `total` items of which `failed` failed."""
+    if not failed:
+        return 0
+    return EXIT_ERROR if failed == total else EXIT_PARTIAL
+
+
+def print_table(header, rows, *, right=()):
+    """Prints rows of strings as aligned columns under `header` and a rule.
+
+    Args:
+        header: tuple of column titles.
+        rows: list of tuples of str, one a row.
+        right: indices of right-aligned (numeric) columns.
+    """
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
+    print(line)
+    print("-" * len(line))
+    for row in rows:
+        print("  ".join(c.rjust(w) if i in right else c.ljust(w)
+                        for i, (c, w) in enumerate(zip(row, widths))))
+
+
+# ----------------------------------------------------------------------------------
+# argparse types
+# ----------------------------------------------------------------------------------
+
+
+def verbosity(value):
+    """``--verbose``: auto, 0, 1 or 2.
+
+    "auto" is a progress bar (1) on a terminal and one line per epoch (2) otherwise,
+    so that logs and CI output hold no bar redrawn in place.
+    """
+    if value == "auto":
+        return 1 if sys.stdout.isatty() else 2
+    if value not in ("0", "1", "2"):
+        raise argparse.ArgumentTypeError(f"must be auto, 0, 1 or 2, not {value!r}")
+    return int(value)
+
+
+def int_list(value):
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers, not {value!r}") from None
+
+
+def float_list(value):
+    try:
+        return [float(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated numbers, not {value!r}") from None
+
+
+def str_list(value):
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def json_dict(value):
+    try:
+        out = json.loads(value)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({err}): {value!r}") from None
+    if not isinstance(out, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, not {value!r}")
+    return out

@@ -1,0 +1,74 @@
+"""Every private Keras and TensorFlow API keras-preact uses, each in one function.
+
+Private APIs change without notice, so they live here and nowhere else (a test
+checks it): when Keras or TensorFlow moves one, this is the file to fix. Each was
+checked on Keras 3.15.1 and TensorFlow 2.21; the reason for each is given where it is
+used.
+"""
+
+
+def flatten_layers(model):
+    """Every layer inside `model`, nested ones included (`Layer._flatten_layers`).
+
+    `model.layers` lists only the top level; our stages hold their units as
+    attributes, which Keras tracks but lists publicly nowhere else.
+    """
+    return list(model._flatten_layers(include_self=False, recursive=True))
+
+
+def is_functional(model):
+    """Whether `model` is a functional Keras model (it has `_operations`), whose
+    layers can be walked in graph order with their input shapes."""
+    return hasattr(model, "_operations")
+
+
+def initializer_seed(initializer):
+    """The seed an initializer was created with (`_init_seed`): an int, a
+    `SeedGenerator` or None. Its config holds only a serialised copy, which would not
+    share a generator's state."""
+    return initializer._init_seed
+
+
+def onednn_enabled():
+    """Whether this TensorFlow process runs its oneDNN kernels (fixed when TensorFlow
+    is imported); TensorFlow has no public query (`_pywrap_util_port.IsMklEnabled`)."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def configure_coordination_service(*, leader, job_counts, register_timeout_ms,
+                                   heartbeat_timeout_ms):
+    """Configures TensorFlow's coordination service with timeouts, before a
+    multi-worker strategy would configure it without them (TensorFlow's defaults let
+    a chief wait for a missing worker without end); there is no public API for it.
+
+    Args:
+        leader: the service leader's task, e.g. "/job:worker/replica:0/task:0".
+        job_counts: dict job name -> number of tasks.
+        register_timeout_ms, heartbeat_timeout_ms: int.
+
+    Returns:
+        True when configured, False when already configured, None when this
+        TensorFlow has no importable coordination config.
+    """
+    from tensorflow.python.eager import context
+
+    try:
+        from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    except ImportError:  # the module moved between TensorFlow releases
+        try:
+            from tsl.protobuf import coordination_config_pb2
+        except ImportError:
+            return None
+    if context.context().coordination_service is not None:
+        return False
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=leader,
+        cluster_register_timeout_in_ms=register_timeout_ms,
+        heartbeat_timeout_in_ms=heartbeat_timeout_ms,
+        coordinated_jobs=[coordination_config_pb2.CoordinatedJob(name=job, num_tasks=count)
+                          for job, count in job_counts.items()],
+    )
+    return True

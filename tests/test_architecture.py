@@ -1,0 +1,153 @@
+"""The package's import graph: no cycles, the core never imports the app, no private
+names across modules, argparse only in the command line.
+
+The core (`layers`, `models`, `weights` and the catalog data) builds, loads and converts
+models; the app (`data`, `training`, `tuning`, `export`, `diagnostics`, `finetune`, `cli`)
+uses it. Every import counts, also one inside a function: a lazy import still ties the
+two modules together.
+"""
+
+import ast
+import os
+
+from tests.helpers import REPO
+
+PACKAGE = "keras_preact"
+CORE = ("layers", "models", "weights", "zoo_catalog", "private_api")
+#: Private Keras and TensorFlow APIs: only `keras_preact/private_api.py` may use them.
+PRIVATE_MODULES = ("keras.src", "tensorflow.python", "tensorflow.compiler", "tsl.")
+PRIVATE_ATTRIBUTES = ("_flatten_layers", "_operations", "_init_seed", "_pywrap_util_port")
+
+
+def _modules():
+    out = {}
+    root = os.path.join(REPO, PACKAGE)
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                dotted = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+                out[dotted.removesuffix(".__init__")] = path
+    return out
+
+
+def _imports(path, modules):
+    """(imported module, imported name or None) for every import of the package."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == PACKAGE:
+                    yield alias.name, None
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] == PACKAGE:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    yield (full, None) if full in modules else (node.module, alias.name)
+
+
+def _graph():
+    modules = _modules()
+    return modules, {m: set(_imports(p, modules)) for m, p in modules.items()}
+
+
+def _part(module):
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def _cycles(edges):
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles():
+    modules, imports = _graph()
+    # The package's own __init__ re-exports lazily and is left out: importing a
+    # submodule always runs it first, which is not a dependency of that submodule.
+    edges = {m: {t for t, _ in imports[m] if t in modules and t != PACKAGE}
+             for m in modules if m != PACKAGE}
+    assert _cycles(edges) == []
+
+
+def test_the_core_never_imports_the_app():
+    modules, imports = _graph()
+    bad = sorted({
+        (m, t) for m in modules if _part(m) in CORE
+        for t, _ in imports[m] if _part(t) is not None and _part(t) not in CORE
+    })
+    assert bad == []
+
+
+def test_inside_the_core_layers_models_weights_point_down():
+    """layers <- models <- weights: a factory resolves `weights=`, builds the model,
+    then asks `weights` to load into it; `weights` never builds a model itself."""
+    modules, imports = _graph()
+    above = {"layers": ("models", "weights"), "weights": ("models",)}
+    bad = sorted({(m, t) for m in modules for t, _ in imports[m]
+                  if _part(t) in above.get(_part(m), ())})
+    assert bad == []
+
+
+def test_no_private_names_across_modules():
+    modules, imports = _graph()
+    bad = sorted((m, t, name) for m in modules for t, name in imports[m]
+                 if name and name.startswith("_") and t != m)
+    assert bad == []
+
+
+def test_argparse_only_in_the_command_line():
+    modules, _ = _graph()
+    bad = sorted(m for m, p in modules.items()
+                 if _part(m) != "cli" and "argparse" in open(p, encoding="utf-8").read())
+    assert bad == []
+
+
+def test_the_checks_see_what_they_look_for():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    _, imports = _graph()
+    assert ("keras_preact.layers.blocks", "PreActStage") in imports["keras_preact.models.preact_resnet"]
+    assert _part("keras_preact.weights.local") == "weights" and _part(PACKAGE) is None
+
+
+def test_private_keras_and_tensorflow_apis_only_in_one_module():
+    modules, _ = _graph()
+    bad = []
+    for module, path in modules.items():
+        if module == f"{PACKAGE}.private_api":
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            bad += [(module, n) for n in names if n.startswith(PRIVATE_MODULES)]
+            if isinstance(node, ast.Attribute) and node.attr in PRIVATE_ATTRIBUTES:
+                bad.append((module, node.attr))
+            if isinstance(node, ast.Constant) and node.value in PRIVATE_ATTRIBUTES:
+                bad.append((module, node.value))  # getattr / hasattr by name
+    assert bad == []
