@@ -36,6 +36,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from keras_preact import export  # noqa: E402
+from keras_preact import files  # noqa: E402
 
 DIGITS = [str(i) for i in range(10)]
 
@@ -70,7 +71,7 @@ def main():
         height, width, channels = model.inputs[0].shape[1:]
         x_test = np.random.default_rng(0).integers(0, 256, (4, height, width, channels), dtype=np.uint8)
         class_names, metrics = None, None
-        weights_info = {"file": os.path.basename(args.model), "sha256": export.file_sha256(args.model)}
+        weights_info = {"file": os.path.basename(args.model), "sha256": files.file_hash(args.model)}
     else:
         model, x_test, y_test, metrics = train_digits_model(args.epochs)
         class_names, weights_info = DIGITS, None

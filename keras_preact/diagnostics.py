@@ -28,10 +28,10 @@ Example:
 import csv
 import dataclasses
 import math
-import os
-import tempfile
 
 import numpy as np
+
+from keras_preact.files import atomic_save
 
 CSV_FIELDS = ("unit", "stage", "index_in_stage", "grad_rms", "act_mean", "act_std", "act_rms")
 
@@ -286,14 +286,6 @@ def format_table(reports, *, every=None):
     return "\n".join(out)
 
 
-def _atomic_path(path):
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.splitext(path)[1])
-    os.close(fd)
-    return tmp
-
-
 def write_csv(reports, path):
     """Writes the per-unit rows of one or more reports as CSV (a "model" column first).
 
@@ -301,19 +293,16 @@ def write_csv(reports, path):
     """
     if isinstance(reports, GradientFlowReport):
         reports = [reports]
-    tmp = _atomic_path(path)
-    try:
+
+    def write(tmp):
         with open(tmp, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=("model",) + CSV_FIELDS)
             writer.writeheader()
             for r in reports:
                 for row in r.rows:
                     writer.writerow({"model": r.label, **row})
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+
+    atomic_save(path, write)
     return path
 
 
@@ -371,12 +360,5 @@ def plot_gradient_flow(reports, path, *, title=None):
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    tmp = _atomic_path(path)
-    try:
-        fig.savefig(tmp, format="png", dpi=110)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    atomic_save(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     return path

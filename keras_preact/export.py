@@ -51,7 +51,6 @@ Example:
 
 import contextlib
 import datetime
-import hashlib
 import json
 import logging
 import os
@@ -65,6 +64,8 @@ import numpy as np
 
 import keras
 import tensorflow as tf
+
+from keras_preact.files import file_hash
 
 logger = logging.getLogger(__name__)
 
@@ -757,15 +758,6 @@ def read_model_card(path):
         return json.load(f)
 
 
-def file_sha256(path):
-    """SHA-256 hex digest of a file (for `weights_info`)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 # ----------------------------------------------------------------------------------
 # Parity
 # ----------------------------------------------------------------------------------
@@ -1186,7 +1178,7 @@ def _export_single_file(
             card["parity"] = _compare(key, reference, outputs, float(parity_tolerance))
         progress.step()
         card["serving"]["bytes"] = os.path.getsize(file_path)
-        card["serving"]["sha256"] = file_sha256(file_path)
+        card["serving"]["sha256"] = file_hash(file_path)
         _write_class_names(staging, names)
         _write_model_card(staging, card)
         progress.step()
@@ -1459,7 +1451,7 @@ def export_demo(*, workdir, model_path, dataset="digits"):
         os.path.join(workdir, "export"),
         class_names=class_names,
         metrics=run_metrics(model_path),
-        weights_info={"path": os.path.abspath(model_path), "sha256": file_sha256(model_path)},
+        weights_info={"path": os.path.abspath(model_path), "sha256": file_hash(model_path)},
         overwrite=True,
     )
 
@@ -1694,7 +1686,7 @@ def load_model_to_export(name_or_path, *, classes=10, preprocessing=AUTO):
         raise ValueError(f"The model file does not exist. Received: name_or_path={name_or_path!r}")
     from keras_preact.weights.local import load_keras_file
 
-    weights_info = {"file": os.path.basename(name_or_path), "sha256": file_sha256(name_or_path)}
+    weights_info = {"file": os.path.basename(name_or_path), "sha256": file_hash(name_or_path)}
     return load_keras_file(name_or_path), {
         "preprocessing": preprocessing, "weights_info": weights_info,
         "metrics": run_metrics(name_or_path),

@@ -13,6 +13,7 @@ from PIL import Image
 import keras_preact as kp
 from keras_preact import cli
 from keras_preact import export
+from keras_preact import files
 from tests.helpers import REPO
 from tests.helpers import run_cli
 
@@ -157,7 +158,7 @@ def test_export_overwrite_and_keras_checkpoint(tmp_path, capsys):
     assert code == 0, err
     assert "Parity with the Keras model" in out
     card = export.read_model_card(out_dir)
-    assert card["weights"]["sha256"] == export.file_sha256(path)
+    assert card["weights"]["sha256"] == files.file_hash(path)
     assert card["top_k"] == 2
     code, _, err = run_cli(["export", path, "--format", "litert", "--out", out_dir,
                             "--preprocessing", "unit"], capsys)

@@ -441,7 +441,10 @@ def test_remat_in_mixed_precision_matches_plain():
                                atol=2e-2)
     for va, vb in zip(plain.non_trainable_weights, rem.non_trainable_weights):
         assert str(vb.dtype) == "float32", vb.path
-        np.testing.assert_allclose(to_numpy(vb), to_numpy(va), atol=2e-3, err_msg=vb.path)
+        # rtol: float16 activations summed in another order move a batch variance
+        # by about one float16 ulp (~1e-3 relative); JAX moved one of 2.33 by 2.1e-3.
+        np.testing.assert_allclose(to_numpy(vb), to_numpy(va), atol=2e-3, rtol=2e-3,
+                                   err_msg=vb.path)
     # One fit step each (float16 gradients through the checkpointed loop, loss scaling).
     start = plain.get_weights()
     rem.set_weights(start)
@@ -451,7 +454,7 @@ def test_remat_in_mixed_precision_matches_plain():
                       loss="sparse_categorical_crossentropy")
         model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
     assert not np.allclose(to_numpy(plain.trainable_weights[0]), start[0]), "no training"
-    _assert_same_weights(plain, rem, 2e-3, "mixed_float16, after a fit step")
+    _assert_same_weights(plain, rem, 2e-3, "mixed_float16, after a fit step", rtol=2e-3)
 
 
 _MIRRORED_SCRIPT = """

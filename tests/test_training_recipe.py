@@ -282,8 +282,8 @@ def test_default_decays_every_parameter_of_a_preact_resnet(tiny_model_kwargs):
 
 
 def test_atomic_writes_leave_the_old_file_when_writing_fails(tmp_path):
-    from keras_preact.training.workdir import atomic_save
-    from keras_preact.training.workdir import atomic_write_json
+    from keras_preact.files import atomic_save
+    from keras_preact.files import atomic_write_json
 
     target = tmp_path / "state.json"
     atomic_write_json(str(target), {"epoch": 1})

@@ -139,7 +139,7 @@ def test_workdir_of_another_study_is_refused_and_kept(tmp_path, capsys):
     from keras_preact.tuning import search_space_spec
     from keras_preact.tuning import tune
     from keras_preact.tuning.study import study_document
-    from keras_preact.training.workdir import atomic_write_json
+    from keras_preact.files import atomic_write_json
 
     workdir = tmp_path / "study"
     os.makedirs(workdir / "search")

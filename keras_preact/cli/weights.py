@@ -147,7 +147,7 @@ def cmd_clear(args):
 
 
 def cmd_readme(args):
-    from keras_preact.training.workdir import atomic_write_text
+    from keras_preact.files import atomic_write_text
     from keras_preact.weights.catalog import render_zoo_readme
 
     text = render_zoo_readme()

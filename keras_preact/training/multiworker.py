@@ -91,7 +91,7 @@ from keras_preact.training.workdir import CHECKPOINT_DIR
 from keras_preact.training.workdir import CURVE_PNG
 from keras_preact.training.workdir import METRICS_JSON
 from keras_preact.training.workdir import Workdir
-from keras_preact.training.workdir import atomic_save
+from keras_preact.files import atomic_save
 from keras_preact.training.workdir import read_json
 
 logger = logging.getLogger("keras_preact.training")

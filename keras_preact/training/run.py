@@ -15,7 +15,7 @@ from keras_preact.training.config import RUNTIME_FIELDS
 from keras_preact.training.config import TrainConfig
 from keras_preact.training.distribute import precision_dtype
 from keras_preact.training.workdir import METRICS_JSON
-from keras_preact.training.workdir import atomic_save
+from keras_preact.files import atomic_save
 from keras_preact.training.workdir import read_json
 
 logger = logging.getLogger("keras_preact.training")

@@ -38,7 +38,7 @@ from keras_preact.training.workdir import CURVE_PNG
 from keras_preact.training.workdir import METRICS_JSON
 from keras_preact.training.workdir import TENSORBOARD_DIR
 from keras_preact.training.workdir import Workdir
-from keras_preact.training.workdir import atomic_save
+from keras_preact.files import atomic_save
 from keras_preact.training.workdir import read_json
 
 logger = logging.getLogger("keras_preact.training")
@@ -435,14 +435,10 @@ def load_workdir_model(workdir):
         )
     config = TrainConfig.from_dict(stored["train_config"])
     if os.path.exists(wd.final_model_path):
-        import keras_preact  # noqa: F401  (registers the custom layers)
-
         return keras.saving.load_model(wd.final_model_path, compile=False), config, wd.final_model_path
     state = wd.read_state()
     if state is None:
         raise ValueError(f"The run in {wd.path} has no completed epoch to evaluate yet.")
-    from keras_preact import data
-
     model = build_model(config, dataset_info(config.dataset, config.data_path))
     ckpt = wd.file(CHECKPOINT_DIR, state["checkpoint"])
     _load_weights(model, ckpt, config.model)

@@ -25,7 +25,10 @@ import csv
 import io
 import json
 import os
-import tempfile
+
+from keras_preact.files import atomic_write_bytes
+from keras_preact.files import atomic_write_json
+from keras_preact.files import atomic_write_text
 
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
@@ -41,54 +44,6 @@ STATE_FORMAT = 1
 
 class WorkdirInUseError(RuntimeError):
     """Another process is training in the workdir (see `Workdir.lock`)."""
-
-
-def atomic_write_bytes(path, data):
-    """Writes `data` to `path` through a temporary file and `os.replace`."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix="-" + os.path.basename(path))
-    try:
-        os.chmod(tmp, _file_mode())  # mkstemp makes 0600; give the usual mode
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
-
-
-def atomic_write_text(path, text):
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_json(path, value):
-    atomic_write_text(path, json.dumps(value, indent=2, sort_keys=True, default=_json_default) + "\n")
-
-
-def atomic_save(path, save_fn):
-    """Calls ``save_fn(temporary_path)`` and renames the result to `path`.
-
-    The temporary name keeps `path`'s suffix (Keras picks the format from it:
-    ``.keras``, ``.weights.h5``).
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    base = os.path.basename(path)
-    suffix = ".weights.h5" if base.endswith(".weights.h5") else os.path.splitext(base)[1]
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=suffix)
-    os.close(fd)
-    os.remove(tmp)  # Keras refuses to overwrite without asking on some paths.
-    try:
-        save_fn(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
 
 
 def read_json(path):
@@ -270,29 +225,8 @@ class Workdir:
         return os.path.isdir(self.path) and bool(os.listdir(self.path))
 
 
-def _file_mode():
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
 def _remove_quietly(path):
     try:
         os.remove(path)
     except FileNotFoundError:
         pass
-
-
-def _json_default(value):
-    try:
-        import numpy as np
-
-        if isinstance(value, np.generic):
-            return value.item()
-        if isinstance(value, np.ndarray):
-            return value.tolist()
-    except ImportError:
-        pass
-    if isinstance(value, tuple):
-        return list(value)
-    raise TypeError(f"Not JSON serialisable: {type(value).__name__}")

@@ -36,10 +36,10 @@ import os
 import shutil
 import time
 
-from keras_preact.training.workdir import atomic_save
-from keras_preact.training.workdir import atomic_write_bytes
-from keras_preact.training.workdir import atomic_write_json
-from keras_preact.training.workdir import atomic_write_text
+from keras_preact.files import atomic_save
+from keras_preact.files import atomic_write_bytes
+from keras_preact.files import atomic_write_json
+from keras_preact.files import atomic_write_text
 from keras_preact.training.workdir import read_json
 
 logger = logging.getLogger("keras_preact.tuning")

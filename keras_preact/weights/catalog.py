@@ -13,9 +13,9 @@ Keys follow timm's ``arch.tag`` convention (e.g. ``preact_resnet110.cifar10``).
 
 import functools
 import json
-import os
 from importlib import resources
 
+from keras_preact.files import atomic_write_text
 from keras_preact.zoo_catalog import load_json
 
 MANIFEST_FOLDER = "weights"
@@ -189,11 +189,7 @@ def record_max_diffs(manifest_path, doc, diffs):
     """
     for key, diff in diffs.items():
         doc["entries"][key]["converter_max_abs_diff"] = float(f"{diff:.2g}")
-    tmp = manifest_path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, manifest_path)
+    atomic_write_text(manifest_path, json.dumps(doc, indent=1) + "\n")
 
 
 @functools.lru_cache(maxsize=1)

@@ -27,7 +27,6 @@ path and takes no lock, so it is used only for the transfer itself.
 """
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -37,6 +36,7 @@ import time
 import urllib.parse
 import zipfile
 
+from keras_preact.files import file_hash
 from keras_preact.weights.catalog import get_entry
 from keras_preact.weights.catalog import validate_entry
 
@@ -75,15 +75,6 @@ def is_offline(offline=None):
     if offline is not None:
         return bool(offline)
     return os.environ.get("KERAS_PREACT_OFFLINE", "").strip().lower() in _TRUE
-
-
-def file_hash(path, algorithm="sha256"):
-    """Hex digest of a file, read in chunks."""
-    digest = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _resolve_entry(key_or_entry):

@@ -11,6 +11,8 @@ read with ``safe_mode=True`` after refusing Lambda layers (`load_keras_file`).
 import json
 import os
 
+from keras_preact.files import atomic_save
+
 WEIGHTS_SUFFIX = ".weights.h5"
 
 
@@ -181,23 +183,17 @@ def save_weights_file(model, path):
     Returns:
         The absolute path.
     """
-    import h5py
-
     path = os.path.abspath(os.fspath(path))
     if not path.endswith(WEIGHTS_SUFFIX):
         raise ValueError(
             f"A weights file name must end in '{WEIGHTS_SUFFIX}'. Received: path={path!r}"
         )
-    folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{os.path.basename(path)[:-len(WEIGHTS_SUFFIX)]}.{os.getpid()}.{id(model)}.tmp{WEIGHTS_SUFFIX}")
-    try:
+
+    def save(tmp):
         model.save_weights(tmp)
         record_model(model, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+
+    atomic_save(path, save)
     return path
 
 
