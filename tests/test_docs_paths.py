@@ -13,7 +13,7 @@ from tests.helpers import REPO
 TOP = ("keras_preact", "zoo", "examples", "tests", "benchmarks", "docs", ".ci")
 #: `keras_preact/layers/blocks.py`, `zoo/weights/*.json`, `examples/multiworker/`, ...
 PATH = re.compile(r"(?<![\w./-])((?:%s)/[\w./*-]*[\w*/])" % "|".join(re.escape(t) for t in TOP))
-#: Bare names of documents: `DESIGN.md`, `CHANGELOG.md`, `pyproject.toml`.
+#: Bare names of documents: `NOTES.md`, `CHANGELOG.md`, `pyproject.toml`.
 DOCUMENT = re.compile(r"(?<![\w./-])([A-Za-z_][\w-]*\.(?:md|toml|cfg))\b")
 #: What the package's commands write (a run's model, an export's card, the benchmark
 #: reports): named by the docs, not kept in the repository.
@@ -69,9 +69,9 @@ def _references():
 
 
 def test_the_checker_sees_paths_and_documents():
-    text = "see keras_preact/layers/blocks.py, zoo/weights/*.json and DESIGN.md"
+    text = "see keras_preact/layers/blocks.py, zoo/weights/*.json and NOTES.md"
     assert [m.group(1) for m in PATH.finditer(text)] == ["keras_preact/layers/blocks.py", "zoo/weights/*.json"]
-    assert [m.group(1) for m in DOCUMENT.finditer(text)] == ["DESIGN.md"]
+    assert [m.group(1) for m in DOCUMENT.finditer(text)] == ["NOTES.md"]
     assert _exists("keras_preact/layers/") and _exists("zoo/weights/*.json")
     assert not _exists("keras_preact/no_such_module.py")
 
