@@ -206,7 +206,7 @@ def test_checkpoints_without_a_config_are_refused(digits_run, tmp_path):
         ({"model_kwargs": {"architecture": {"stage_blocks": [1, 1], "stage_filters": [8, 16, 32]}}},
          r"one entry per stage"),
         ({"model_kwargs": {"architecture": TINY["architecture"], "no_such_argument": 1}},
-         r"Invalid model arguments.*no_such_argument"),
+         r"Unknown argument `no_such_argument` for the model_kwargs of .tiny."),
     ],
 )
 def test_bad_input_fails_before_anything_is_written(tmp_path, kwargs, message):

@@ -6,7 +6,6 @@ fill the same workdir and record every epoch the same way, so a workdir looks th
 whichever loop wrote it. Importing this module does not import Keras.
 """
 
-import inspect
 import logging
 import os
 import time
@@ -34,20 +33,14 @@ def build_model(config, info):
         ValueError: for an unknown model or invalid model arguments.
     """
     import keras_preact
-    from keras_preact.models.cifar import preact_resnet_cifar
+    from keras_preact.layers.utils import check_known_arguments
+    from keras_preact.models.preact_resnet import MODEL_ARGUMENTS
 
     kwargs = dict(config.model_kwargs)
     architecture = kwargs.pop("architecture", None)
-    valid = set(inspect.signature(keras_preact.PreActResNet.__init__).parameters) - {"self", "kwargs"}
-    valid |= {"trainable"}
-    if architecture is None:
-        valid |= set(inspect.signature(preact_resnet_cifar).parameters) - {"kwargs", "depth"}
-    unknown = sorted((set(kwargs) | set(architecture or {})) - valid)
-    if unknown:
-        raise ValueError(
-            f"Invalid model arguments for {config.model!r}: unknown {unknown}. "
-            f"Received: model_kwargs={config.model_kwargs!r}. Valid: {sorted(valid)}"
-        )
+    # The factories take `name` and `weights` beside the model's own arguments.
+    check_known_arguments({**kwargs, **(architecture or {})}, MODEL_ARGUMENTS | {"name", "weights"},
+                          where=f"the model_kwargs of {config.model!r}")
     dtype = precision_dtype(config.precision)
     defaults = {"classes": info["num_classes"], "input_shape": tuple(info["image_shape"])}
     if config.preprocessing_in_model:
