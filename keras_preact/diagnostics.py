@@ -1,27 +1,21 @@
 """Gradient-flow diagnostics: the paper's argument, measured.
 
-He et al. 2016 (Section 3, Eq. 5) argue that with identity shortcuts and nothing after
-the addition, ``dL/dx_l = dL/dx_L * (1 + d/dx_l sum F)``: the gradient reaches every
-unit directly. `gradient_flow` measures, for one fixed batch, the per-element RMS of
-``dL/dx_l`` at the input ``x_l`` of every residual unit, with BatchNorm in training
-mode and the model's own initialisation (or trained weights), plus the mean, standard
-deviation and RMS of ``x_l`` itself. The summary figure is the *first-to-last ratio*,
-``rms(dL/dx_1) / rms(dL/dx_L)``: how much the gradient grows from the last unit back
-to the first. At initialisation it grows toward the input for every unit (the
-activations' scale grows along an identity path and BN divides by it), so a ratio near
-1 is not the claim; the claim is that the full pre-activation unit keeps it much
-smaller than the original unit does (for ResNet-164, about 10x; see the README).
+He et al. 2016 (Sec. 3, Eq. 5): with identity shortcuts and nothing after the addition,
+``dL/dx_l = dL/dx_L * (1 + d/dx_l sum F)``, so the gradient reaches every unit directly.
+`gradient_flow` measures on one fixed batch, with BatchNorm in training mode and the
+model's own weights, the per-element RMS of ``dL/dx_l`` at the input ``x_l`` of every
+residual unit, and the mean, std and RMS of ``x_l``. The summary is the first-to-last
+ratio ``rms(dL/dx_1) / rms(dL/dx_L)``. At initialisation it exceeds 1 for every unit;
+the claim is that full pre-activation keeps it much smaller than the original unit does
+(about 10x for ResNet-164; see the README).
 
-TensorFlow only (it uses ``tf.GradientTape`` on the unit inputs that
-`PreActStage.call(..., return_unit_inputs=True)` returns); TensorFlow is imported on
-first use. The model's BatchNorm moving statistics and dropout seeds are restored
-afterwards, so measuring does not change the model.
+TensorFlow only (`tf.GradientTape` on the unit inputs that `PreActStage.call(...,
+return_unit_inputs=True)` returns). Measuring does not change the model.
 
 Example:
     >>> import keras_preact as kp
     >>> from keras_preact import diagnostics
-    >>> model = kp.preact_resnet164(input_shape=(16, 16, 3))
-    >>> report = diagnostics.gradient_flow(model, batch_size=8, seed=0)
+    >>> report = diagnostics.gradient_flow(kp.preact_resnet164(input_shape=(16, 16, 3)))
     >>> report.first_to_last  # about 2e3 at initialisation
 """
 
@@ -31,6 +25,7 @@ import math
 
 import numpy as np
 
+from keras_preact.data.registry import check_int
 from keras_preact.files import atomic_save
 
 CSV_FIELDS = ("unit", "stage", "index_in_stage", "grad_rms", "act_mean", "act_std", "act_rms")
@@ -38,16 +33,10 @@ CSV_FIELDS = ("unit", "stage", "index_in_stage", "grad_rms", "act_mean", "act_st
 
 @dataclasses.dataclass
 class GradientFlowReport:
-    """Per-unit measurements of one model on one batch.
-
-    Attributes:
-        label: a name for tables and plot legends (default: the model's name).
-        rows: one dict per residual unit, in depth order, with `CSV_FIELDS`:
-            ``unit`` (1-based over the whole network), ``stage``, ``index_in_stage``,
-            ``grad_rms`` (per-element RMS of dL/dx at the unit's input) and the
-            input's ``act_mean``, ``act_std``, ``act_rms``.
-        loss: the batch's mean cross-entropy.
-    """
+    """Per-unit measurements of one model on one batch: `rows` holds one dict per
+    residual unit in depth order with `CSV_FIELDS` (``unit`` is 1-based over the
+    network, ``grad_rms`` the per-element RMS of dL/dx at the unit's input); `loss` is
+    the batch's mean cross-entropy."""
 
     label: str
     rows: list
@@ -74,155 +63,115 @@ class GradientFlowReport:
 
 
 def _check_batch(batch_size, seed):
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 2:
-        raise ValueError(
-            "`batch_size` must be an int >= 2 (BatchNorm in training mode needs a batch). "
-            f"Received: batch_size={batch_size!r}"
-        )
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"`seed` must be an int >= 0. Received: seed={seed!r}")
+    # BatchNorm in training mode needs a batch of two or more.
+    check_int("batch_size", batch_size, minimum=2)
+    check_int("seed", seed, minimum=0)
+
+
+def _as_reports(reports):
+    return [reports] if isinstance(reports, GradientFlowReport) else list(reports)
 
 
 def random_batch(model, batch_size=16, seed=0):
-    """A fixed random batch for `model`: images and labels.
-
-    Standard normal values when the model takes normalised inputs, uniform 0..255
-    when it has a built-in preprocessing layer (it takes raw pixels).
-
-    Returns:
-        (float32 images of the model's input shape, int32 labels).
-    """
+    """A fixed random batch ``(float32 images, int32 labels)`` for `model`: standard normal
+    values, or uniform 0..255 when the model has a preprocessing layer (raw pixels)."""
     _check_batch(batch_size, seed)
     shape = tuple(model.inputs[0].shape[1:])
     if any(d is None for d in shape):
-        raise ValueError(
-            "The model has a free input size; build it with a fixed `input_shape` or "
-            f"pass `images`. Received: input shape {shape}"
-        )
+        raise ValueError("The model has a free input size; build it with a fixed `input_shape` or "
+                         f"pass `images`. Received: input shape {shape}")
     rng = np.random.RandomState(seed)
-    raw = any(layer.name == "preprocessing" for layer in model.layers)
-    if raw:
+    if any(layer.name == "preprocessing" for layer in model.layers):
         images = rng.uniform(0.0, 255.0, (batch_size,) + shape)
     else:
         images = rng.standard_normal((batch_size,) + shape)
-    labels = rng.randint(0, _num_classes(model), batch_size)
+    labels = rng.randint(0, int(model.outputs[0].shape[-1]), batch_size)
     return images.astype("float32"), labels.astype("int32")
 
 
-def _num_classes(model):
-    return int(model.outputs[0].shape[-1])
-
-
 def gradient_flow(model, images=None, labels=None, *, batch_size=16, seed=0, label=None):
-    """Per-unit gradient and activation statistics of a `PreActResNet`.
-
-    Args:
-        model: a `keras_preact.PreActResNet` with ``include_top=True`` (any unit).
-        images, labels: the batch; None draws `random_batch(model, batch_size, seed)`.
-        batch_size: int >= 2, default 16 (ignored when `images` is given).
-        seed: int >= 0, default 0: the random batch (the weights are the model's).
-        label: name for tables and plots; default the model's name.
-
-    Returns:
-        A `GradientFlowReport`.
+    """The `GradientFlowReport` of a `PreActResNet` with ``include_top=True`` (any unit)
+    on `images`, `labels` (None: `random_batch(model, batch_size, seed)`).
 
     Raises:
         ValueError: for a model without residual stages or classifier, or a bad batch.
     """
     import keras
-    import tensorflow as tf
 
     from keras_preact.layers.blocks import PreActStage
 
     if keras.backend.backend() != "tensorflow":
-        raise ValueError(
-            "gradient_flow uses tf.GradientTape and needs the TensorFlow backend. "
-            f"Received: KERAS_BACKEND={keras.backend.backend()!r}"
-        )
+        raise ValueError("gradient_flow uses tf.GradientTape and needs the TensorFlow backend. "
+                         f"Received: KERAS_BACKEND={keras.backend.backend()!r}")
     layers = [l for l in model.layers if not isinstance(l, keras.layers.InputLayer)]
     if not any(isinstance(l, PreActStage) for l in layers):
-        raise ValueError(
-            f"`model` must be a PreActResNet (it has no PreActStage). Received: {model.name!r}"
-        )
+        raise ValueError(f"`model` must be a PreActResNet (it has no PreActStage). Received: {model.name!r}")
     names = [l.name for l in layers]
     if "logits" not in names:
-        raise ValueError(
-            "`model` needs its classifier (include_top=True): the loss is the "
-            f"cross-entropy of its logits. Received: model {model.name!r} without 'logits'"
-        )
+        raise ValueError("`model` needs its classifier (include_top=True): the loss is the "
+                         f"cross-entropy of its logits. Received: model {model.name!r} without 'logits'")
     if images is None:
         images, labels = random_batch(model, batch_size, seed)
     elif labels is None or len(labels) != len(images):
-        raise ValueError(
-            "`labels` must be given with `images`, one per image. "
-            f"Received: {len(images)} images and labels={labels!r}"
-        )
+        raise ValueError("`labels` must be given with `images`, one per image. "
+                         f"Received: {len(images)} images and labels={labels!r}")
     else:
         _check_batch(len(images), seed)
-    # Measuring runs BN in training mode, which updates the moving statistics (and
-    # advances dropout seeds): keep them and put them back.
+    # Training-mode BN updates the moving statistics (and dropout advances its seeds):
+    # keep them and put them back.
     saved = [(v, np.array(keras.ops.convert_to_numpy(v))) for v in model.variables if not v.trainable]
     try:
-        x = tf.convert_to_tensor(np.asarray(images, dtype="float32"))
-        y = tf.convert_to_tensor(np.asarray(labels, dtype="int32"))
-        stage_of = []
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            h = x
-            unit_inputs = []
-            for layer in layers[: names.index("logits") + 1]:
-                if isinstance(layer, PreActStage):
-                    h, inputs = layer(h, training=True, return_unit_inputs=True)
-                    stage_number = 1 + len({s for s, _ in stage_of})
-                    unit_inputs.extend(inputs)
-                    stage_of.extend((stage_number, i + 1) for i in range(len(inputs)))
-                else:
-                    h = layer(h, training=True)
-            loss = tf.reduce_mean(
-                keras.losses.sparse_categorical_crossentropy(y, tf.cast(h, "float32"), from_logits=True)
-            )
-        grads = tape.gradient(loss, unit_inputs)
+        loss, rows = _measure(layers[: names.index("logits") + 1], images, labels)
     finally:
         for v, value in saved:
             v.assign(value)
+    return GradientFlowReport(label=label or model.name, rows=rows, loss=loss)
+
+
+def _measure(layers, images, labels):
+    """Runs `layers` in training mode; returns the loss and the rows of every unit."""
+    import keras
+    import tensorflow as tf
+
+    from keras_preact.layers.blocks import PreActStage
+
+    x = tf.convert_to_tensor(np.asarray(images, dtype="float32"))
+    y = tf.convert_to_tensor(np.asarray(labels, dtype="int32"))
+    positions, unit_inputs, stage = [], [], 0
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        h = x
+        for layer in layers:
+            if isinstance(layer, PreActStage):
+                h, inputs = layer(h, training=True, return_unit_inputs=True)
+                stage += 1
+                unit_inputs.extend(inputs)
+                positions.extend((stage, i + 1) for i in range(len(inputs)))
+            else:
+                h = layer(h, training=True)
+        loss = tf.reduce_mean(
+            keras.losses.sparse_categorical_crossentropy(y, tf.cast(h, "float32"), from_logits=True)
+        )
+    grads = tape.gradient(loss, unit_inputs)
+    rms = lambda t: float(tf.sqrt(tf.reduce_mean(tf.square(t))))  # noqa: E731
     rows = []
-    for n, ((stage, index), g, a) in enumerate(zip(stage_of, grads, unit_inputs), start=1):
-        g = tf.cast(g, "float32")
-        a = tf.cast(a, "float32")
-        rows.append({
-            "unit": n,
-            "stage": stage,
-            "index_in_stage": index,
-            "grad_rms": float(tf.sqrt(tf.reduce_mean(tf.square(g)))),
-            "act_mean": float(tf.reduce_mean(a)),
-            "act_std": float(tf.math.reduce_std(a)),
-            "act_rms": float(tf.sqrt(tf.reduce_mean(tf.square(a)))),
-        })
-    return GradientFlowReport(label=label or model.name, rows=rows, loss=float(loss))
+    for n, ((stage, index), g, a) in enumerate(zip(positions, grads, unit_inputs), start=1):
+        g, a = tf.cast(g, "float32"), tf.cast(a, "float32")
+        rows.append({"unit": n, "stage": stage, "index_in_stage": index, "grad_rms": rms(g),
+                     "act_mean": float(tf.reduce_mean(a)), "act_std": float(tf.math.reduce_std(a)),
+                     "act_rms": rms(a)})
+    return float(loss), rows
 
 
 def compare_units(model_name, units=("original", "full_preact"), *, batch_size=16, seed=0,
                   input_size=32, classes=10, **model_kwargs):
-    """Measures `gradient_flow` of one registered network built with each unit.
-
-    Every model is built after ``keras.utils.set_random_seed(seed)`` (so its own He
-    initialisation is reproducible) and measured on the same random batch.
-
-    Args:
-        model_name: a name from `keras_preact.list_models()`, e.g. "preact_resnet164".
-        units: names from `keras_preact.layers.UNIT_TYPES`.
-        batch_size: int >= 2, default 16.
-        seed: int >= 0, default 0.
-        input_size: height and width of the random images, >= 8, default 32.
-        classes: default 10.
-        **model_kwargs: other model arguments (e.g. ``gate_bias``).
-
-    Returns:
-        list of `GradientFlowReport`, labelled by unit.
+    """`gradient_flow` reports (labelled by unit) of one registered network built with
+    each of `units`, after ``keras.utils.set_random_seed(seed)`` (a reproducible He
+    initialisation), on the same random batch of `input_size` squared images.
 
     Raises:
-        ValueError: for an unknown model or unit, or a bad size, batch or seed;
-            before any model is built.
+        ValueError: for an unknown model or unit, or a bad size, batch or seed; before
+            any model is built.
     """
     import keras
 
@@ -236,8 +185,7 @@ def compare_units(model_name, units=("original", "full_preact"), *, batch_size=1
     for unit in units:
         check_unit_name(unit)
     _check_batch(batch_size, seed)
-    if isinstance(input_size, bool) or not isinstance(input_size, int) or input_size < 8:
-        raise ValueError(f"`input_size` must be an int >= 8. Received: input_size={input_size!r}")
+    check_int("input_size", input_size, minimum=8)
     reports = []
     for unit in units:
         keras.utils.set_random_seed(seed)
@@ -251,56 +199,37 @@ def compare_units(model_name, units=("original", "full_preact"), *, batch_size=1
 
 
 def format_table(reports, *, every=None):
-    """A text table: one line per unit (or every `every`-th, plus first and last).
-
-    Args:
-        reports: a `GradientFlowReport` or a list of them (same depth), side by side.
-        every: show every n-th unit; None picks a step giving about 20 lines.
-
-    Returns:
-        str.
-    """
-    if isinstance(reports, GradientFlowReport):
-        reports = [reports]
+    """A text table of one or more reports (same depth) side by side: one line per unit,
+    or every `every`-th plus the last (None: about 20 lines), and the first/last ratios."""
+    reports = _as_reports(reports)
     n = len(reports[0].rows)
     every = every or max(1, n // 20)
-    header = ["unit", "stage"]
-    for r in reports:
-        header += [f"grad_rms[{r.label}]", f"act_std[{r.label}]"]
+    header = ["unit", "stage"] + [f"{k}[{r.label}]" for r in reports for k in ("grad_rms", "act_std")]
     lines = []
     for i in range(n):
         if i % every and i != n - 1:
             continue
-        row = reports[0].rows[i]
-        cells = [str(row["unit"]), str(row["stage"])]
+        cells = [str(reports[0].rows[i]["unit"]), str(reports[0].rows[i]["stage"])]
         for r in reports:
             cells += [f"{r.rows[i]['grad_rms']:.3e}", f"{r.rows[i]['act_std']:.3g}"]
         lines.append(cells)
-    footer = ["first/last", ""]
-    for r in reports:
-        footer += [f"{r.first_to_last:.3g}", ""]
+    footer = ["first/last", ""] + [c for r in reports for c in (f"{r.first_to_last:.3g}", "")]
     widths = [max(len(x) for x in col) for col in zip(header, footer, *lines)]
-    fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))
-    out = [fmt(header), "-" * len(fmt(header))] + [fmt(c) for c in lines]
-    out += ["-" * len(fmt(header)), fmt(footer)]
-    return "\n".join(out)
+    fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+    rule = "-" * len(fmt(header))
+    return "\n".join([fmt(header), rule] + [fmt(c) for c in lines] + [rule, fmt(footer)])
 
 
 def write_csv(reports, path):
-    """Writes the per-unit rows of one or more reports as CSV (a "model" column first).
-
-    The file is written to a temporary name and renamed into place.
-    """
-    if isinstance(reports, GradientFlowReport):
-        reports = [reports]
+    """Writes the per-unit rows of one or more reports as CSV (a "model" column first),
+    atomically; returns `path`."""
+    reports = _as_reports(reports)
 
     def write(tmp):
         with open(tmp, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=("model",) + CSV_FIELDS)
             writer.writeheader()
-            for r in reports:
-                for row in r.rows:
-                    writer.writerow({"model": r.label, **row})
+            writer.writerows({"model": r.label, **row} for r in reports for row in r.rows)
 
     atomic_save(path, write)
     return path
@@ -319,24 +248,13 @@ def read_csv(path):
 
 
 def plot_gradient_flow(reports, path, *, title=None):
-    """Saves a PNG: RMS of dL/dx_l (top) and std of x_l (bottom) against depth.
-
-    Needs matplotlib; draws on an Agg canvas directly, so it works without a
-    display and leaves `matplotlib.pyplot`'s backend alone.
-
-    Args:
-        reports: a `GradientFlowReport` or a list of them.
-        path: the PNG to write (temporary name, then renamed into place).
-        title: optional figure title.
-
-    Returns:
-        `path`.
-    """
+    """Saves a PNG (atomically) of RMS of dL/dx_l (top) and std of x_l (bottom) against
+    depth for one or more reports; returns `path`. An Agg canvas: `matplotlib.pyplot`'s
+    backend is left alone."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    if isinstance(reports, GradientFlowReport):
-        reports = [reports]
+    reports = _as_reports(reports)
     fig = Figure(figsize=(8, 7))
     FigureCanvasAgg(fig)
     ax_g, ax_a = fig.subplots(2, 1, sharex=True)
@@ -344,19 +262,15 @@ def plot_gradient_flow(reports, path, *, title=None):
         units = [row["unit"] for row in r.rows]
         ax_g.semilogy(units, r.grad_rms, label=f"{r.label} (first/last {r.first_to_last:.3g})")
         ax_a.semilogy(units, [row["act_std"] for row in r.rows], label=r.label)
-    # Mark the stage boundaries of the first report.
-    first = reports[0].rows
-    for a, b in zip(first, first[1:]):
-        if b["stage"] != a["stage"]:
-            for ax in (ax_g, ax_a):
-                ax.axvline(b["unit"] - 0.5, color="grey", lw=0.6, ls=":")
-    ax_g.set_ylabel("RMS of dL/dx_l (per element)")
-    ax_a.set_ylabel("std of x_l")
+    first = reports[0].rows  # the stage boundaries of the first report
+    boundaries = [b["unit"] - 0.5 for a, b in zip(first, first[1:]) if b["stage"] != a["stage"]]
+    for ax, ylabel in ((ax_g, "RMS of dL/dx_l (per element)"), (ax_a, "std of x_l")):
+        for x in boundaries:
+            ax.axvline(x, color="grey", lw=0.6, ls=":")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8)
+        ax.grid(True, which="both", alpha=0.3)
     ax_a.set_xlabel("residual unit l (input side = 1)")
-    ax_g.legend(fontsize=8)
-    ax_a.legend(fontsize=8)
-    ax_g.grid(True, which="both", alpha=0.3)
-    ax_a.grid(True, which="both", alpha=0.3)
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -1,26 +1,21 @@
 """Fine-tuning a pretrained pre-activation ResNet on a new task.
 
-- `load_pretrained`: load weights (a catalog tag, `.weights.h5`, `.keras` or URL with
-  hash) into a model whose head may differ: every variable but the classifier's is
-  checked and copied; the head is copied too when its shape fits.
-- `replace_head`: the same network with a fresh classifier for another number of
-  classes (all other weights kept).
-- `freeze` / `unfreeze`: by part: "stem", "stage1" ... "stageN", "head". The final
-  BN-ReLU (`post_bn`, the paper's last-unit rule) belongs to the last stage.
-- Frozen parts keep BatchNorm in inference mode: Keras' BatchNormalization and
-  keras-preact's units use their moving statistics whenever ``trainable=False``,
-  even inside ``fit`` (``training=True``), so freezing never updates or uses batch
-  statistics (the known pitfall of fine-tuning with BatchNorm).
+- `load_pretrained`: loads weights (a catalog tag, `.weights.h5`, `.keras` or URL with
+  hash) into a model whose head may differ: every other variable is checked and copied,
+  the head too when its shape fits.
+- `replace_head`: the same network with a fresh classifier for another class count.
+- `freeze` / `unfreeze`: by part, "stem", "stage1" ... "stageN", "head" (the final
+  BN-ReLU `post_bn` belongs to the last stage). Frozen parts keep BatchNorm in inference
+  mode: Keras' and keras-preact's BN use their moving statistics whenever
+  ``trainable=False``, even inside ``fit``, so freezing never uses batch statistics.
 
-Discriminative learning rates are not provided: with the stage-wise freezing above a
-two-phase schedule (head first, then everything at a lower rate) covers the common
-use, and Keras 3 optimizers have no per-variable learning rate.
+No per-layer learning rates (Keras 3 optimizers have none): freeze stages, train the
+head, then unfreeze and continue at a lower rate.
 
 Example:
     >>> import keras_preact as kp
     >>> from keras_preact import finetune
-    >>> base = kp.preact_resnet56(weights="cifar10")
-    >>> model = finetune.replace_head(base, classes=5)
+    >>> model = finetune.replace_head(kp.preact_resnet56(weights="cifar10"), classes=5)
     >>> finetune.freeze(model, ["stem", "stage1", "stage2"])
     >>> model.compile(...)  # compile after changing what is trainable
 """
@@ -30,6 +25,7 @@ import os
 HEAD_PARTS = ("logits",)
 STEM_PARTS = ("stem_conv",)
 LAST_STAGE_EXTRA = ("post_bn",)
+_HEAD_PREFIX = HEAD_PARTS[0] + "/"
 
 
 def parts(model):
@@ -45,10 +41,8 @@ def _check_model(model):
     from keras_preact.models.preact_resnet import PreActResNet
 
     if not isinstance(model, PreActResNet):
-        raise ValueError(
-            "Fine-tuning helpers need a keras-preact PreActResNet. Received: "
-            f"model of type {type(model).__name__}"
-        )
+        raise ValueError("Fine-tuning helpers need a keras-preact PreActResNet. Received: "
+                         f"model of type {type(model).__name__}")
 
 
 def _layers_of(model, part):
@@ -66,29 +60,10 @@ def _layers_of(model, part):
     return [model.get_layer(n) for n in names]
 
 
-def _as_list(value, name):
-    if isinstance(value, str):
-        value = [v.strip() for v in value.split(",") if v.strip()]
-    try:
-        return list(value)
-    except TypeError:
-        raise ValueError(f"`{name}` must be a list of part names. Received: {name}={value!r}") from None
-
-
 def freeze(model, which="all"):
-    """Makes the named parts untrainable (their BatchNorm then runs in inference mode).
-
-    Args:
-        model: a `PreActResNet`.
-        which: "all", "backbone" (everything but the head), a list of parts, or a
-            comma-separated string ("stem,stage1").
-
-    Returns:
-        The list of parts frozen. Compile the model after calling this.
-
-    Raises:
-        ValueError: for an unknown part (the message lists the valid ones).
-    """
+    """Makes the named parts untrainable (their BatchNorm then runs in inference mode);
+    returns them. `which`: "all", "backbone" (everything but the head), a list of parts,
+    or a comma-separated string ("stem,stage1"). Compile the model after calling this."""
     return _set(model, which, False)
 
 
@@ -99,14 +74,16 @@ def unfreeze(model, which="all"):
 
 def _set(model, which, trainable):
     valid = parts(model)
+    backbone = [p for p in valid if p != "head"]
     if which == "all":
         chosen = valid
-    elif which == "backbone":
-        chosen = [p for p in valid if p != "head"]
     else:
-        chosen = []
-        for part in _as_list(which, "which"):
-            chosen += [p for p in valid if p != "head"] if part == "backbone" else [part]
+        if isinstance(which, str):
+            which = [v.strip() for v in which.split(",") if v.strip()]
+        try:
+            chosen = [c for part in which for c in (backbone if part == "backbone" else [part])]
+        except TypeError:
+            raise ValueError(f"`which` must be a list of part names. Received: which={which!r}") from None
     layers = [layer for part in chosen for layer in _layers_of(model, part)]
     for layer in layers:
         layer.trainable = trainable
@@ -119,32 +96,16 @@ def frozen_parts(model):
 
 
 def replace_head(model, classes, *, classifier_activation="softmax", name=None):
-    """The same network with a new, freshly initialised classifier.
-
-    Args:
-        model: a `PreActResNet` (with or without a head).
-        classes: int >= 1, the new number of classes.
-        classifier_activation: default "softmax"; None for logits.
-        name: optional name of the new model (default: the old one).
-
-    Returns:
-        A new `PreActResNet` with every variable but the head's copied from `model`
-        (frozen parts stay frozen).
-    """
+    """A new `PreActResNet` with a fresh classifier for `classes` and every other
+    variable copied from `model` (frozen parts stay frozen)."""
     _check_model(model)
     if isinstance(classes, bool) or not isinstance(classes, int) or classes < 1:
         raise ValueError(f"`classes` must be an integer >= 1. Received: classes={classes!r}")
     from keras_preact.models.preact_resnet import PreActResNet
 
-    config = model.get_config()
     frozen = frozen_parts(model)
-    config.update(
-        include_top=True,
-        classes=classes,
-        classifier_activation=classifier_activation,
-        name=name or model.name,
-        trainable=True,
-    )
+    config = dict(model.get_config(), include_top=True, classes=classes, trainable=True,
+                  classifier_activation=classifier_activation, name=name or model.name)
     new = PreActResNet.from_config(config)
     _copy_backbone(model, new, source_label=f"model {model.name!r}")
     if frozen:
@@ -155,7 +116,7 @@ def replace_head(model, classes, *, classifier_activation="softmax", name=None):
 def _backbone_layout(model):
     from keras_preact.weights.local import model_layout
 
-    return [x for x in model_layout(model) if not x[0].startswith(HEAD_PARTS[0] + "/")]
+    return [x for x in model_layout(model) if not x[0].startswith(_HEAD_PREFIX)]
 
 
 def _copy_backbone(source, target, *, source_label, copy_head="auto"):
@@ -167,24 +128,20 @@ def _copy_backbone(source, target, *, source_label, copy_head="auto"):
         from keras_preact.weights.local import first_difference
 
         i, want, got = first_difference(dst, src)
-        raise ValueError(
-            f"The weights from {source_label} do not match the architecture of "
-            f"{target.name!r}: {len(src)} backbone variables vs {len(dst)}; the first "
-            f"difference is variable {i} (model: {want}, weights: {got}). Nothing was loaded."
-        )
+        raise ValueError(f"The weights from {source_label} do not match the architecture of "
+                         f"{target.name!r}: {len(src)} backbone variables vs {len(dst)}; the first "
+                         f"difference is variable {i} (model: {want}, weights: {got}). Nothing was loaded.")
     arch_src, arch_dst = model_architecture(source), model_architecture(target)
     if arch_src is not None and arch_dst is not None and arch_src != arch_dst:
         # Optional keys (the keras.applications layout) are recorded only when set.
         diff = sorted(k for k in set(arch_src) | set(arch_dst) if arch_src.get(k) != arch_dst.get(k))
-        raise ValueError(
-            f"The weights from {source_label} were made for another architecture "
-            f"({', '.join(f'{k}={arch_src.get(k)!r}' for k in diff)}; the model has "
-            f"{', '.join(f'{k}={arch_dst.get(k)!r}' for k in diff)}). Nothing was loaded."
-        )
+        raise ValueError(f"The weights from {source_label} were made for another architecture "
+                         f"({', '.join(f'{k}={arch_src.get(k)!r}' for k in diff)}; the model has "
+                         f"{', '.join(f'{k}={arch_dst.get(k)!r}' for k in diff)}). Nothing was loaded.")
     by_path = {v.path: v for v in source.weights}
     copied_head = False
     for variable in target.weights:
-        if variable.path.startswith(HEAD_PARTS[0] + "/"):
+        if variable.path.startswith(_HEAD_PREFIX):
             other = by_path.get(variable.path)
             if copy_head and other is not None and tuple(other.shape) == tuple(variable.shape):
                 variable.assign(other)
@@ -198,12 +155,11 @@ def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
     """Loads pretrained weights into `model`, whose head may be for another task.
 
     Args:
-        model: a `PreActResNet` (the network to fine-tune).
-        weights: a catalog tag or key, a `.weights.h5` or `.keras` path, or a URL
-            with its hash (as the factories' `weights=`).
+        weights: as the factories' `weights=` (a catalog tag, a `.weights.h5` or
+            `.keras` path, or a URL with its hash).
         model_name: the registered name for tags (default: `model.name`).
-        copy_head: "auto" (default): copy the classifier too when its shape fits
-            (same number of classes); False: keep the model's fresh head.
+        copy_head: "auto": copy the classifier too when its shape fits; False: keep
+            the model's fresh head.
 
     Returns:
         dict: "source" (the file loaded), "copied_head" (bool), "classes" (of the
@@ -245,15 +201,9 @@ def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
             f"The weights file {path} cannot be read ({err}): it is damaged or incomplete "
             f"(an interrupted copy or download?); copy or fetch it again. Received: weights={weights!r}"
         ) from None
-    config = model.get_config()
-    config.update(
-        include_top=info["classes"] is not None,
-        classes=info["classes"] or 1,
-        pooling=None,
-        preprocessing=None,
-        name=f"{model.name}_pretrained",
-        trainable=True,
-    )
+    config = dict(model.get_config(), include_top=info["classes"] is not None,
+                  classes=info["classes"] or 1, pooling=None, preprocessing=None,
+                  name=f"{model.name}_pretrained", trainable=True)
     donor = PreActResNet.from_config(config)
     local.load_weights_file(donor, path)
     copied = _copy_backbone(donor, model, source_label=path, copy_head=copy_head)
@@ -261,18 +211,12 @@ def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
 
 
 def pretrained_architecture(model_name, weights):
-    """Architecture arguments a catalog tag needs (e.g. ``first_unit_shared_preact``).
-
-    Returns:
-        dict (empty for files and URLs: their architecture is checked on load).
-    """
+    """Architecture arguments a catalog tag needs (e.g. ``first_unit_shared_preact``);
+    empty for files and URLs (their architecture is checked on load)."""
     from keras_preact.weights import catalog
 
     if not (isinstance(weights, str) and catalog.looks_like_tag(weights)):
         return {}
     entry = catalog.resolve_tag(model_name, weights)
-    return {
-        k: v
-        for k, v in (entry.get("architecture") or {}).items()
-        if k not in ("classes", "include_top", "input_shape", "preprocessing")
-    }
+    return {k: v for k, v in entry.architecture.items()
+            if k not in ("classes", "include_top", "input_shape", "preprocessing")}

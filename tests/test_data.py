@@ -297,9 +297,9 @@ def test_no_files_and_bad_source_arguments(tmp_path):
         data.load_arrays("cifar10", "train", source="archive", data_dir=str(tmp_path))
     with pytest.raises(ValueError, match="source='archive' needs `path`"):
         data.load_arrays("cifar10", "train", source="archive")
-    with pytest.raises(ValueError, match=r"`source` must be one of.*Received: source='s3'"):
+    with pytest.raises(ValueError, match=r"(?=.*`source`)(?=.*source='s3')(?=.*'archive')"):
         data.load_arrays("cifar10", "train", source="s3")
-    with pytest.raises(ValueError, match=r"`split` must be.*Received: split='val'"):
+    with pytest.raises(ValueError, match=r"(?=.*`split`)(?=.*split='val')(?=.*'test')"):
         data.load_arrays("cifar10", "val")
     with pytest.raises(ValueError, match="takes no `source`"):
         data.load_arrays("digits", "train", source="tfds")

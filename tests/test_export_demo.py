@@ -10,7 +10,7 @@ def test_export_demo_writes_a_serving_export_with_metrics(tmp_path):
     import tensorflow as tf
 
     import keras_preact as kp
-    from keras_preact.export import export_demo
+    from keras_preact.training.demo import export_demo
 
     model = kp.PreActResNet(stage_blocks=(1, 1, 1), stage_filters=(8, 16, 32), stem_filters=8,
                             input_shape=(32, 32, 3), preprocessing="unit")

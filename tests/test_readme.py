@@ -40,7 +40,7 @@ def catalog_keys(code):
         if key:
             keys.add(key)
         elif catalog.looks_like_tag(tag):
-            keys.add(catalog.resolve_tag(model, tag)["key"])
+            keys.add(catalog.resolve_tag(model, tag).key)
     return sorted(keys)
 
 
@@ -52,8 +52,8 @@ def serve_locally(keys, folder):
     os.makedirs(folder, exist_ok=True)
     for key in keys:
         entry = W.get_entry(key)
-        arch = {"classes": entry.get("classes") or 10, **(entry.get("architecture") or {})}
-        W.save_weights_file(kp.get_model(entry["model"], **arch),
+        arch = {"classes": entry.classes or 10, **entry.architecture}
+        W.save_weights_file(kp.get_model(entry.model, **arch),
                             os.path.join(folder, f"{key}.weights.h5"))
 
 

@@ -563,6 +563,40 @@ def test_remat_refuses_dropout_shortcut():
     PreActStage("basic", 8, units=3, unit="dropout_shortcut", remat=False)
 
 
+def test_remat_turns_model_pruning_off_only_while_its_train_step_runs(monkeypatch):
+    """Grappler's model pruning would undo `tf.recompute_grad`: a remat model's train
+    function runs with it off, and the process-wide options are unchanged afterwards."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("a TensorFlow (Grappler) option")
+    import contextlib
+
+    import tensorflow as tf
+
+    from keras_preact.layers import remat as remat_lib
+    from keras_preact.models import preact_resnet
+
+    seen = []
+
+    @contextlib.contextmanager
+    def spy():
+        with remat_lib.model_pruning_off():
+            seen.append(tf.config.optimizer.get_experimental_options().get("disable_model_pruning"))
+            yield
+
+    monkeypatch.setattr(preact_resnet, "model_pruning_off", spy)
+    before = tf.config.optimizer.get_experimental_options()
+    assert not before.get("disable_model_pruning")
+    x, y = _images(4), np.arange(4) % 5
+    for remat in (None, "segment"):
+        model = _model("basic", remat)
+        model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+        model.train_on_batch(x, y)
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+        assert tf.config.optimizer.get_experimental_options() == before
+        # The plain model never switches it; the remat one in both calls.
+        assert seen == [] if remat is None else (len(seen) >= 2 and all(seen)), (remat, seen)
+
+
 # --- memory -------------------------------------------------------------------
 _MEMORY_SCRIPT = """
 import resource

@@ -46,41 +46,49 @@ def test_fast_conv_gradient_matches_tensorflow(ksize, cin, cout, size):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
 
 
+@pytest.fixture(autouse=True)
+def _fused_bn_on(monkeypatch):
+    """The fused BN path is on (the default) unless a test switches it off."""
+    monkeypatch.setenv("KERAS_PREACT_FUSED_BN", "1")
+
+
 def test_fast_path_is_taken_and_can_be_switched_off(monkeypatch):
-    from keras_preact.layers import functional as F
     from keras_preact.layers import tf_kernels
 
     monkeypatch.setattr(tf_kernels, "onednn_enabled", lambda: False)
     monkeypatch.setenv("KERAS_PREACT_FAST_CONV_GRAD", "1")
-    assert F._fast_conv_grad((3, 3, 4, 4), 1, "channels_last")
-    assert not F._fast_conv_grad((3, 3, 4, 4), 2, "channels_last")  # strided: TF's gradient
-    assert not F._fast_conv_grad((3, 3, 4, 4), 1, "channels_first")
-    assert not F._fast_conv_grad((2, 2, 4, 4), 1, "channels_last")  # even kernel
+    assert tf_kernels.fast_conv_applies((3, 3, 4, 4), 1, "channels_last")
+    assert not tf_kernels.fast_conv_applies((3, 3, 4, 4), 2, "channels_last")  # strided: TF's gradient
+    assert not tf_kernels.fast_conv_applies((3, 3, 4, 4), 1, "channels_first")
+    assert not tf_kernels.fast_conv_applies((2, 2, 4, 4), 1, "channels_last")  # even kernel
     monkeypatch.setenv("KERAS_PREACT_FAST_CONV_GRAD", "0")
-    assert not F._fast_conv_grad((3, 3, 4, 4), 1, "channels_last")
+    assert not tf_kernels.fast_conv_applies((3, 3, 4, 4), 1, "channels_last")
     # oneDNN's own conv gradient is faster than the custom one: not used then.
     monkeypatch.setenv("KERAS_PREACT_FAST_CONV_GRAD", "1")
     monkeypatch.setattr(tf_kernels, "onednn_enabled", lambda: True)
-    assert not F._fast_conv_grad((3, 3, 4, 4), 1, "channels_last")
+    assert not tf_kernels.fast_conv_applies((3, 3, 4, 4), 1, "channels_last")
 
 
 def test_fused_bn_is_taken_and_can_be_switched_off(monkeypatch):
-    from keras_preact.layers import functional as F
+    from keras_preact.layers import tf_kernels
 
     monkeypatch.setenv("KERAS_PREACT_FUSED_BN", "1")
-    assert F._fused_bn("channels_last", False)
-    assert not F._fused_bn("channels_last", True)  # synchronized: Keras' cross-replica moments
-    assert not F._fused_bn("channels_first", False)
-    assert not F._fused_bn("channels_last", False, "float64")  # the kernel is float32
+    assert tf_kernels.fused_bn_applies("channels_last", False)
+    assert not tf_kernels.fused_bn_applies("channels_last", True)  # synchronized: Keras' cross-replica moments
+    assert not tf_kernels.fused_bn_applies("channels_first", False)
+    assert not tf_kernels.fused_bn_applies("channels_last", False, "float64")  # the kernel is float32
     monkeypatch.setenv("KERAS_PREACT_FUSED_BN", "0")
-    assert not F._fused_bn("channels_last", False)
+    assert not tf_kernels.fused_bn_applies("channels_last", False)
 
 
 def _bn_relu(x, gamma, beta, fused, dtype="float32"):
     import tensorflow as tf
 
     from keras_preact.layers import functional as F
+    from keras_preact.layers import tf_kernels
 
+    # The fused kernel runs where it applies; the reference is the readable path.
+    assert tf_kernels.fused_bn_applies("channels_last", False, dtype)
     weights = tf.constant(np.random.RandomState(7).randn(*x.shape).astype("float32"))
     x = tf.cast(tf.constant(x), dtype)
     params = {"gamma": tf.constant(gamma), "beta": tf.constant(beta),
@@ -91,7 +99,8 @@ def _bn_relu(x, gamma, beta, fused, dtype="float32"):
         with tf.GradientTape() as tape:
             tape.watch([x, params["gamma"], params["beta"]])
             if fused:
-                y, stats = F._fast_batch_norm_relu(x, params, momentum=0.0, epsilon=1e-5)
+                y, stats = F.bn_relu(x, params, training=True, momentum=0.0, epsilon=1e-5,
+                                     data_format="channels_last")
             else:
                 y, stats = F.batch_norm(x, params, training=True, momentum=0.0,
                                         epsilon=1e-5, channel_axis=-1)

@@ -292,34 +292,66 @@ print("PATH", fetch_weights(json.loads({json.dumps(json.dumps(entry))}), cache_d
 # --- the catalog ----------------------------------------------------------------------
 
 
-def test_catalog_is_consistent_with_the_registry():
-    entries = W.list_entries()
-    assert entries, "the catalog has no entries"
+ENTRIES = W.list_entries()
+
+
+@pytest.mark.parametrize("key", [e.key for e in ENTRIES])
+def test_catalog_entry_is_consistent_with_the_registry(key):
+    e = W.get_entry(key)
+    assert e.model in kp.list_models()
+    assert e.key == f"{e.model}.{e.tag}" == key
+    assert len(e.class_names) == e.classes == e.architecture["classes"]
+    assert e.manifest and e.license and e.params and e.input_size
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", [e.key for e in ENTRIES])
+def test_catalog_parameter_count_is_the_built_models(key):
+    import keras
+
+    e = W.get_entry(key)
+    model = kp.get_model(e.model, **e.architecture)
+    assert kp.count_params(model) == e.params
+    if e.params_keras_count_params is not None:  # Keras' count (BatchNorm statistics too)
+        assert model.count_params() == e.params_keras_count_params
+    del model
+    keras.utils.clear_session()
+
+
+def test_catalog_defaults_and_tags():
     defaults = {}
-    for e in entries:
-        assert e["model"] in kp.list_models()
-        assert e["key"] == f"{e['model']}.{e['tag']}"
-        assert len(e["class_names"]) == e["classes"] == e["architecture"].get("classes", e["classes"])
-        defaults[e["model"]] = defaults.get(e["model"], 0) + int(e["default"])
-        assert W.get_entry(e["key"])["url"] == e["url"]
+    for e in ENTRIES:
+        defaults[e.model] = defaults.get(e.model, 0) + int(e.default)
     assert set(defaults.values()) == {1}
+    assert ENTRIES[0].key == "preact_resnet20.cifar10"  # the registry's order
     with pytest.raises(ValueError, match="Valid: .*cifar10"):
         catalog.resolve_tag("preact_resnet20", "imagenet")
-    assert catalog.resolve_tag("preact_resnet20", "DEFAULT")["default"] is True
+    assert catalog.resolve_tag("preact_resnet20", "DEFAULT").default is True
+    e = W.get_entry("preact_resnet20.cifar10")
+    assert e.hash.algorithm == "sha1" and e.metrics.top1_error is not None
 
 
 def test_entries_are_validated():
     good = _entry("https://example.invalid/a.weights.h5", b"x")
-    assert catalog.validate_entry(good, strict=False)["key"] == "preact_resnet20.test"
+    assert catalog.validate_entry(good, strict=False).key == "preact_resnet20.test"
     for change, match in (
-        ({"converter": "nope"}, "unknown converter.*converter='nope'"),
+        ({"converter": "nope"}, "`converter` must be one of.*Received: converter='nope'"),
         ({"hash": {"algorithm": "crc32", "value": "00"}}, "Unknown hash algorithm"),
         ({"hash": {"algorithm": "sha1", "value": "abc"}}, "40 hex digits"),
-        ({"url": "ftp://x/y"}, "invalid `url`"),
+        ({"url": "ftp://x/y"}, "`url` must be a URL starting with.*Received: url='ftp://x/y'"),
         ({"tag": "a.b"}, "without dots"),
+        ({"classes": 0}, "`classes` must be an int >= 1"),
+        ({"class_names": "nope"}, "`class_names` must be the name of a list in zoo/classes/"),
+        ({"class_names": "cifar100"}, "a list of 10 names"),
+        ({"input_size": [32, 32]}, r"`input_size` must be \[height, width, channels\]"),
+        ({"metrics": {"top9_error": 1}}, "`metrics` must be a dict with the keys"),
+        ({"architecture": {"classes": 100}}, "classes=10 but its architecture has classes=100"),
+        ({"colour": "red"}, r"unknown fields \['colour'\]"),
     ):
         with pytest.raises(ValueError, match=match):
             catalog.validate_entry({**good, **change}, strict=False)
+    with pytest.raises(ValueError, match="'preact_resnet20.x' of m.json says model="):
+        catalog.validate_entry(good, key="preact_resnet20.x", strict=False, manifest="m.json")
     with pytest.raises(ValueError, match="lacks the fields"):
         catalog.validate_entry(good, strict=True)
 

@@ -37,7 +37,7 @@ def offline_catalog(tmp_path, monkeypatch):
     admin = tmp_path / "admin"
     admin.mkdir()
     entry = W.get_entry("preact_resnet20.cifar10")
-    source = kp.preact_resnet20(**entry["architecture"])
+    source = kp.preact_resnet20(**entry.architecture)
     W.save_weights_file(source, str(admin / "preact_resnet20.cifar10.weights.h5"))
     monkeypatch.setenv("KERAS_PREACT_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("KERAS_PREACT_WEIGHTS_DIR", str(admin))
@@ -48,8 +48,8 @@ def offline_catalog(tmp_path, monkeypatch):
 def test_catalog_tag_loads_with_its_architecture_and_preprocessing(offline_catalog, no_network):
     entry, source = offline_catalog
     model = kp.preact_resnet20(weights="cifar10")
-    assert model.first_unit_shared_preact is entry["architecture"]["first_unit_shared_preact"]
-    assert model.preprocessing == entry["preprocessing"] == "cifar10"
+    assert model.first_unit_shared_preact is entry.architecture["first_unit_shared_preact"]
+    assert model.preprocessing == entry.preprocessing == "cifar10"
     assert model.classes == 10 and model.input_shape == (None, 32, 32, 3)
     # The source had no preprocessing: normalise by hand to compare.
     x = _x((32, 32, 3))
@@ -74,7 +74,7 @@ def test_a_fetched_file_loads_as_its_tag_does(offline_catalog, no_network):
     by_tag = kp.preact_resnet20(weights="cifar10")
     by_path = kp.preact_resnet20(weights=path)
     assert by_path.first_unit_shared_preact is False
-    assert by_path.preprocessing == entry["preprocessing"]
+    assert by_path.preprocessing == entry.preprocessing
     x = _x((32, 32, 3))
     np.testing.assert_array_equal(to_numpy(by_path(x)), to_numpy(by_tag(x)))
     # The caller's preprocessing wins; a conflicting architecture argument says what to pass.

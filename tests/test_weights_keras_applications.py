@@ -8,7 +8,7 @@ inputs (64x64) keep it fast; the deeper networks are built for their parameter c
 only (slow).
 """
 
-import copy
+import dataclasses
 import hashlib
 import os
 
@@ -29,7 +29,7 @@ from tests.helpers import to_numpy
 
 BOUND = 1e-4  # the largest allowed output difference
 SIZE = (64, 64, 3)
-KEYS = sorted(k for k, e in catalog.load_catalog().items() if e["converter"] == "keras_applications")
+KEYS = sorted(k for k, e in catalog.load_catalog().items() if e.converter == "keras_applications")
 
 
 @pytest.fixture(scope="module")
@@ -54,20 +54,20 @@ def _md5(path):
 def _served_entry(key, server, net, *, wrong_hash=False, subfolder="ok"):
     """The catalog entry `key` pointed at `net` published on the local server."""
     root, base = server
-    entry = copy.deepcopy(catalog.get_entry(key))
-    name = os.path.basename(entry["url"])  # the publisher's file name
+    entry = catalog.get_entry(key)
+    name = os.path.basename(entry.url)  # the publisher's file name
     folder = root / subfolder
     folder.mkdir(exist_ok=True)
     path = conv.save_legacy_h5(net, str(folder / name))
     digest = "0" * 32 if wrong_hash else _md5(path)
-    entry.update(url=f"{base}/{subfolder}/{name}", hash={"algorithm": "md5", "value": digest})
-    return entry, path
+    return dataclasses.replace(entry, url=f"{base}/{subfolder}/{name}",
+                               hash=catalog.Hash("md5", digest)), path
 
 
 def _patch_catalog(monkeypatch, entry):
     """Makes the catalog return `entry` (pointed at the local server) under its key."""
     real = catalog.load_catalog()
-    patched = {**real, entry["key"]: entry}
+    patched = {**real, entry.key: entry}
     monkeypatch.setattr(catalog, "load_catalog", lambda: patched)
 
 
@@ -88,7 +88,7 @@ def test_served_file_resolves_through_the_catalog_and_matches_logits(
     monkeypatch.delenv("KERAS_PREACT_WEIGHTS_DIR", raising=False)
     entry, _ = _served_entry("preact_resnet50.keras_imagenet", server, resnet50v2)
     path = fetch_weights(entry, progress=False, build=kp.get_model)
-    model = kp.get_model("preact_resnet50", **entry["architecture"], input_shape=SIZE,
+    model = kp.get_model("preact_resnet50", **entry.architecture, input_shape=SIZE,
                          classifier_activation=None)
     model.load_weights(path)
     assert [layer.name for layer in model.layers][:5] == [
@@ -99,8 +99,8 @@ def test_served_file_resolves_through_the_catalog_and_matches_logits(
     # The parameter counts are keras.applications' (BN statistics included) and the
     # catalog's; the documented 25,613,800 holds at any input size.
     assert model.count_params() == resnet50v2.count_params() == 25_613_800
-    assert kp.count_params(model) == entry["params"]
-    assert catalog.get_entry(entry["key"])["converter_max_abs_diff"] <= BOUND
+    assert kp.count_params(model) == entry.params
+    assert entry.converter_max_abs_diff <= BOUND
 
     # The factory with the tag: the keras layout and "symmetric" preprocessing come
     # from the entry; raw [0, 255] pixels in.
@@ -196,38 +196,38 @@ def test_converter_refuses_other_layouts_and_formats(resnet50v2, tmp_path):
         conv.read_legacy_h5(str(junk))
 
 
-def test_catalog_entries_are_keras_sources():
+@pytest.mark.parametrize("key", KEYS)
+def test_catalog_entry_is_the_keras_source(key):
     from keras.src.applications import resnet
 
-    assert len(KEYS) == 6
-    for key in KEYS:
-        e = catalog.get_entry(key)
-        depth = int(e["model"][len("preact_resnet"):])
-        notop = e["architecture"].get("include_top") is False
-        name = f"resnet{depth}v2_weights_tf_dim_ordering_tf_kernels{'_notop' if notop else ''}.h5"
-        assert e["url"] == resnet.BASE_WEIGHTS_PATH + name, key
-        assert e["hash"] == {"algorithm": "md5", "value": resnet.WEIGHTS_HASHES[f"resnet{depth}v2"][notop]}, key
-        assert {k: e["architecture"][k] for k in conv.KERAS_LAYOUT} == conv.KERAS_LAYOUT, key
-        assert e["preprocessing"] == "symmetric" and e["default"] is False, key
-        assert e["converter_max_abs_diff"] is not None and e["converter_max_abs_diff"] <= BOUND, key
-    top1 = {k: catalog.get_entry(k)["metrics"]["top1_error"] for k in KEYS}
-    assert top1["preact_resnet50.keras_imagenet"] == pytest.approx(24.0)
-    assert top1["preact_resnet152.keras_imagenet"] == pytest.approx(22.0)
+    e = catalog.get_entry(key)
+    depth = int(e.model[len("preact_resnet"):])
+    notop = e.architecture.get("include_top") is False
+    name = f"resnet{depth}v2_weights_tf_dim_ordering_tf_kernels{'_notop' if notop else ''}.h5"
+    assert e.url == resnet.BASE_WEIGHTS_PATH + name
+    assert e.hash == catalog.Hash("md5", resnet.WEIGHTS_HASHES[f"resnet{depth}v2"][notop])
+    assert {k: e.architecture[k] for k in conv.KERAS_LAYOUT} == conv.KERAS_LAYOUT
+    assert e.preprocessing == "symmetric" and e.default is False
+    assert e.converter_max_abs_diff is not None and e.converter_max_abs_diff <= BOUND
+    assert e.metrics.top1_error == pytest.approx(
+        {50: 24.0, 101: 22.8, 152: 22.0}[depth])
 
 
 @pytest.mark.slow
-def test_every_entry_builds_with_keras_parameter_counts():
-    for key in KEYS:
-        e = catalog.get_entry(key)
-        depth = int(e["model"][len("preact_resnet"):])
-        include_top = e["architecture"].get("include_top", True)
-        model = kp.get_model(e["model"], **e["architecture"])
-        reference = getattr(keras.applications, conv.UPSTREAM_NAMES[depth])(
-            weights=None, include_top=include_top)
-        assert model.count_params() == reference.count_params() == e["params_keras_count_params"], key
-        assert kp.count_params(model) == e["params"], key
-        del model, reference
-        keras.utils.clear_session()
+@pytest.mark.parametrize("key", KEYS)
+def test_catalog_entry_has_keras_parameter_counts(key):
+    e = catalog.get_entry(key)
+    depth = int(e.model[len("preact_resnet"):])
+    model = kp.get_model(e.model, **e.architecture)
+    reference = getattr(keras.applications, conv.UPSTREAM_NAMES[depth])(
+        weights=None, include_top=e.architecture.get("include_top", True))
+    assert model.count_params() == reference.count_params() == e.params_keras_count_params
+    del model, reference
+    keras.utils.clear_session()
+
+
+def test_there_are_six_keras_entries():
+    assert len(KEYS) == 6
 
 
 # --- the layout options themselves (every backend) ---------------------------------

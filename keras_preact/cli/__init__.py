@@ -1,14 +1,11 @@
-"""The `keras-preact` command: every argparse parser of the package, one module per
-command group, each command a thin function over the library.
+"""The `keras-preact` command: one module per command group, each command a thin
+function over the library (importing it inside, so ``--help`` loads neither Keras nor
+TensorFlow).
 
-Errors are reported here, once for every command: a user's error (bad input, a file
-or folder that cannot be used, a missing optional package, Ctrl-C) becomes one line on
-stderr and an exit status from `EPILOG`; ``keras-preact --debug`` shows the traceback
-instead. Commands raise; they print ``error: ...`` themselves only for the items of
-a batch that fail while the others go on (`predict`, `weights fetch`).
-
-The command modules import the library inside their command functions, so that
-``--help`` loads neither Keras nor TensorFlow.
+Errors are reported here, once for every command: a user's error becomes one line on
+stderr and an exit status from `EPILOG` (``--debug`` shows the traceback instead).
+Commands raise; they print ``error: ...`` themselves only for the failed items of a
+batch (`predict`, `weights fetch`).
 """
 
 import argparse
@@ -69,9 +66,8 @@ def build_parser():
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--debug", action="store_true",
-                        help="show Python tracebacks and TensorFlow's start-up log "
-                             "(before the command: keras-preact --debug train ...)")
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks and TensorFlow's "
+                        "start-up log (before the command: keras-preact --debug train ...)")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in COMMANDS:
         module.add_commands(sub)
@@ -80,10 +76,8 @@ def build_parser():
 
 @contextlib.contextmanager
 def _without_tensorflow_startup_log():
-    """Drops TensorFlow's start-up lines from what the block writes to file descriptor 2.
-
-    The C++ runtime writes there directly, past `sys.stderr`; other lines are kept.
-    """
+    """Drops TensorFlow's start-up lines from what the block writes to file descriptor 2
+    (the C++ runtime writes there directly, past `sys.stderr`)."""
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as capture:
@@ -101,13 +95,12 @@ def _without_tensorflow_startup_log():
 
 
 def _quiet_tensorflow():
-    """Loads Keras (and TensorFlow) without their C++ start-up log.
+    """Loads Keras (and TensorFlow) without their C++ start-up log, unless the user set
+    TF_CPP_MIN_LOG_LEVEL (level 2 keeps TensorFlow's errors and drops its notes).
 
-    Unless the user set TF_CPP_MIN_LOG_LEVEL: level 2 keeps TensorFlow's errors and
-    drops its notes. The device probe runs here, inside the filter, because on a
-    machine without a GPU it logs a "failed call to cuInit" error. Once TensorFlow is
-    loaded it has set the variable itself (to 1), so the user's choice is known only
-    before.
+    The device probe runs inside the filter because without a GPU it logs a "failed
+    call to cuInit" error. Once loaded, TensorFlow sets the variable itself (to 1), so
+    the user's choice is known only before.
     """
     if "tensorflow" not in sys.modules and "TF_CPP_MIN_LOG_LEVEL" in os.environ:
         return
@@ -140,13 +133,9 @@ def _setup_logging():
 
 
 def _is_users_error(err):
-    """Whether `err` is about the user's input or environment rather than a bug.
-
-    ValueError (bad values), OSError (files, folders, permissions, the network),
-    ModuleNotFoundError (a missing optional package; other ImportErrors, such as a
-    circular import, are bugs), anything h5py raises (damaged files) and the
-    package's own error types, which are raised on purpose with a message.
-    """
+    """Whether `err` is about the user's input or environment rather than a bug:
+    ValueError, OSError, ModuleNotFoundError (other ImportErrors are bugs), anything
+    h5py raises (damaged files) and the package's own error types."""
     if isinstance(err, (ValueError, OSError, ModuleNotFoundError)):
         return True
     if type(err).__module__.startswith("keras_preact."):

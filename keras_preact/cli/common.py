@@ -40,19 +40,12 @@ def print_error(err):
 
 def partial_status(failed, total):
     """The exit status of a command over `total` items of which `failed` failed."""
-    if not failed:
-        return 0
-    return EXIT_ERROR if failed == total else EXIT_PARTIAL
+    return 0 if not failed else EXIT_ERROR if failed == total else EXIT_PARTIAL
 
 
 def print_table(header, rows, *, right=()):
-    """Prints rows of strings as aligned columns under `header` and a rule.
-
-    Args:
-        header: tuple of column titles.
-        rows: list of tuples of str, one a row.
-        right: indices of right-aligned (numeric) columns.
-    """
+    """Prints rows (tuples of str) as aligned columns under `header` and a rule;
+    `right` holds the indices of right-aligned (numeric) columns."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
     print(line)
@@ -62,17 +55,12 @@ def print_table(header, rows, *, right=()):
                         for i, (c, w) in enumerate(zip(row, widths))))
 
 
-# ----------------------------------------------------------------------------------
-# argparse types
-# ----------------------------------------------------------------------------------
+# -- argparse types ------------------------------------------------------------------
 
 
 def verbosity(value):
-    """``--verbose``: auto, 0, 1 or 2.
-
-    "auto" is a progress bar (1) on a terminal and one line per epoch (2) otherwise,
-    so that logs and CI output hold no bar redrawn in place.
-    """
+    """``--verbose``: auto, 0, 1 or 2. "auto" is a progress bar (1) on a terminal and one
+    line per epoch (2) otherwise, so that logs and CI output hold no bar redrawn in place."""
     if value == "auto":
         return 1 if sys.stdout.isatty() else 2
     if value not in ("0", "1", "2"):
@@ -80,18 +68,17 @@ def verbosity(value):
     return int(value)
 
 
-def int_list(value):
-    try:
-        return [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be comma-separated integers, not {value!r}") from None
+def _number_list(kind, what):
+    def parse(value):
+        try:
+            return [kind(v) for v in value.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be comma-separated {what}, not {value!r}") from None
+    return parse
 
 
-def float_list(value):
-    try:
-        return [float(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be comma-separated numbers, not {value!r}") from None
+int_list = _number_list(int, "integers")
+float_list = _number_list(float, "numbers")
 
 
 def str_list(value):

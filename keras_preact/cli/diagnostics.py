@@ -20,11 +20,9 @@ def add_commands(subparsers):
         ),
     )
     p.add_argument("model", help="a model name from `keras-preact list`, e.g. preact_resnet164")
-    p.add_argument(
-        "--unit", action="append", default=None, metavar="UNIT",
-        help="residual unit (repeat to compare several; default: full_preact). "
-             "One of keras_preact.layers.UNIT_TYPES",
-    )
+    p.add_argument("--unit", action="append", default=None, metavar="UNIT",
+                   help="residual unit (repeat to compare several; default: full_preact). "
+                        "One of keras_preact.layers.UNIT_TYPES")
     p.add_argument("--batch", type=int, default=16, help="batch size (default 16)")
     p.add_argument("--seed", type=int, default=0, help="initialisation and batch seed (default 0)")
     p.add_argument("--input-size", type=int, default=32, help="image height and width (default 32)")

@@ -30,11 +30,8 @@ def add_commands(subparsers):
         "(OUT/<version>/), LiteRT (.tflite) or ONNX, each taking uint8 images and "
         "checked against the Keras model, with model_card.json/.md beside it.",
     )
-    p.add_argument(
-        "model",
-        metavar="MODEL_OR_CHECKPOINT",
-        help="a model name from `keras-preact list` (random initialisation) or a .keras file",
-    )
+    p.add_argument("model", metavar="MODEL_OR_CHECKPOINT",
+                   help="a model name from `keras-preact list` (random initialisation) or a .keras file")
     p.add_argument("--format", choices=EXPORT_FORMATS, default="saved_model")
     p.add_argument("--out", required=True, metavar="DIR",
                    help="saved_model: the base folder (the export goes to DIR/<version>); "
@@ -52,8 +49,7 @@ def add_commands(subparsers):
                         "(symmetric, unit, cifar10, cifar100, imagenet) or 'none'")
     p.add_argument("--classes", type=int, default=10, help="classes of a model built by name (default 10)")
     p.add_argument("--class-names", metavar="FILE", help="one class name a line, or a JSON list")
-    p.add_argument("--no-parity-check", action="store_true",
-                   help="skip comparing the export with the Keras model")
+    p.add_argument("--no-parity-check", action="store_true", help="skip comparing the export with the Keras model")
     p.set_defaults(func=cmd_export)
 
     p = subparsers.add_parser(
@@ -66,8 +62,7 @@ def add_commands(subparsers):
     p.add_argument("model", metavar="EXPORT_OR_MODEL",
                    help="a SavedModel export (base or version folder), a LiteRT/ONNX export "
                         "folder or file, or a .keras file")
-    p.add_argument("images", metavar="IMAGE", nargs="+",
-                   help="image files (PNG, JPEG, ...) or .npy uint8 arrays")
+    p.add_argument("images", metavar="IMAGE", nargs="+", help="image files (PNG, JPEG, ...) or .npy uint8 arrays")
     p.add_argument("--top-k", type=int, default=None, help="default: the export's top-k")
     p.add_argument("--preprocessing", default="auto", help="for .keras models without their own layer")
     p.add_argument("--class-names", metavar="FILE", help="overrides the export's class names")
@@ -100,9 +95,7 @@ def _class_names(path):
 
 def cmd_export(args):
     if args.quantization is not None and args.format != "litert":
-        raise ValueError(
-            f"--quantization applies to --format litert only. Received: --format {args.format}"
-        )
+        raise ValueError(f"--quantization applies to --format litert only. Received: --format {args.format}")
     if args.format != "saved_model":
         for flag, given in (("--version", args.version != 1), ("--accept-encoded", args.accept_encoded)):
             if given:
@@ -111,9 +104,7 @@ def cmd_export(args):
     preprocessing = _preprocessing(args.preprocessing)
     from keras_preact import export
 
-    model, described = export.load_model_to_export(
-        args.model, classes=args.classes, preprocessing=preprocessing
-    )
+    model, described = export.load_model_to_export(args.model, classes=args.classes, preprocessing=preprocessing)
     options = {"saved_model": dict(version=args.version, accept_encoded=args.accept_encoded),
                "litert": dict(quantization=args.quantization), "onnx": {}}[args.format]
     folder = export.export_model(
@@ -124,11 +115,9 @@ def cmd_export(args):
     print(f"Exported {args.model} as {args.format} to {folder}")
     parity = export.read_model_card(folder).get("parity")
     if parity:
-        print(
-            f"Parity with the Keras model: max |difference| of probabilities "
-            f"{parity['max_abs_diff']:.3g} (tolerance {parity['tolerance']:.3g}), "
-            f"top-1 agreement {parity['top1_agreement']:.0%} on {parity['images']} images"
-        )
+        print(f"Parity with the Keras model: max |difference| of probabilities {parity['max_abs_diff']:.3g} "
+              f"(tolerance {parity['tolerance']:.3g}), top-1 agreement {parity['top1_agreement']:.0%} "
+              f"on {parity['images']} images")
     print(f"Model card: {os.path.join(folder, 'model_card.md')}")
     return 0
 

@@ -6,7 +6,6 @@ from keras_preact.cli.common import print_table
 
 
 def add_commands(subparsers):
-    """Adds ``list`` and ``summary`` to the `keras-preact` parser."""
     p = subparsers.add_parser("list", help="list the models with parameters and multiply-adds")
     p.add_argument("pattern", nargs="?", default=None, help="shell wildcard, e.g. 'preact_resnet1*'")
     p.set_defaults(func=cmd_list)
@@ -24,11 +23,9 @@ def cmd_list(args):
     if not names:
         raise ValueError(f"No model matches the pattern. Received: pattern={args.pattern!r}. "
                          f"Models: {', '.join(models.list_models())}")
-    bar = None
-    if sys.stderr.isatty():
-        from keras.utils import Progbar
+    from keras.utils import Progbar
 
-        bar = Progbar(len(names), unit_name="model")
+    bar = Progbar(len(names), unit_name="model") if sys.stderr.isatty() else None
     rows = []
     for i, name in enumerate(names):
         info = models.model_info(name)

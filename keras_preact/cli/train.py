@@ -1,8 +1,7 @@
 """`keras-preact train`, `keras-preact evaluate` and `keras-preact demo`.
 
-The `train` flags are the `TrainConfig` fields, made in one loop from the fields'
-types and metadata (help, choices), so a new field is a new flag. The library raises
-ValueError with the details of bad input; `keras_preact.cli.main` reports it.
+The `train` flags are made from the `TrainConfig` fields' types and metadata (help,
+choices), so a new field is a new flag.
 """
 
 import argparse
@@ -16,7 +15,7 @@ from keras_preact.training.config import TrainConfig
 from keras_preact.training.demo import DEMO_EPOCHS
 from keras_preact.training.demo import DEMO_WORKDIR
 
-#: Shorter spellings the `train` flags had before they were made from the fields.
+#: Short second spellings of some `train` flags.
 _ALIASES = {"learning_rate": "--lr", "warmup_learning_rate": "--warmup-lr", "lr_scaling": "--lr-scale"}
 #: Argument types the fields' annotations do not tell (`freeze` stays a string, which
 #: `TrainConfig` splits at the commas).
@@ -26,7 +25,6 @@ _GROUPS = {"model": "what to train", "batch_size": "recipe", "deterministic": "h
 
 
 def add_commands(subparsers):
-    """Adds ``train``, ``evaluate`` and ``demo`` to the `keras-preact` parser."""
     p = subparsers.add_parser(
         "train",
         help="train a model with the paper's recipe (resumes an interrupted run)",
@@ -106,10 +104,8 @@ def config_from_args(args):
 
 def print_result(result):
     """Prints a finished run's test metrics and where its outputs are."""
-    print(
-        f"test accuracy {100 * result['test_accuracy']:.2f}%  test loss "
-        f"{result['test_loss']:.4f}  ({result['epochs']} epochs, {result['steps']} steps)"
-    )
+    print(f"test accuracy {100 * result['test_accuracy']:.2f}%  test loss {result['test_loss']:.4f}  "
+          f"({result['epochs']} epochs, {result['steps']} steps)")
     print(f"workdir: {result['workdir']}")
     print(f"model:   {result['model_path']}")
 
@@ -146,20 +142,16 @@ def cmd_evaluate(args):
         data_dir=args.data_dir, data_source=args.data_source, data_path=args.data_path,
         batch_size=args.batch_size, split=args.split, verbose=args.verbose,
     )
-    print(
-        f"{result['dataset']} {result['split']}: accuracy {100 * result['accuracy']:.2f}%  "
-        f"loss {result['loss']:.4f}  ({result['num_examples']} images; {result['source']})"
-    )
+    print(f"{result['dataset']} {result['split']}: accuracy {100 * result['accuracy']:.2f}%  "
+          f"loss {result['loss']:.4f}  ({result['num_examples']} images; {result['source']})")
     return 0
 
 
 def cmd_demo(args):
     from keras_preact.training.demo import run_demo
 
-    result = run_demo(
-        args.workdir, epochs=args.epochs, seed=args.seed, export=not args.no_export,
-        verbose=args.verbose,
-    )
+    result = run_demo(args.workdir, epochs=args.epochs, seed=args.seed, export=not args.no_export,
+                      verbose=args.verbose)
     print(f"Held-out accuracy on digits: {100 * result['test_accuracy']:.2f}%")
     print(f"Training curve: {result['curve_path']}")
     print_result(result)

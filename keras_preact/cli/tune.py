@@ -72,15 +72,13 @@ def cmd_tune(args):
                         ("step_time", args.max_step_time)):
         if value is not None:
             budget = {"kind": kind, "limit": value if kind == "step_time" else _number(value)}
-    space = dict(
-        dataset=args.dataset, blocks=args.blocks, units=args.units,
-        width_multipliers=[_number(w) for w in args.widths],
-        learning_rates=args.lrs, weight_decays=args.weight_decays,
-        warmups=[_number(w) for w in args.warmups],
-        epochs=args.epochs, batch_size=args.batch_size,
-        validation_fraction=args.validation_fraction, seed=args.seed, budget=budget,
-        data_dir=args.data_dir, data_source=args.data_source, data_path=args.data_path,
-    )
+    space = dict(dataset=args.dataset, blocks=args.blocks, units=args.units,
+                 width_multipliers=[_number(w) for w in args.widths],
+                 learning_rates=args.lrs, weight_decays=args.weight_decays,
+                 warmups=[_number(w) for w in args.warmups],
+                 epochs=args.epochs, batch_size=args.batch_size,
+                 validation_fraction=args.validation_fraction, seed=args.seed, budget=budget,
+                 data_dir=args.data_dir, data_source=args.data_source, data_path=args.data_path)
     if args.depths is not None:
         space["depths"] = args.depths
     if args.cpu_devices:
@@ -89,12 +87,10 @@ def cmd_tune(args):
         configure_runtime(cpu_devices=args.cpu_devices)
     from keras_preact.tuning.study import tune
 
-    result = tune(
-        args.workdir, tuner=args.tuner, max_trials=args.max_trials,
-        overwrite=args.overwrite, export=not args.no_export,
-        distribution_strategy=args.strategy if args.strategy not in (None, "default") else None,
-        verbose=args.verbose, **space,
-    )
+    result = tune(args.workdir, tuner=args.tuner, max_trials=args.max_trials,
+                  overwrite=args.overwrite, export=not args.no_export,
+                  distribution_strategy=args.strategy if args.strategy not in (None, "default") else None,
+                  verbose=args.verbose, **space)
     if result["role"] == "worker":
         print("Worker done: the chief writes the results.")
         return 0
@@ -103,11 +99,9 @@ def cmd_tune(args):
     if best is None:
         print("No finished trial within the budget.")
     else:
-        print(
-            f"best: trial {best['trial']}, depth {best['depth']} {best['block']}, validation "
-            f"accuracy {100 * best['val_accuracy']:.2f}%, {best['params']:,} parameters, "
-            f"{best['macs'] / 1e6:,.1f}M multiply-adds"
-        )
+        print(f"best: trial {best['trial']}, depth {best['depth']} {best['block']}, validation "
+              f"accuracy {100 * best['val_accuracy']:.2f}%, {best['params']:,} parameters, "
+              f"{best['macs'] / 1e6:,.1f}M multiply-adds")
     print(f"results: {result['csv']}")
     print(f"plot:    {result['png']}")
     if result["best_model"]:

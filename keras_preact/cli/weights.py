@@ -10,7 +10,6 @@ from keras_preact.cli.common import print_table
 
 
 def add_commands(subparsers):
-    """Adds the ``weights`` command and its subcommands to the `keras-preact` parser."""
     p = subparsers.add_parser(
         "weights",
         help="pretrained weights: list the catalog, fetch, verify, locate, clear the cache",
@@ -23,62 +22,45 @@ def add_commands(subparsers):
     )
     sub = p.add_subparsers(dest="weights_command", required=True)
 
-    def common(q):
-        q.add_argument("--cache-dir", default=None, help="the cache folder")
+    def command(name, func, help):
+        q = sub.add_parser(name, help=help)
+        q.set_defaults(func=func)
+        return q
 
-    q = sub.add_parser("list", help="the catalog's weights (and which are cached)")
+    q = command("list", cmd_list, "the catalog's weights (and which are cached)")
     q.add_argument("--model", default=None, help="only this model's weights")
-    common(q)
-    q.set_defaults(func=cmd_list)
-
-    q = sub.add_parser("fetch", help="download, verify, convert and cache weights")
+    q = command("fetch", cmd_fetch, "download, verify, convert and cache weights")
     q.add_argument("keys", nargs="+", help="catalog keys, e.g. preact_resnet110.cifar10")
     q.add_argument("--offline", action="store_true", help="only from $KERAS_PREACT_WEIGHTS_DIR")
     q.add_argument("--no-progress", action="store_true")
-    common(q)
-    q.set_defaults(func=cmd_fetch)
-
-    q = sub.add_parser("verify", help="check cached files against their recorded SHA-256")
+    q = command("verify", cmd_verify, "check cached files against their recorded SHA-256")
     q.add_argument("keys", nargs="*", help="catalog keys (default: every cached file)")
-    common(q)
-    q.set_defaults(func=cmd_verify)
-
-    q = sub.add_parser("path", help="where a key's weights are (or would be) cached")
+    q = command("path", cmd_path, "where a key's weights are (or would be) cached")
     q.add_argument("key", nargs="?", default=None, help="a catalog key (default: the cache folder)")
-    common(q)
-    q.set_defaults(func=cmd_path)
-
-    q = sub.add_parser("clear", help="delete cached weights (all, or the given keys)")
+    q = command("clear", cmd_clear, "delete cached weights (all, or the given keys)")
     q.add_argument("keys", nargs="*")
-    common(q)
-    q.set_defaults(func=cmd_clear)
-
-    q = sub.add_parser("readme", help="render the zoo table (zoo/README.md) from the manifests")
+    for q in sub.choices.values():
+        q.add_argument("--cache-dir", default=None, help="the cache folder")
+    q = command("readme", cmd_readme, "render the zoo table (zoo/README.md) from the manifests")
     q.add_argument("--output", default=None, help="write to this file (default: print)")
-    q.set_defaults(func=cmd_readme)
-
-
-def _cell(value):
-    """A table cell: "-" for a value the catalog does not give."""
-    return "-" if value is None or value == "" else str(value)
 
 
 def cmd_list(args):
-    from keras_preact.weights.download import list_weights
+    from keras_preact.weights.catalog import list_entries
+    from keras_preact.weights.download import cached_entries
 
     if args.model is not None:
         from keras_preact.models.registry import model_info
 
         model_info(args.model)  # an unknown name is an error, not an empty list
-    entries = list_weights(args.model, args.cache_dir)
+    entries = list_entries(args.model)
     if not entries:
         print("No pretrained weights in the catalog" + (f" for {args.model}." if args.model else "."))
         return 0
-    rows = [
-        (e["key"], "yes" if e.get("default") else "", _cell(e.get("dataset")), _cell(e.get("classes")),
-         _cell((e.get("metrics") or {}).get("top1_error")), "yes" if e["cached"] else "")
-        for e in entries
-    ]
+    cached = {c["key"] for c in cached_entries(args.cache_dir)}
+    cell = lambda value: "-" if value is None else str(value)  # noqa: E731
+    rows = [(e.key, "yes" if e.default else "", cell(e.dataset), cell(e.classes),
+             cell(e.metrics.top1_error), "yes" if e.key in cached else "") for e in entries]
     print_table(("weights", "default", "dataset", "classes", "error %", "cached"), rows)
     return 0
 
@@ -153,7 +135,7 @@ def cmd_readme(args):
     text = render_zoo_readme()
     if args.output is None:
         sys.stdout.write(text)
-        return 0
-    atomic_write_text(args.output, text)
-    print(f"Wrote {args.output}")
+    else:
+        atomic_write_text(args.output, text)
+        print(f"Wrote {args.output}")
     return 0

@@ -1,41 +1,38 @@
-"""Batch-vectorised, stateless augmentation (TensorFlow; imported lazily).
+"""Batch-vectorised, stateless augmentation and random keys (TensorFlow; imported lazily).
 
-The randomness of a batch is a pure function of a key (a length-2 int64 seed, see
-`keras_preact.data.pipeline.batch_key`), never of a random generator's state, so an
-epoch's augmentation can be reproduced from ``(seed, epoch)`` alone after a restart.
+The randomness of a batch or example is a pure function of a key (`stateless_key`),
+never of a generator's state, so an epoch's augmentation can be reproduced from
+``(seed, epoch)`` alone after a restart.
 """
 
 import tensorflow as tf
 
 from keras_preact.data.registry import AUGMENTATIONS
 
-#: Padding of the CIFAR augmentation the paper takes from the original ResNet paper
-#: (He et al. 2016a, Sec. 4.2: "4 pixels are padded on each side, and a 32x32 crop is
-#: randomly sampled from the padded image or its horizontal flip").
+#: Padding of the paper's CIFAR augmentation (He et al. 2016a, Sec. 4.2: "4 pixels are
+#: padded on each side, and a 32x32 crop is randomly sampled from the padded image or
+#: its horizontal flip").
 PAD = 4
 # Every stateless op names its algorithm: "auto_select" may pick a different one per
 # device, which would change the random numbers.
 ALG = "philox"
 
 
+def stateless_key(seed, epoch, stream, index=None):
+    """The int64 (2,) key of ``(seed, epoch, stream)``, folded with `index` when given."""
+    base = tf.stack([tf.cast(seed, tf.int64), tf.constant(stream, tf.int64)])
+    key = tf.random.experimental.stateless_fold_in(base, tf.cast(epoch, tf.int64), alg=ALG)
+    if index is None:
+        return key
+    return tf.random.experimental.stateless_fold_in(key, tf.cast(index, tf.int64), alg=ALG)
+
+
 def pad_crop_flip(images, key, *, pad=PAD, flip=True):
-    """Zero-pads, randomly crops back to the input size and optionally flips, per image.
+    """Zero-pads (B, H, W, C) `images` by `pad`, randomly crops back to (H, W) and with
+    `flip` flips left-right with probability 1/2, per image, keyed by `key` (int64 (2,)).
 
-    Padding is black (0) in raw pixel space, before normalisation, as the paper's Torch
-    code pads the image. One gather does crop and flip: the flip reverses the column
-    indices of the crop window.
-
-    Args:
-        images: (B, H, W, C) tensor of any dtype (uint8 pixels in the pipeline).
-        key: int64 tensor of shape (2,), the batch's stateless seed.
-        pad: int >= 0, pixels of padding on each side.
-        flip: bool, also flip each image left-right with probability 1/2.
-
-    Returns:
-        Tensor of the input's shape and dtype.
-
-    Example:
-        >>> out = pad_crop_flip(tf.zeros((8, 32, 32, 3), tf.uint8), tf.constant([0, 1], tf.int64))
+    Padding is black (0) in raw pixel space, as the paper's Torch code pads. One gather
+    does crop and flip (the flip reverses the crop window's column indices).
     """
     if pad < 0:
         raise ValueError(f"`pad` must be >= 0. Received: pad={pad}")
@@ -59,13 +56,6 @@ def pad_crop_flip(images, key, *, pad=PAD, flip=True):
 
 
 def apply_augmentation(images, key, policy):
-    """Applies a named policy from `AUGMENTATIONS` to a batch."""
-    if policy == "pad_crop_flip":
-        return pad_crop_flip(images, key, flip=True)
-    if policy == "pad_crop":
-        return pad_crop_flip(images, key, flip=False)
-    if policy == "none":
-        return images
-    raise ValueError(
-        f"Unknown augmentation policy. Received: {policy!r}. Valid: {list(AUGMENTATIONS)}"
-    )
+    if policy not in AUGMENTATIONS:
+        raise ValueError(f"Unknown augmentation policy. Received: {policy!r}. Valid: {list(AUGMENTATIONS)}")
+    return images if policy == "none" else pad_crop_flip(images, key, flip=policy == "pad_crop_flip")

@@ -1,18 +1,11 @@
-"""Readers for the original CIFAR-10/100 files (https://www.cs.toronto.edu/~kriz/cifar.html).
+"""Readers for the original CIFAR-10/100 files (https://www.cs.toronto.edu/~kriz/cifar.html),
+extracted or as the ``.tar.gz`` archive (streamed, never extracted to disk). NumPy only.
 
-Both layouts the dataset's authors publish are read, extracted or as the ``.tar.gz``
-archive (read as a stream, never extracted to disk):
-
-* python: ``cifar-10-batches-py/data_batch_1..5, test_batch`` and
-  ``cifar-100-python/train, test``: pickled dicts with ``b"data"`` (N x 3072 uint8: the
-  1024 red values, then green, then blue, each a row-major 32 x 32 plane) and
-  ``b"labels"`` (CIFAR-10) or ``b"fine_labels"`` (CIFAR-100). Read with
-  `keras_preact.data.safe_pickle`, which never runs code from the file.
-* binary: ``cifar-10-batches-bin/data_batch_1..5.bin, test_batch.bin`` (records of one
-  label byte + 3072 pixel bytes) and ``cifar-100-binary/train.bin, test.bin`` (coarse
-  label byte, fine label byte, 3072 pixel bytes).
-
-NumPy only: nothing here imports TensorFlow.
+* python layout (`LAYOUTS`): pickled dicts with ``b"data"`` (N x 3072 uint8: 1024 red,
+  then green, then blue values, each a row-major 32 x 32 plane) and ``b"labels"``
+  (CIFAR-10) or ``b"fine_labels"`` (CIFAR-100), read with `safe_pickle` (no code runs).
+* binary layout: records of the label byte(s) (CIFAR-100: coarse, then fine) and 3072
+  pixel bytes.
 """
 
 import os
@@ -21,40 +14,28 @@ import zlib
 
 import numpy as np
 
+from keras_preact.data.registry import check_split
 from keras_preact.data.safe_pickle import safe_load_pickle
 
 IMAGE_SHAPE = (32, 32, 3)
 _PIXELS = 32 * 32 * 3
 
+
+def _spec(folder, archive, train, test):
+    return {"dir": folder, "archive": archive, "train": tuple(train), "test": (test,)}
+
+
+_BATCHES = [f"data_batch_{i}" for i in range(1, 6)]
 #: Per dataset and layout: folder name inside the archive, archive name, files per split.
 LAYOUTS = {
     "cifar10": {
-        "python": {
-            "dir": "cifar-10-batches-py",
-            "archive": "cifar-10-python.tar.gz",
-            "train": tuple(f"data_batch_{i}" for i in range(1, 6)),
-            "test": ("test_batch",),
-        },
-        "binary": {
-            "dir": "cifar-10-batches-bin",
-            "archive": "cifar-10-binary.tar.gz",
-            "train": tuple(f"data_batch_{i}.bin" for i in range(1, 6)),
-            "test": ("test_batch.bin",),
-        },
+        "python": _spec("cifar-10-batches-py", "cifar-10-python.tar.gz", _BATCHES, "test_batch"),
+        "binary": _spec("cifar-10-batches-bin", "cifar-10-binary.tar.gz",
+                        [b + ".bin" for b in _BATCHES], "test_batch.bin"),
     },
     "cifar100": {
-        "python": {
-            "dir": "cifar-100-python",
-            "archive": "cifar-100-python.tar.gz",
-            "train": ("train",),
-            "test": ("test",),
-        },
-        "binary": {
-            "dir": "cifar-100-binary",
-            "archive": "cifar-100-binary.tar.gz",
-            "train": ("train.bin",),
-            "test": ("test.bin",),
-        },
+        "python": _spec("cifar-100-python", "cifar-100-python.tar.gz", ["train"], "test"),
+        "binary": _spec("cifar-100-binary", "cifar-100-binary.tar.gz", ["train.bin"], "test.bin"),
     },
 }
 _NUM_CLASSES = {"cifar10": 10, "cifar100": 100}
@@ -67,13 +48,8 @@ _ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 
 
 def find_cifar_files(name, location):
-    """Finds the CIFAR files of dataset `name` at `location`.
-
-    Args:
-        name: "cifar10" or "cifar100".
-        location: a ``.tar.gz`` archive, an extracted folder (``cifar-10-batches-py``,
-            ``cifar-10-batches-bin``, ``cifar-100-python``, ``cifar-100-binary``), or a
-            folder holding one of those or one of the archives.
+    """Finds the CIFAR files of `name` at `location`: an archive, an extracted folder, or
+    a folder holding one of those.
 
     Returns:
         ``(kind, layout, path)`` with kind "dir" or "tar", layout "python", "binary" or
@@ -81,127 +57,90 @@ def find_cifar_files(name, location):
     """
     _check_name(name)
     location = os.path.abspath(os.fspath(location))
-    layouts = LAYOUTS[name]
     if os.path.isfile(location):
-        if location.endswith(_ARCHIVE_SUFFIXES):
-            return ("tar", None, location)
-        return None
+        return ("tar", None, location) if location.endswith(_ARCHIVE_SUFFIXES) else None
     if not os.path.isdir(location):
         return None
     base = os.path.basename(location.rstrip(os.sep))
-    for layout, spec in layouts.items():
-        if base == spec["dir"]:
-            return ("dir", layout, location)
-    # A folder holding the batch files themselves, under another name.
-    for layout, spec in layouts.items():
-        if os.path.isfile(os.path.join(location, spec["test"][0])) or os.path.isfile(
-            os.path.join(location, spec["train"][0])
-        ):
-            return ("dir", layout, location)
-    for layout, spec in layouts.items():
-        if os.path.isdir(os.path.join(location, spec["dir"])):
-            return ("dir", layout, os.path.join(location, spec["dir"]))
-    for layout, spec in layouts.items():
-        archive = os.path.join(location, spec["archive"])
-        if os.path.isfile(archive):
-            return ("tar", layout, archive)
-    return None
+    hits = []  # (preference, kind, layout, path); python before binary at equal preference
+    for layout, spec in LAYOUTS[name].items():
+        inner, archive = os.path.join(location, spec["dir"]), os.path.join(location, spec["archive"])
+        batch_files = [os.path.join(location, spec[s][0]) for s in ("test", "train")]
+        checks = (
+            (base == spec["dir"], "dir", location),  # the extracted folder itself
+            (any(map(os.path.isfile, batch_files)), "dir", location),  # renamed folder
+            (os.path.isdir(inner), "dir", inner),  # a folder holding the extracted one
+            (os.path.isfile(archive), "tar", archive),  # a folder holding the archive
+        )
+        hits += [(rank, kind, layout, path) for rank, (ok, kind, path) in enumerate(checks) if ok]
+    if not hits:
+        return None
+    return min(hits, key=lambda hit: hit[0])[1:]
 
 
 def describe_expected(name):
-    """A sentence naming the folders and archives `find_cifar_files` looks for."""
-    layouts = LAYOUTS[name]
-    names = [spec["dir"] + "/" for spec in layouts.values()]
-    names += [spec["archive"] for spec in layouts.values()]
-    return ", ".join(names)
+    """The folders and archives `find_cifar_files` looks for."""
+    specs = LAYOUTS[name].values()
+    return ", ".join([s["dir"] + "/" for s in specs] + [s["archive"] for s in specs])
 
 
 def read_cifar(name, split, location):
-    """Reads one split of CIFAR-10/100 from its original files.
-
-    Args:
-        name: "cifar10" or "cifar100".
-        split: "train" or "test".
-        location: see `find_cifar_files`.
+    """Reads one split of CIFAR-10/100 from its original files at `location`.
 
     Returns:
-        ``(images, labels, meta)``: images uint8 (N, 32, 32, 3) in RGB order, labels
-        int64 (N,), meta a dict with "layout", "kind", "path" and "files".
+        ``(images, labels, meta)``: uint8 (N, 32, 32, 3) RGB, int64 (N,), and a dict
+        with "layout", "kind", "path" and "files".
 
     Raises:
-        ValueError: when no CIFAR files are at `location`, a batch file is missing, or a
-            file is truncated, corrupt or of the wrong shape (the message names the file).
-
-    Example:
-        >>> images, labels, meta = read_cifar("cifar10", "test", "~/data/cifar-10-python.tar.gz")
+        ValueError: when no CIFAR files are there, or a batch file is missing, truncated,
+            corrupt or of the wrong shape (naming the file).
     """
     _check_name(name)
-    if split not in ("train", "test"):
-        raise ValueError(f"`split` must be 'train' or 'test'. Received: split={split!r}")
+    check_split(split)
     found = find_cifar_files(name, location)
     if found is None:
-        raise ValueError(
-            f"No {name} files found at {os.fspath(location)!r}. Expected one of: "
-            f"{describe_expected(name)} (or a path to one of them)."
-        )
+        raise ValueError(f"No {name} files found at {os.fspath(location)!r}. Expected one of: "
+                         f"{describe_expected(name)} (or a path to one of them).")
     kind, layout, path = found
-    if kind == "dir":
+    if kind == "tar":
+        layout, blobs = _read_tar(name, split, path, layout)
+    else:
         files = LAYOUTS[name][layout][split]
         blobs = []
-        for fname in files:
-            fpath = os.path.join(path, fname)
+        for fpath in (os.path.join(path, f) for f in files):
             if not os.path.isfile(fpath):
-                raise ValueError(
-                    f"The {name} file {fpath!r} is missing (the {layout} layout needs "
-                    f"{', '.join(files)} for split={split!r})."
-                )
+                raise ValueError(f"The {name} file {fpath!r} is missing (the {layout} layout needs "
+                                 f"{', '.join(files)} for split={split!r}).")
             with open(fpath, "rb") as f:
                 blobs.append((fpath, f.read()))
-    else:
-        layout, blobs = _read_tar(name, split, path, layout)
-    parts = [_parse(name, layout, source, data) for source, data in blobs]
-    images = np.concatenate([p[0] for p in parts], axis=0)
-    labels = np.concatenate([p[1] for p in parts], axis=0)
-    meta = {
-        "layout": layout,
-        "kind": kind,
-        "path": path,
-        "files": [source for source, _ in blobs],
-    }
-    return images, labels, meta
+    parse = _parse_pickle_batch if layout == "python" else _parse_binary_batch
+    images, labels = zip(*(parse(name, source, data) for source, data in blobs))
+    meta = {"layout": layout, "kind": kind, "path": path, "files": [s for s, _ in blobs]}
+    return np.concatenate(images), np.concatenate(labels), meta
 
 
 def _read_tar(name, split, archive, layout):
     """Reads the members of `split` in one pass over the (compressed) archive stream."""
     layouts = LAYOUTS[name]
     candidates = [layout] if layout else list(layouts)
-    wanted = {}
-    for lay in candidates:
-        for fname in layouts[lay][split]:
-            wanted[f"{layouts[lay]['dir']}/{fname}"] = lay
-    found = {}
-    seen_layouts = set()
+    wanted = {f"{layouts[lay]['dir']}/{f}" for lay in candidates for f in layouts[lay][split]}
+    found, seen_layouts = {}, set()
     try:
         with tarfile.open(archive, mode="r|*") as tar:
             for member in tar:
                 member_name = member.name.removeprefix("./")
                 top = member_name.split("/", 1)[0]
-                for lay in candidates:
-                    if top == layouts[lay]["dir"]:
-                        seen_layouts.add(lay)
+                seen_layouts.update(lay for lay in candidates if top == layouts[lay]["dir"])
                 if member_name in wanted and member.isfile():
                     found[member_name] = tar.extractfile(member).read()
     except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
         raise ValueError(
-            f"The archive {archive!r} is truncated or corrupt ({type(err).__name__}: "
-            f"{err})."
+            f"The archive {archive!r} is truncated or corrupt ({type(err).__name__}: {err})."
         ) from None
     if layout is None:
         if not seen_layouts:
-            raise ValueError(
-                f"The archive {archive!r} holds no {name} folder (expected "
-                f"{' or '.join(spec['dir'] + '/' for spec in layouts.values())})."
-            )
+            raise ValueError(f"The archive {archive!r} holds no {name} folder (expected "
+                             f"{' or '.join(spec['dir'] + '/' for spec in layouts.values())}).")
         # Prefer the python layout when an archive somehow holds both.
         layout = "python" if "python" in seen_layouts else "binary"
     spec = layouts[layout]
@@ -209,53 +148,34 @@ def _read_tar(name, split, archive, layout):
     for fname in spec[split]:
         member_name = f"{spec['dir']}/{fname}"
         if member_name not in found:
-            raise ValueError(
-                f"The archive {archive!r} has no member {member_name!r} (the {layout} "
-                f"layout needs {', '.join(spec[split])} for split={split!r})."
-            )
+            raise ValueError(f"The archive {archive!r} has no member {member_name!r} (the {layout} "
+                             f"layout needs {', '.join(spec[split])} for split={split!r}).")
         blobs.append((f"{archive}:{member_name}", found[member_name]))
     return layout, blobs
-
-
-def _parse(name, layout, source, data):
-    if layout == "python":
-        return _parse_pickle_batch(name, source, data)
-    return _parse_binary_batch(name, source, data)
 
 
 def _parse_pickle_batch(name, source, data):
     batch = safe_load_pickle(data, source=source)
     if not isinstance(batch, dict):
-        raise ValueError(
-            f"The {name} batch file {source!r} does not hold a dict (found "
-            f"{type(batch).__name__})."
-        )
+        raise ValueError(f"The {name} batch file {source!r} does not hold a dict (found "
+                         f"{type(batch).__name__}).")
     label_key = _LABEL_KEY[name]
-    pixels = _get(batch, b"data")
-    labels = _get(batch, label_key)
+    pixels, labels = (batch.get(k, batch.get(k.decode("ascii"))) for k in (b"data", label_key))
     if pixels is None or labels is None:
-        raise ValueError(
-            f"The {name} batch file {source!r} lacks the key {b'data'!r} or "
-            f"{label_key!r} (found keys {sorted(map(repr, batch))})."
-        )
+        raise ValueError(f"The {name} batch file {source!r} lacks the key {b'data'!r} or "
+                         f"{label_key!r} (found keys {sorted(map(repr, batch))}).")
     if not isinstance(pixels, np.ndarray) or pixels.dtype != np.uint8:
-        raise ValueError(
-            f"In {source!r}, {b'data'!r} must be a uint8 numpy array; found "
-            f"{type(pixels).__name__} {getattr(pixels, 'dtype', '')}."
-        )
+        raise ValueError(f"In {source!r}, {b'data'!r} must be a uint8 numpy array; found "
+                         f"{type(pixels).__name__} {getattr(pixels, 'dtype', '')}.")
     if pixels.ndim != 2 or pixels.shape[1] != _PIXELS:
-        raise ValueError(
-            f"In {source!r}, {b'data'!r} has shape {pixels.shape}; expected (N, {_PIXELS})."
-        )
+        raise ValueError(f"In {source!r}, {b'data'!r} has shape {pixels.shape}; expected (N, {_PIXELS}).")
     try:
         labels = np.asarray(labels, dtype=np.int64)
     except (TypeError, ValueError, OverflowError):
         raise ValueError(f"In {source!r}, {label_key!r} is not a list of ints.") from None
     if labels.shape != (pixels.shape[0],):
-        raise ValueError(
-            f"In {source!r}, {label_key!r} has shape {labels.shape} for "
-            f"{pixels.shape[0]} images."
-        )
+        raise ValueError(f"In {source!r}, {label_key!r} has shape {labels.shape} for "
+                         f"{pixels.shape[0]} images.")
     _check_labels(name, source, labels)
     return _planes_to_nhwc(pixels), labels
 
@@ -264,11 +184,9 @@ def _parse_binary_batch(name, source, data):
     num_label_bytes, label_index = _BINARY_LABELS[name]
     record = num_label_bytes + _PIXELS
     if len(data) == 0 or len(data) % record:
-        raise ValueError(
-            f"The {name} binary file {source!r} has {len(data)} bytes, not a positive "
-            f"multiple of the {record}-byte record ({num_label_bytes} label byte(s) + "
-            f"{_PIXELS} pixels): truncated or of the wrong layout."
-        )
+        raise ValueError(f"The {name} binary file {source!r} has {len(data)} bytes, not a positive "
+                         f"multiple of the {record}-byte record ({num_label_bytes} label byte(s) + "
+                         f"{_PIXELS} pixels): truncated or of the wrong layout.")
     rows = np.frombuffer(data, dtype=np.uint8).reshape(-1, record)
     labels = rows[:, label_index].astype(np.int64)
     _check_labels(name, source, labels)
@@ -283,20 +201,10 @@ def _planes_to_nhwc(pixels):
 def _check_labels(name, source, labels):
     num_classes = _NUM_CLASSES[name]
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-        raise ValueError(
-            f"In {source!r}, labels range over [{labels.min()}, {labels.max()}]; "
-            f"{name} has classes 0..{num_classes - 1}."
-        )
-
-
-def _get(batch, key):
-    if key in batch:
-        return batch[key]
-    return batch.get(key.decode("ascii"))
+        raise ValueError(f"In {source!r}, labels range over [{labels.min()}, {labels.max()}]; "
+                         f"{name} has classes 0..{num_classes - 1}.")
 
 
 def _check_name(name):
     if name not in LAYOUTS:
-        raise ValueError(
-            f"No original-file reader for dataset {name!r}. Valid: {sorted(LAYOUTS)}"
-        )
+        raise ValueError(f"No original-file reader for dataset {name!r}. Valid: {sorted(LAYOUTS)}")

@@ -8,14 +8,13 @@ Conversion: the values 0..16 are scaled to 0..255 (``round(v * 255 / 16)``), eac
 is repeated into a 4 x 4 block (nearest-neighbour upsampling: no new intensities, every
 32 x 32 image is exactly its 8 x 8 source at 4x) and the grey plane is copied to three
 channels. Split: stratified per class with seed 0, 20% of every class held out
-(`keras_preact.data.splits.stratified_split`): 1,438 train and 359 test images.
-
-NumPy and scikit-learn only: nothing here imports TensorFlow.
+(`keras_preact.data.registry.stratified_split`): 1,438 train and 359 test images.
 """
 
 import numpy as np
 
-from keras_preact.data.splits import stratified_split
+from keras_preact.data.registry import check_split
+from keras_preact.data.registry import stratified_split
 
 NUM_CLASSES = 10
 NUM_IMAGES = 1797
@@ -36,25 +35,11 @@ def load_digits_images():
 
 
 def read_digits(split):
-    """One split of the digits dataset.
-
-    Args:
-        split: "train" (1,438 images) or "test" (359 images).
-
-    Returns:
-        ``(images, labels, meta)``: uint8 (N, 32, 32, 3), int64 (N,), and a dict with
-        "indices" (positions in scikit-learn's array) and "source".
-
-    Raises:
-        ValueError: for an unknown split.
-
-    Example:
-        >>> images, labels, _ = read_digits("test")
-        >>> images.shape
-        (359, 32, 32, 3)
+    """One split ("train" or "test") of the digits: ``(images, labels, meta)``, uint8
+    (N, 32, 32, 3), int64 (N,) and a dict with "indices" (positions in scikit-learn's
+    array) and "source".
     """
-    if split not in ("train", "test"):
-        raise ValueError(f"`split` must be 'train' or 'test'. Received: split={split!r}")
+    check_split(split)
     images, labels = load_digits_images()
     train, test = stratified_split(labels, test_fraction=TEST_FRACTION, seed=SPLIT_SEED)
     idx = train if split == "train" else test

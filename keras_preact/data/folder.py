@@ -1,22 +1,23 @@
 """Any folder of images with one sub-folder per class, read into uint8 arrays.
 
-Decoding uses `keras.utils.image_dataset_from_directory` (which needs TensorFlow; it is
-imported only when a folder is read). Two layouts are accepted:
+Decoding uses `keras.utils.image_dataset_from_directory` (TensorFlow, imported only when
+a folder is read). Two layouts are accepted:
 
 * ``root/train/<class>/*.png`` and ``root/test/<class>/*.png``: the split sub-folders
   are used as they are; class ids come from the sorted class names of ``train``.
-* ``root/<class>/*.png``: the images are split per class with seed 0, 20% of every
-  class held out as "test" (`keras_preact.data.splits.stratified_split`).
+* ``root/<class>/*.png``: 20% of every class is held out as "test" with seed 0
+  (`keras_preact.data.registry.stratified_split`).
 
-Images are resized to `image_size` with bilinear interpolation (Keras' default), keeping
-no aspect ratio; images already of that size come through unchanged.
+Images are resized to `image_size` (bilinear, Keras' default, aspect ratio not kept);
+images already of that size come through unchanged.
 """
 
 import os
 
 import numpy as np
 
-from keras_preact.data.splits import stratified_split
+from keras_preact.data.registry import check_split
+from keras_preact.data.registry import stratified_split
 
 TEST_FRACTION = 0.2
 SPLIT_SEED = 0
@@ -25,30 +26,27 @@ SPLIT_SEED = 0
 def folder_layout(path):
     """Returns ("split", train_dir, test_dir) or ("flat", path, None); raises ValueError."""
     if path is None:
-        raise ValueError(
-            "The 'folder' dataset needs `path`: a folder with one sub-folder per class "
-            "(or train/ and test/ sub-folders holding those). Received: path=None"
-        )
+        raise ValueError("The 'folder' dataset needs `path`: a folder with one sub-folder per class "
+                         "(or train/ and test/ sub-folders holding those). Received: path=None")
     path = os.path.abspath(os.path.expanduser(os.fspath(path)))
     if not os.path.isdir(path):
-        raise ValueError(
-            f"The image folder does not exist or is not a folder. Received: path={path!r}"
-        )
+        raise ValueError(f"The image folder does not exist or is not a folder. Received: path={path!r}")
     train_dir, test_dir = os.path.join(path, "train"), os.path.join(path, "test")
     if os.path.isdir(train_dir) and os.path.isdir(test_dir):
         return "split", train_dir, test_dir
     return "flat", path, None
 
 
-def _class_names(directory):
-    names = sorted(
-        d for d in os.listdir(directory) if os.path.isdir(os.path.join(directory, d))
-    )
+def class_folders(directory, *, within=None):
+    """The sorted class sub-folder names of `directory`; raises ValueError when there
+    are none, or (given `within`, the train classes) some are not in `within`."""
+    names = sorted(d for d in os.listdir(directory) if os.path.isdir(os.path.join(directory, d)))
     if not names:
-        raise ValueError(
-            f"The image folder {directory!r} has no class sub-folders (expected "
-            "<folder>/<class name>/<images>)."
-        )
+        raise ValueError(f"The image folder {directory!r} has no class sub-folders (expected "
+                         "<folder>/<class name>/<images>).")
+    extra = sorted(set(names) - set(within or names))
+    if extra:
+        raise ValueError(f"The folder {directory!r} has classes missing from the train folder: {extra}.")
     return names
 
 
@@ -57,17 +55,9 @@ def _read_directory(directory, class_names, image_size):
 
     try:
         ds = keras.utils.image_dataset_from_directory(
-            directory,
-            labels="inferred",
-            label_mode="int",
-            class_names=class_names,
-            color_mode="rgb",
-            batch_size=256,
-            image_size=tuple(image_size),
-            shuffle=False,
-            interpolation="bilinear",
-            data_format="channels_last",
-            verbose=False,
+            directory, labels="inferred", label_mode="int", class_names=class_names,
+            color_mode="rgb", batch_size=256, image_size=tuple(image_size), shuffle=False,
+            interpolation="bilinear", data_format="channels_last", verbose=False,
         )
     except ValueError as err:
         raise ValueError(f"Cannot read the image folder {directory!r}: {err}") from None
@@ -77,22 +67,15 @@ def _read_directory(directory, class_names, image_size):
             images.append(np.clip(np.rint(np.asarray(x)), 0, 255).astype(np.uint8))
             labels.append(np.asarray(y).astype(np.int64))
     except Exception as err:  # noqa: BLE001 - a bad image file surfaces as a TF error.
-        raise ValueError(
-            f"Cannot decode an image under {directory!r} ({type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''})."
-        ) from None
+        raise ValueError(f"Cannot decode an image under {directory!r} ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0] if str(err) else ''}).") from None
     if not images:
         raise ValueError(f"The image folder {directory!r} holds no images.")
     return np.concatenate(images), np.concatenate(labels)
 
 
 def read_image_folder(path, split, *, image_size=(32, 32)):
-    """Reads one split of an image folder into memory.
-
-    Args:
-        path: the folder (see the module docstring for the two layouts).
-        split: "train" or "test".
-        image_size: (height, width) the images are resized to; default (32, 32).
+    """Reads one split of the image folder `path`, resized to `image_size` (H, W).
 
     Returns:
         ``(images, labels, meta)``: uint8 (N, H, W, 3), int64 (N,), and a dict with
@@ -101,46 +84,27 @@ def read_image_folder(path, split, *, image_size=(32, 32)):
     Raises:
         ValueError: for a missing path, a folder without classes or images, an image
             that cannot be decoded, or an unknown split.
-
-    Example:
-        >>> images, labels, meta = read_image_folder("photos/", "train")
     """
-    if split not in ("train", "test"):
-        raise ValueError(f"`split` must be 'train' or 'test'. Received: split={split!r}")
-    image_size = _check_image_size(image_size)
-    layout, train_dir, test_dir = folder_layout(path)
-    class_names = _class_names(train_dir)
-    if layout == "split":
-        directory = train_dir if split == "train" else test_dir
-        own = _class_names(directory)
-        extra = set(own) - set(class_names)
-        if extra:
-            raise ValueError(
-                f"The test folder {test_dir!r} has classes missing from the train "
-                f"folder: {sorted(extra)}."
-            )
-        images, labels = _read_directory(directory, own, image_size)
-        # Class ids always follow the train folder's classes, even when the test
-        # folder lacks some of them.
-        labels = np.array([class_names.index(n) for n in own], np.int64)[labels]
-    else:
-        images, labels = _read_directory(train_dir, class_names, image_size)
-        train, test = stratified_split(labels, test_fraction=TEST_FRACTION, seed=SPLIT_SEED)
-        idx = train if split == "train" else test
-        images, labels = images[idx], labels[idx]
-    root = train_dir if layout == "flat" else os.path.dirname(train_dir)
-    meta = {"class_names": class_names, "layout": layout, "path": root}
-    return images, labels, meta
-
-
-def _check_image_size(image_size):
+    check_split(split)
     try:
         h, w = (int(v) for v in image_size)
     except (TypeError, ValueError):
         h = w = 0
     if h <= 0 or w <= 0:
-        raise ValueError(
-            "`image_size` must be two positive ints (height, width). Received: "
-            f"image_size={image_size!r}"
-        )
-    return h, w
+        raise ValueError("`image_size` must be two positive ints (height, width). Received: "
+                         f"image_size={image_size!r}")
+    layout, train_dir, test_dir = folder_layout(path)
+    class_names = class_folders(train_dir)
+    if layout == "split":
+        directory = train_dir if split == "train" else test_dir
+        own = class_folders(directory, within=class_names)
+        images, labels = _read_directory(directory, own, (h, w))
+        # Class ids follow the train folder's classes, even where the test folder lacks some.
+        labels = np.array([class_names.index(n) for n in own], np.int64)[labels]
+    else:
+        images, labels = _read_directory(train_dir, class_names, (h, w))
+        train, test = stratified_split(labels, test_fraction=TEST_FRACTION, seed=SPLIT_SEED)
+        idx = train if split == "train" else test
+        images, labels = images[idx], labels[idx]
+    root = train_dir if layout == "flat" else os.path.dirname(train_dir)
+    return images, labels, {"class_names": class_names, "layout": layout, "path": root}

@@ -1,30 +1,19 @@
-"""ImageNet-style input pipelines: streamed from image folders or TFDS `imagenet2012`.
+"""ImageNet-style input pipelines, streamed from image folders or TFDS `imagenet2012`.
 
-Unlike the CIFAR pipeline (`keras_preact.data.pipeline`), nothing is held in memory:
-files are listed, shuffled in a ``(seed, epoch)`` order and decoded per example.
+Nothing is held in memory: files are listed, shuffled in a ``(seed, epoch)`` order and
+decoded per example; the randomness of example ``i`` of epoch ``e`` is a function of
+``(seed, e, i)`` only (stateless ops), so a resumed run sees the same crops.
 
-* Training: random-resized crop (a crop of 8% to 100% of the image area with aspect
-  ratio in [3/4, 4/3], resized to `image_size`; Szegedy et al. 2015, the augmentation
-  of fb.resnet.torch that the paper's ImageNet models were trained with) and a random
-  horizontal flip.
-* Evaluation: resize the shorter side to `resize_size` (256), then a centre crop of
-  `image_size` (224): the paper's single-crop evaluation.
+* Training: random-resized crop (8% to 100% of the area, aspect ratio in [3/4, 4/3],
+  resized to `image_size`; Szegedy et al. 2015, as in fb.resnet.torch, which trained
+  the paper's ImageNet models) and a random horizontal flip.
+* Evaluation: shorter side resized to `resize_size` (256), centre crop of `image_size`
+  (224): the paper's single-crop evaluation.
 
-The randomness of example ``i`` of epoch ``e`` is a pure function of
-``(seed, e, i)`` (stateless ops), as in the CIFAR pipeline, so a resumed run sees the
-same crops.
-
-Two sources:
-
-* ``source="folder"``: ``root/train/<class>/*`` and ``root/val/<class>/*`` (the usual
-  ImageNet layout; ``test`` is accepted in place of ``val``). Classes are the sorted
-  sub-folder names of ``train``.
-* ``source="tfds"``: TFDS' ``imagenet2012``. ImageNet cannot be downloaded by TFDS:
-  put the official tar files in `manual_dir` and the builder prepares them once into
-  `data_dir` (`tfds.download.DownloadConfig(manual_dir=...)`); afterwards only
-  `data_dir` is needed. JPEG bytes are read undecoded and decoded here.
-
-TensorFlow is imported by this module: import it only where TensorFlow is available.
+Sources: ``source="folder"`` reads ``root/train/<class>/*`` and ``root/val/<class>/*``
+(``test`` is accepted for ``val``; classes are the sorted sub-folders of ``train``).
+``source="tfds"`` reads TFDS' ``imagenet2012``, which TFDS cannot download: the official
+tar files in `manual_dir` are prepared once into `data_dir`.
 """
 
 import math
@@ -34,6 +23,13 @@ import numpy as np
 import tensorflow as tf
 
 from keras_preact.data.augment import ALG
+from keras_preact.data.augment import stateless_key
+from keras_preact.data.folder import class_folders
+from keras_preact.data.registry import MAX_SEED
+from keras_preact.data.registry import check_bool
+from keras_preact.layers.utils import check_choice
+from keras_preact.data.registry import check_int
+from keras_preact.data.registry import check_split
 
 IMAGE_SIZE = 224
 RESIZE_SIZE = 256
@@ -43,14 +39,7 @@ CROP_RATIO = (3.0 / 4.0, 4.0 / 3.0)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 SOURCES = ("folder", "tfds")
 TFDS_SPLITS = {"train": "train", "val": "validation", "test": "validation"}
-_MAX_SEED = 2**63 - 1
 _STREAM_ORDER, _STREAM_AUGMENT = 2, 3
-
-
-def _example_key(seed, epoch, index, stream):
-    base = tf.stack([tf.cast(seed, tf.int64), tf.constant(stream, tf.int64)])
-    key = tf.random.experimental.stateless_fold_in(base, tf.cast(epoch, tf.int64), alg=ALG)
-    return tf.random.experimental.stateless_fold_in(key, tf.cast(index, tf.int64), alg=ALG)
 
 
 def decode_image(data):
@@ -62,20 +51,10 @@ def decode_image(data):
 
 def random_resized_crop(image, key, *, image_size=IMAGE_SIZE, scale=CROP_SCALE,
                         ratio=CROP_RATIO, flip=True):
-    """The training transform: a random crop of the given area and aspect ranges,
-    resized (bilinear) to ``image_size`` x ``image_size``, then a random flip.
-
-    Args:
-        image: uint8 (H, W, 3) tensor.
-        key: int64 (2,) stateless seed of this example.
-        image_size: int, output height and width.
-        scale: (min, max) fraction of the image area kept by the crop.
-        ratio: (min, max) width / height of the crop.
-        flip: bool, flip left-right with probability 1/2.
-
-    Returns:
-        float32 (image_size, image_size, 3) in [0, 255].
-    """
+    """The training transform of a uint8 (H, W, 3) `image`: a random crop of `scale`
+    (min, max) of the area and `ratio` (min, max) width / height, resized (bilinear) to
+    `image_size` squared, then with `flip` a left-right flip with probability 1/2; float32
+    in [0, 255]. `key`: int64 (2,), this example's stateless seed."""
     shape = tf.shape(image)
     h, w = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)
     area = h * w
@@ -114,14 +93,9 @@ def random_resized_crop(image, key, *, image_size=IMAGE_SIZE, scale=CROP_SCALE,
 
 
 def resize_center_crop(image, *, image_size=IMAGE_SIZE, resize_size=RESIZE_SIZE):
-    """The evaluation transform: shorter side to `resize_size`, centre `image_size` crop.
-
-    An image whose shorter side already equals `resize_size` is not resampled, so the
-    crop is an exact slice of it.
-
-    Returns:
-        float32 (image_size, image_size, 3) in [0, 255].
-    """
+    """The evaluation transform: shorter side to `resize_size`, centre `image_size` crop
+    (float32 in [0, 255]). An image whose shorter side already equals `resize_size` is
+    not resampled, so the crop is an exact slice of it."""
     shape = tf.shape(image)
     h, w = shape[0], shape[1]
     short = tf.minimum(h, w)
@@ -131,11 +105,9 @@ def resize_center_crop(image, *, image_size=IMAGE_SIZE, resize_size=RESIZE_SIZE)
     new_h = tf.where(h == short, resize_size, new_h)
     new_w = tf.where(w == short, resize_size, new_w)
     x = tf.cast(image, tf.float32)
-    x = tf.cond(
-        tf.equal(short, resize_size),
-        lambda: x,
-        lambda: tf.image.resize(x, tf.stack([new_h, new_w]), method="bilinear", antialias=True),
-    )
+    x = tf.cond(tf.equal(short, resize_size),
+                lambda: x,
+                lambda: tf.image.resize(x, tf.stack([new_h, new_w]), method="bilinear", antialias=True))
     top = (tf.shape(x)[0] - image_size) // 2
     left = (tf.shape(x)[1] - image_size) // 2
     out = x[top:top + image_size, left:left + image_size]
@@ -144,63 +116,54 @@ def resize_center_crop(image, *, image_size=IMAGE_SIZE, resize_size=RESIZE_SIZE)
 
 
 def list_image_folder(root, split):
-    """Lists ``(paths, labels, class_names)`` of one split of an ImageNet-style folder.
-
-    Raises:
-        ValueError: when the folder, the split or its classes are missing, or a class
-            has no images.
-    """
+    """Lists ``(paths, labels, class_names)`` of one split of an ImageNet-style folder;
+    raises ValueError when the folder, the split, its classes or images are missing."""
     if root is None:
-        raise ValueError(
-            "source='folder' needs `path`: a folder with train/<class>/ and "
-            "val/<class>/ sub-folders. Received: path=None"
-        )
+        raise ValueError("source='folder' needs `path`: a folder with train/<class>/ and "
+                         "val/<class>/ sub-folders. Received: path=None")
     root = os.path.abspath(os.path.expanduser(os.fspath(root)))
     train_dir = os.path.join(root, "train")
     if not os.path.isdir(train_dir):
-        raise ValueError(
-            f"The ImageNet-style folder needs a train/ sub-folder with one folder per "
-            f"class. Received: path={root!r}"
-        )
-    class_names = sorted(
-        d for d in os.listdir(train_dir) if os.path.isdir(os.path.join(train_dir, d))
-    )
-    if not class_names:
-        raise ValueError(f"{train_dir!r} has no class sub-folders.")
-    if split == "train":
-        split_dir = train_dir
-    else:
-        candidates = [os.path.join(root, d) for d in ("val", "test")]
-        split_dir = next((d for d in candidates if os.path.isdir(d)), None)
+        raise ValueError(f"The ImageNet-style folder needs a train/ sub-folder with one folder per "
+                         f"class. Received: path={root!r}")
+    class_names = class_folders(train_dir)
+    split_dir = train_dir
+    if split != "train":
+        split_dir = next((d for d in (os.path.join(root, "val"), os.path.join(root, "test"))
+                          if os.path.isdir(d)), None)
         if split_dir is None:
-            raise ValueError(
-                f"The ImageNet-style folder has no val/ (or test/) sub-folder. "
-                f"Received: path={root!r}, split={split!r}"
-            )
+            raise ValueError(f"The ImageNet-style folder has no val/ (or test/) sub-folder. "
+                             f"Received: path={root!r}, split={split!r}")
+        class_folders(split_dir, within=class_names)
     paths, labels = [], []
     for label, name in enumerate(class_names):
         class_dir = os.path.join(split_dir, name)
-        if not os.path.isdir(class_dir):
-            continue
-        files = sorted(
-            f for f in os.listdir(class_dir) if f.lower().endswith(IMAGE_EXTENSIONS)
-        )
-        paths.extend(os.path.join(class_dir, f) for f in files)
-        labels.extend([label] * len(files))
-    extra = sorted(
-        d for d in os.listdir(split_dir)
-        if os.path.isdir(os.path.join(split_dir, d)) and d not in class_names
-    )
-    if extra:
-        raise ValueError(
-            f"{split_dir!r} has class folders that train/ does not have: {extra[:5]}"
-        )
+        if os.path.isdir(class_dir):
+            files = sorted(f for f in os.listdir(class_dir) if f.lower().endswith(IMAGE_EXTENSIONS))
+            paths.extend(os.path.join(class_dir, f) for f in files)
+            labels.extend([label] * len(files))
     if not paths:
         raise ValueError(f"No images ({', '.join(IMAGE_EXTENSIONS)}) under {split_dir!r}.")
     return paths, np.asarray(labels, np.int32), class_names
 
 
-def _tfds_split(split, *, data_dir, manual_dir):
+def _folder_examples(path, split, *, shuffle, seed, epoch):
+    """``(file bytes, label)`` examples of an image folder (in the ``(seed, epoch)``
+    permutation when shuffled) and its class names."""
+    paths, labels, class_names = list_image_folder(path, split)
+    if shuffle:
+        order = tf.random.experimental.index_shuffle(
+            tf.range(len(paths), dtype=tf.int64), seed=stateless_key(seed, epoch, _STREAM_ORDER, 0),
+            max_index=len(paths) - 1).numpy()
+        paths, labels = [paths[i] for i in order], labels[order]
+    ds = tf.data.Dataset.from_tensor_slices((paths, labels))
+    ds = ds.map(lambda p, y: (tf.io.read_file(p), y), num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True)
+    return ds, class_names
+
+
+def _tfds_examples(split, *, data_dir, manual_dir):
+    """``(JPEG bytes, label)`` examples of TFDS' imagenet2012 and its class names."""
     import tensorflow_datasets as tfds
 
     if data_dir is not None:
@@ -208,27 +171,19 @@ def _tfds_split(split, *, data_dir, manual_dir):
     builder = tfds.builder("imagenet2012", data_dir=data_dir)
 
     def read():
-        return builder.as_dataset(
-            split=TFDS_SPLITS[split],
-            shuffle_files=False,
-            decoders={"image": tfds.decode.SkipDecoding()},
-        )
+        return builder.as_dataset(split=TFDS_SPLITS[split], shuffle_files=False,
+                                  decoders={"image": tfds.decode.SkipDecoding()})
 
     try:
         ds = read()
     except (AssertionError, FileNotFoundError, tf.errors.NotFoundError):
         if manual_dir is None:
-            raise ValueError(
-                "TFDS' imagenet2012 is not prepared in data_dir="
-                f"{builder.data_dir!r}. ImageNet cannot be downloaded automatically: "
-                "put ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar in a folder and "
-                "pass it as manual_dir (prepared once into data_dir)."
-            ) from None
-        builder.download_and_prepare(
-            download_config=tfds.download.DownloadConfig(
-                manual_dir=os.path.expanduser(os.fspath(manual_dir))
-            )
-        )
+            raise ValueError("TFDS' imagenet2012 is not prepared in data_dir="
+                             f"{builder.data_dir!r}. ImageNet cannot be downloaded automatically: "
+                             "put ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar in a folder and "
+                             "pass it as manual_dir (prepared once into data_dir).") from None
+        builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+            manual_dir=os.path.expanduser(os.fspath(manual_dir))))
         ds = read()
     names = builder.info.features["label"].names
     return ds.map(lambda ex: (ex["image"], tf.cast(ex["label"], tf.int32))), names
@@ -244,24 +199,14 @@ def make_imagenet_dataset(split, *, source="folder", path=None, data_dir=None,
 
     Args:
         split: "train" or "val" ("test" is an alias of "val").
-        source: "folder" (default) or "tfds".
-        path: "folder": the root with train/ and val/ sub-folders.
-        data_dir: "tfds": TFDS' data folder (None: its default).
-        manual_dir: "tfds": the folder with the official ImageNet tar files, used
-            once to prepare `data_dir`.
-        batch_size: int, default 256 (the paper's ImageNet batch).
-        image_size: output height and width, default 224.
-        resize_size: evaluation resize of the shorter side, default 256.
-        shuffle: None (True for train) or bool.
-        augment: None (True for train) or bool: random-resized crop + flip, else
-            resize + centre crop.
-        normalize: bool, default False: raw float32 pixels in [0, 255] for a model
-            that carries its preprocessing; True: ``(x / 255 - mean) / std``.
-        mean, std: per-channel statistics in [0, 1] units (ImageNet's by default).
-        seed, epoch: ints >= 0; the order and the crops are functions of them.
-        drop_remainder: None (True for train) or bool.
-        shuffle_buffer: "tfds" only: examples in the shuffle buffer (folders are
-            shuffled exactly, as a permutation of the file list).
+        source: "folder" (`path` holds train/ and val/) or "tfds" (`data_dir`: TFDS'
+            folder; `manual_dir`: the official tar files, used once to prepare it).
+        shuffle, augment, drop_remainder: None (True for train) or bool; augment is the
+            random-resized crop + flip, else resize + centre crop.
+        normalize: False: raw float32 pixels in [0, 255]; True: ``(x / 255 - mean) /
+            std`` with `mean`, `std` in [0, 1] units.
+        seed, epoch: the order and the crops are functions of them.
+        shuffle_buffer: "tfds" only (folders are shuffled exactly).
 
     Returns:
         (`tf.data.Dataset` of (float32 (B, S, S, 3), int32 (B,)), class names).
@@ -272,46 +217,25 @@ def make_imagenet_dataset(split, *, source="folder", path=None, data_dir=None,
     Example:
         >>> train, classes = make_imagenet_dataset("train", path="~/imagenet", seed=0)
     """
-    if split not in ("train", "val", "test"):
-        raise ValueError(f"`split` must be 'train', 'val' or 'test'. Received: split={split!r}")
-    if source not in SOURCES:
-        raise ValueError(f"`source` must be one of {list(SOURCES)}. Received: source={source!r}")
+    check_split(split, ("train", "val", "test"))
+    check_choice("source", source, SOURCES)
     for name, value, minimum in (("batch_size", batch_size, 1), ("image_size", image_size, 8),
-                                 ("resize_size", resize_size, 8), ("seed", seed, 0),
-                                 ("epoch", epoch, 0), ("shuffle_buffer", shuffle_buffer, 1)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-            raise ValueError(f"`{name}` must be an int >= {minimum}. Received: {name}={value!r}")
-    if seed > _MAX_SEED:
-        raise ValueError(f"`seed` must be < 2**63. Received: seed={seed}")
+                                 ("resize_size", resize_size, 8), ("epoch", epoch, 0),
+                                 ("shuffle_buffer", shuffle_buffer, 1)):
+        check_int(name, value, minimum=minimum)
+    check_int("seed", seed, minimum=0, maximum=MAX_SEED)
     if resize_size < image_size:
-        raise ValueError(
-            "`resize_size` must be at least `image_size` (the centre crop is taken from "
-            f"the resized image). Received: resize_size={resize_size}, image_size={image_size}"
-        )
+        raise ValueError("`resize_size` must be at least `image_size` (the centre crop is taken from "
+                         f"the resized image). Received: resize_size={resize_size}, image_size={image_size}")
     for name, value in (("shuffle", shuffle), ("augment", augment), ("drop_remainder", drop_remainder)):
-        if value is not None and not isinstance(value, bool):
-            raise ValueError(f"`{name}` must be None, True or False. Received: {name}={value!r}")
-    if not isinstance(normalize, bool):
-        raise ValueError(f"`normalize` must be True or False. Received: normalize={normalize!r}")
+        check_bool(name, value, allow_none=True)
+    check_bool("normalize", normalize)
     train = split == "train"
-    shuffle = train if shuffle is None else shuffle
-    augment = train if augment is None else augment
-    drop_remainder = train if drop_remainder is None else drop_remainder
-
+    shuffle, augment, drop_remainder = (train if v is None else v for v in (shuffle, augment, drop_remainder))
     if source == "folder":
-        paths, labels, class_names = list_image_folder(path, split)
-        num = len(paths)
-        if shuffle:
-            order_key = _example_key(seed, epoch, 0, _STREAM_ORDER)
-            order = tf.random.experimental.index_shuffle(
-                tf.range(num, dtype=tf.int64), seed=order_key, max_index=num - 1).numpy()
-            paths = [paths[i] for i in order]
-            labels = labels[order]
-        ds = tf.data.Dataset.from_tensor_slices((paths, labels))
-        ds = ds.map(lambda p, y: (tf.io.read_file(p), y), num_parallel_calls=tf.data.AUTOTUNE,
-                    deterministic=True)
+        ds, class_names = _folder_examples(path, split, shuffle=shuffle, seed=seed, epoch=epoch)
     else:
-        ds, class_names = _tfds_split(split, data_dir=data_dir, manual_dir=manual_dir)
+        ds, class_names = _tfds_examples(split, data_dir=data_dir, manual_dir=manual_dir)
         if shuffle:
             ds = ds.shuffle(shuffle_buffer, seed=int((seed * 1000003 + epoch) % (2**31 - 1)),
                             reshuffle_each_iteration=False)
@@ -320,8 +244,8 @@ def make_imagenet_dataset(split, *, source="folder", path=None, data_dir=None,
         data, label = example
         image = decode_image(data)
         if augment:
-            key = _example_key(seed, epoch, index, _STREAM_AUGMENT)
-            x = random_resized_crop(image, key, image_size=image_size)
+            x = random_resized_crop(image, stateless_key(seed, epoch, _STREAM_AUGMENT, index),
+                                    image_size=image_size)
         else:
             x = resize_center_crop(image, image_size=image_size, resize_size=resize_size)
         if normalize:

@@ -1,23 +1,13 @@
 """The tf.data input pipeline (TensorFlow; imported lazily by `keras_preact.data`).
 
-Order: decode -> cache -> shuffle -> batch -> augment -> normalise -> prefetch.
-
-* decode + cache: a split is decoded once into uint8 arrays held in memory
-  (`keras_preact.data.load_arrays`); those arrays are the cache, so every epoch after
-  the first decode costs only gathers. (This suits CIFAR-sized data, well under 2 GB.)
-* shuffle + batch: step ``s`` of the dataset is batch ``b = s % steps`` of epoch
-  ``e = epoch + s // steps``; its examples are positions ``b*B .. b*B+B-1`` of a
-  pseudo-random permutation of the split given by
-  `tf.random.experimental.index_shuffle` under the key ``(seed, e)``. The order of
-  epoch ``e`` is therefore a pure function of ``(seed, e)``: a run resumed at epoch 3
-  sees exactly the batches an uninterrupted run sees in its epoch 3.
-* augment: per batch, vectorised (`keras_preact.data.augment`), with stateless random
-  ops keyed by ``(seed, e, b)``; done after the cache, on uint8 pixels.
-* normalise: ``(x / 255 - mean) / std`` per channel, float32.
-
-A dataset object always yields the same batches when iterated again (nothing in it has
-state). Train several epochs with one dataset by asking for them (`repeat_epochs`), not
-by iterating a one-epoch dataset repeatedly, which would repeat the same epoch.
+Order: decode -> cache -> shuffle -> batch -> augment -> normalise -> prefetch. A split is
+decoded once into in-memory uint8 arrays (`load_arrays`: the cache). Step ``s`` is batch
+``b = s % steps`` of epoch ``e = epoch + s // steps``: positions ``b*B .. b*B+B-1`` of the
+`tf.random.experimental.index_shuffle` permutation keyed by ``(seed, e)``, augmented on
+uint8 with stateless ops keyed by ``(seed, e, b)``, then ``(x / 255 - mean) / std``. An
+epoch is thus a pure function of ``(seed, e)``: a run resumed at epoch 3 sees exactly the
+batches of an uninterrupted run's epoch 3. A dataset holds no state; ask for several
+epochs with `repeat_epochs` rather than iterating a one-epoch dataset again.
 """
 
 import math
@@ -25,152 +15,91 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from keras_preact.data.augment import ALG
 from keras_preact.data.augment import apply_augmentation
+from keras_preact.data.augment import stateless_key
 from keras_preact.data.registry import AUGMENTATIONS
+from keras_preact.data.registry import MAX_SEED
+from keras_preact.data.registry import check_bool
 from keras_preact.data.registry import check_dataset_name
+from keras_preact.data.registry import check_int
+from keras_preact.data.registry import check_split
 from keras_preact.data.sources import dataset_info
 from keras_preact.data.sources import load_arrays
 
 # Distinct streams for the order and for the augmentation of the same (seed, epoch).
 _SHUFFLE_STREAM = 0
 _AUGMENT_STREAM = 1
-_MAX_SEED = 2**63 - 1
-
-
-def epoch_key(seed, epoch, stream=_SHUFFLE_STREAM):
-    """The stateless key of one epoch: a function of ``(seed, epoch, stream)`` only."""
-    base = tf.stack([tf.cast(seed, tf.int64), tf.constant(stream, tf.int64)])
-    return tf.random.experimental.stateless_fold_in(base, tf.cast(epoch, tf.int64), alg=ALG)
-
-
-def batch_key(seed, epoch, batch):
-    """The stateless augmentation key of batch `batch` of epoch `epoch`."""
-    key = epoch_key(seed, epoch, _AUGMENT_STREAM)
-    return tf.random.experimental.stateless_fold_in(key, tf.cast(batch, tf.int64), alg=ALG)
 
 
 def epoch_order(num_examples, *, seed=0, epoch=0):
-    """The example order of one shuffled epoch, as the pipeline visits it.
-
-    Args:
-        num_examples: int > 0, size of the split.
-        seed: int >= 0.
-        epoch: int >= 0.
-
-    Returns:
-        int64 numpy array, a permutation of ``range(num_examples)``.
+    """The order in which a shuffled epoch visits the examples: an int64 numpy
+    permutation of ``range(num_examples)``.
 
     Example:
-        >>> order = epoch_order(10, seed=0, epoch=3)
-        >>> sorted(order.tolist()) == list(range(10))
-        True
+        >>> order = epoch_order(50000, seed=0, epoch=3)
     """
-    _check_int("num_examples", num_examples, minimum=1)
-    _check_int("seed", seed, minimum=0, maximum=_MAX_SEED)
-    _check_int("epoch", epoch, minimum=0)
-    positions = tf.range(num_examples, dtype=tf.int64)
+    check_int("num_examples", num_examples, minimum=1)
+    check_int("seed", seed, minimum=0, maximum=MAX_SEED)
+    check_int("epoch", epoch, minimum=0)
     return tf.random.experimental.index_shuffle(
-        positions, seed=epoch_key(seed, epoch), max_index=num_examples - 1
+        tf.range(num_examples, dtype=tf.int64), seed=stateless_key(seed, epoch, _SHUFFLE_STREAM),
+        max_index=num_examples - 1,
     ).numpy()
 
 
 def dataset_from_arrays(images, labels, *, batch_size=128, shuffle=False, augment="none",
                         normalize=True, mean=None, std=None, seed=0, epoch=0,
                         drop_remainder=False, repeat_epochs=None):
-    """Builds the batched, deterministic pipeline over in-memory uint8 images.
+    """The batched, deterministic pipeline of `make_dataset` over in-memory uint8 images.
 
     Args:
-        images: uint8 array (N, H, W, C).
-        labels: int array (N,).
-        batch_size: int > 0.
-        shuffle: bool, visit each epoch in the ``(seed, epoch)`` order.
-        augment: a policy from `AUGMENTATIONS` ("pad_crop_flip", "pad_crop", "none").
-        normalize: bool; True gives ``(x / 255 - mean) / std``, False raw float32
-            pixels in [0, 255] (for models that carry their own `preprocessing`).
-        mean, std: per-channel statistics in [0, 1] units (needed when `normalize`).
-        seed: int >= 0, keys the order and the augmentation.
-        epoch: int >= 0, the first epoch this dataset yields.
-        drop_remainder: bool, drop each epoch's last partial batch.
+        images, labels: uint8 (N, H, W, C) and ints (N,).
+        shuffle: visit each epoch in the ``(seed, epoch)`` order.
+        augment: a policy from `AUGMENTATIONS`.
+        normalize: True gives ``(x / 255 - mean) / std`` (`mean`, `std` per channel in
+            [0, 1] units), False raw float32 pixels in [0, 255] (for models that carry
+            their own `preprocessing`).
+        seed: keys the order and the augmentation; epoch: the first epoch yielded.
         repeat_epochs: None (one epoch), an int k > 0 (epochs epoch .. epoch+k-1, each
-            in its own order) or -1 (epochs epoch, epoch+1, ... without end).
+            in its own order) or -1 (without end).
 
     Returns:
         `tf.data.Dataset` of ``(images float32 (B, H, W, C), labels int32 (B,))``, of
         known cardinality unless `repeat_epochs` is -1.
 
-    Raises:
-        ValueError: for arrays of the wrong dtype or shape and invalid arguments.
-
     Example:
-        >>> ds = dataset_from_arrays(x, y, batch_size=32, shuffle=True,
-        ...                          augment="pad_crop_flip", mean=(0.5,) * 3, std=(0.25,) * 3)
+        >>> ds = dataset_from_arrays(x, y, batch_size=32, normalize=False)
     """
-    images = np.asarray(images)
-    labels = np.asarray(labels)
-    if images.dtype != np.uint8 or images.ndim != 4:
-        raise ValueError(
-            "`images` must be a uint8 array (N, H, W, C). Received: images of dtype "
-            f"{images.dtype} and shape {images.shape}"
-        )
-    if labels.shape != (images.shape[0],) or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(
-            f"`labels` must be N={images.shape[0]} ints. Received: labels of dtype "
-            f"{labels.dtype} and shape {labels.shape}"
-        )
+    images, labels = _check_arrays(images, labels)
     num = int(images.shape[0])
-    _check_common(batch_size=batch_size, seed=seed, epoch=epoch, normalize=normalize,
-                  repeat_epochs=repeat_epochs)
-    _check_bool("shuffle", shuffle)
-    _check_bool("drop_remainder", drop_remainder)
+    _check_common(batch_size, seed, epoch, normalize, repeat_epochs)
+    check_bool("shuffle", shuffle)
+    check_bool("drop_remainder", drop_remainder)
     if augment not in AUGMENTATIONS:
-        raise ValueError(
-            f"`augment` must be one of {list(AUGMENTATIONS)}. Received: augment={augment!r}"
-        )
-    if num == 0:
-        raise ValueError("`images` is empty: nothing to batch.")
+        raise ValueError(f"`augment` must be one of {list(AUGMENTATIONS)}. Received: augment={augment!r}")
     steps = num // batch_size if drop_remainder else math.ceil(num / batch_size)
     if steps == 0:
-        raise ValueError(
-            f"batch_size={batch_size} with drop_remainder=True leaves no batch of the "
-            f"{num} examples. Use a smaller batch_size or drop_remainder=False."
-        )
-    channels = images.shape[-1]
-    if normalize:
-        mean = _per_channel("mean", mean, channels)
-        std = _per_channel("std", std, channels)
-        if any(s <= 0 for s in std):
-            raise ValueError(f"`std` must be positive. Received: std={std}")
-        mean_t = tf.constant(np.reshape(mean, (1, 1, 1, channels)), tf.float32)
-        inv_std_t = tf.constant(1.0 / np.reshape(std, (1, 1, 1, channels)), tf.float32)
-
-    images_t = tf.constant(images)
-    labels_t = tf.constant(labels.astype(np.int32))
-    steps_t = tf.constant(steps, tf.int64)
-    batch_t = tf.constant(batch_size, tf.int64)
-    num_t = tf.constant(num, tf.int64)
-    first_epoch = tf.constant(epoch, tf.int64)
+        raise ValueError(f"batch_size={batch_size} with drop_remainder=True leaves no batch of the "
+                         f"{num} examples. Use a smaller batch_size or drop_remainder=False.")
+    scale = _normalizer(mean, std, images.shape[-1]) if normalize else None
+    images_t, labels_t = tf.constant(images), tf.constant(labels.astype(np.int32))
     batch_shape = (batch_size if drop_remainder else None,) + tuple(images.shape[1:])
 
     def make_batch(step):
-        ep = first_epoch + step // steps_t
-        b = step % steps_t
-        start = b * batch_t
-        positions = tf.range(start, tf.minimum(start + batch_t, num_t), dtype=tf.int64)
+        ep, b = epoch + step // steps, step % steps
+        positions = tf.range(b * batch_size, tf.minimum((b + 1) * batch_size, num), dtype=tf.int64)
         if shuffle:
             positions = tf.random.experimental.index_shuffle(
-                positions, seed=epoch_key(seed, ep), max_index=num - 1
+                positions, seed=stateless_key(seed, ep, _SHUFFLE_STREAM), max_index=num - 1
             )
         x = tf.gather(images_t, positions)
-        y = tf.gather(labels_t, positions)
         if augment != "none":
-            x = apply_augmentation(x, batch_key(seed, ep, b), augment)
+            x = apply_augmentation(x, stateless_key(seed, ep, _AUGMENT_STREAM, b), augment)
         x = tf.cast(x, tf.float32)
-        if normalize:
-            x = (x * (1.0 / 255.0) - mean_t) * inv_std_t
-        x = tf.ensure_shape(x, batch_shape)
-        y = tf.ensure_shape(y, batch_shape[:1])
-        return x, y
+        if scale is not None:
+            x = (x * (1.0 / 255.0) - scale[0]) * scale[1]
+        y = tf.gather(labels_t, positions)
+        return tf.ensure_shape(x, batch_shape), tf.ensure_shape(y, batch_shape[:1])
 
     if repeat_epochs == -1:
         steps_ds = tf.data.Dataset.counter(dtype=tf.int64)
@@ -184,84 +113,90 @@ def make_dataset(name, split, *, batch_size=128, data_dir=None, source="auto", p
                  download=False, shuffle=None, augment=None, normalize=True, seed=0,
                  epoch=0, drop_remainder=None, cache=True, repeat_epochs=None,
                  image_size=None):
-    """The input pipeline of a registered dataset; see `keras_preact.data.make_dataset`."""
+    """The tf.data input pipeline of a registered dataset, deterministic per epoch: to
+    resume at epoch 3, pass ``epoch=3`` and get the batches of an uninterrupted run's.
+
+    Args:
+        name, split: a name from `list_datasets()`; "train" or "test".
+        data_dir, source, path, download, cache, image_size: see `load_arrays`.
+        shuffle, drop_remainder: None (True for train, False for test) or a bool.
+        augment: None (the dataset's default policy for train, none for test), True
+            (the default policy: "pad_crop_flip", or "pad_crop" for digits, which a flip
+            would change), False (none) or a policy name from `AUGMENTATIONS`.
+        normalize: True: with the dataset's statistics; False: raw pixels.
+        batch_size (128, the paper's), seed, epoch (the resume point), repeat_epochs:
+            as in `dataset_from_arrays`.
+
+    Returns:
+        `tf.data.Dataset` of ``(float32 images (B, H, W, C), int32 labels (B,))``.
+        Raises ValueError (before anything is read for invalid arguments).
+
+    Example:
+        >>> ds = make_dataset("cifar10", "train", data_dir="~/data", source="archive",
+        ...                   seed=0, epoch=start_epoch, repeat_epochs=epochs - start_epoch)
+    """
     check_dataset_name(name)
-    if split not in ("train", "test"):
-        raise ValueError(f"`split` must be 'train' or 'test'. Received: split={split!r}")
-    # Arguments are checked before anything is read: a typo should not cost a decode.
-    _check_bool("cache", cache)
-    _check_common(batch_size=batch_size, seed=seed, epoch=epoch, normalize=normalize,
-                  repeat_epochs=repeat_epochs)
-    for arg, value in (("shuffle", shuffle), ("drop_remainder", drop_remainder)):
-        if value is not None:
-            _check_bool(arg, value)
+    check_split(split)
+    check_bool("cache", cache)
+    _check_common(batch_size, seed, epoch, normalize, repeat_epochs)
+    check_bool("shuffle", shuffle, allow_none=True)
+    check_bool("drop_remainder", drop_remainder, allow_none=True)
     if not (augment is None or isinstance(augment, bool) or augment in AUGMENTATIONS):
-        raise ValueError(
-            f"`augment` must be None, a bool or one of {list(AUGMENTATIONS)}. Received: "
-            f"augment={augment!r}"
-        )
-    images, labels = load_arrays(
-        name, split, data_dir=data_dir, source=source, path=path, download=download,
-        cache=cache, image_size=image_size,
-    )
-    if name == "folder":
-        info = dataset_info(name, path=path, image_size=image_size)
-    else:
-        info = dataset_info(name)
+        raise ValueError(f"`augment` must be None, a bool or one of {list(AUGMENTATIONS)}. Received: "
+                         f"augment={augment!r}")
+    images, labels = load_arrays(name, split, data_dir=data_dir, source=source, path=path,
+                                 download=download, cache=cache, image_size=image_size)
+    folder = {"path": path, "image_size": image_size} if name == "folder" else {}
+    info = dataset_info(name, **folder)
     train = split == "train"
-    if shuffle is None:
-        shuffle = train
     if augment is None:
-        augment = info["augmentation"] if train else "none"
-    elif augment is True:
-        augment = info["augmentation"]
-    elif augment is False:
-        augment = "none"
-    if drop_remainder is None:
-        # Train: a constant batch shape (steady BatchNorm statistics, one compiled
-        # step); test: every example is evaluated.
-        drop_remainder = train
+        augment = train
+    if isinstance(augment, bool):
+        augment = info["augmentation"] if augment else "none"
+    # Train drops the last partial batch: a constant batch shape (steady BatchNorm
+    # statistics, one compiled step); test evaluates every example.
     return dataset_from_arrays(
-        images, labels, batch_size=batch_size, shuffle=shuffle, augment=augment,
-        normalize=normalize, mean=info["mean"], std=info["std"], seed=seed, epoch=epoch,
-        drop_remainder=drop_remainder, repeat_epochs=repeat_epochs,
+        images, labels, batch_size=batch_size, shuffle=train if shuffle is None else shuffle,
+        augment=augment, normalize=normalize, mean=info["mean"], std=info["std"], seed=seed,
+        epoch=epoch, drop_remainder=train if drop_remainder is None else drop_remainder,
+        repeat_epochs=repeat_epochs,
     )
 
 
-def _check_common(*, batch_size, seed, epoch, normalize, repeat_epochs):
-    _check_int("batch_size", batch_size, minimum=1)
-    _check_int("seed", seed, minimum=0, maximum=_MAX_SEED)
-    _check_int("epoch", epoch, minimum=0)
-    _check_bool("normalize", normalize)
+def _check_common(batch_size, seed, epoch, normalize, repeat_epochs):
+    check_int("batch_size", batch_size, minimum=1)
+    check_int("seed", seed, minimum=0, maximum=MAX_SEED)
+    check_int("epoch", epoch, minimum=0)
+    check_bool("normalize", normalize)
     if repeat_epochs is not None and repeat_epochs != -1:
-        _check_int("repeat_epochs", repeat_epochs, minimum=1, extra="None, -1 or ")
+        check_int("repeat_epochs", repeat_epochs, minimum=1, extra="None, -1 or ")
 
 
-def _check_int(name, value, *, minimum=None, maximum=None, extra=""):
-    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-    if ok and minimum is not None and value < minimum:
-        ok = False
-    if ok and maximum is not None and value > maximum:
-        ok = False
-    if not ok:
-        bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ValueError(f"`{name}` must be {extra}an int {bounds}. Received: {name}={value!r}")
+def _check_arrays(images, labels):
+    images, labels = np.asarray(images), np.asarray(labels)
+    if images.dtype != np.uint8 or images.ndim != 4:
+        raise ValueError("`images` must be a uint8 array (N, H, W, C). Received: images of dtype "
+                         f"{images.dtype} and shape {images.shape}")
+    if labels.shape != (images.shape[0],) or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"`labels` must be N={images.shape[0]} ints. Received: labels of dtype "
+                         f"{labels.dtype} and shape {labels.shape}")
+    if images.shape[0] == 0:
+        raise ValueError("`images` is empty: nothing to batch.")
+    return images, labels
 
 
-def _check_bool(name, value):
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}")
-
-
-def _per_channel(name, values, channels):
-    if values is None:
-        raise ValueError(f"normalize=True needs `{name}` (per channel, [0, 1] units).")
-    values = tuple(float(v) for v in np.ravel(values))
-    if len(values) == 1:
-        values = values * channels
-    if len(values) != channels:
-        raise ValueError(
-            f"`{name}` has {len(values)} values for {channels}-channel images. "
-            f"Received: {name}={values}"
-        )
-    return values
+def _normalizer(mean, std, channels):
+    """``(mean, 1 / std)`` as float32 (1, 1, 1, C) constants; checks both."""
+    values = []
+    for name, given in (("mean", mean), ("std", std)):
+        if given is None:
+            raise ValueError(f"normalize=True needs `{name}` (per channel, [0, 1] units).")
+        v = tuple(float(x) for x in np.ravel(given))
+        v = v * channels if len(v) == 1 else v
+        if len(v) != channels:
+            raise ValueError(f"`{name}` has {len(v)} values for {channels}-channel images. "
+                             f"Received: {name}={v}")
+        values.append(np.reshape(v, (1, 1, 1, channels)))
+    if np.any(values[1] <= 0):
+        raise ValueError(f"`std` must be positive. Received: std={v}")
+    return tf.constant(values[0], tf.float32), tf.constant(1.0 / values[1], tf.float32)

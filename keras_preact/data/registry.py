@@ -1,4 +1,5 @@
-"""The dataset registry: names, shapes, sizes, classes, statistics, augmentation.
+"""The dataset registry (names, shapes, sizes, classes, statistics, augmentation) and the
+NumPy helpers the sources share: argument checks, channel statistics, stratified split.
 
 No TensorFlow here and no file read (`sources.dataset_info` adds what the files say).
 Statistics are per channel in [0, 1] units (pixels / 255).
@@ -7,6 +8,7 @@ Statistics are per channel in [0, 1] units (pixels / 255).
 import numpy as np
 
 from keras_preact.layers.preprocessing import PRESETS
+from keras_preact.layers.utils import check_choice
 
 CIFAR10_CLASSES = (
     "airplane", "automobile", "bird", "cat", "deer",
@@ -34,112 +36,101 @@ CIFAR100_CLASSES = (
 #: the paper uses (from He et al. 2016a, Sec. 4.2: 4-pixel padding, random 32 x 32 crop,
 #: random horizontal flip); "pad_crop" drops the flip, which would change a digit.
 AUGMENTATIONS = ("pad_crop_flip", "pad_crop", "none")
+SPLITS = ("train", "test")
+MAX_SEED = 2**63 - 1
 
-# Published statistics, shared with the model presets so that a model that carries
-# `preprocessing="cifar10"` sees exactly what this pipeline's normalisation produces.
-# The std values are the widely used pytorchcv ones (the true pixel std of the
-# CIFAR-10 train split is about 0.247, 0.243, 0.261); they are kept for that agreement.
-_CIFAR10_MEAN, _CIFAR10_STD = PRESETS["cifar10"][1], PRESETS["cifar10"][2]
-_CIFAR100_MEAN, _CIFAR100_STD = PRESETS["cifar100"][1], PRESETS["cifar100"][2]
+def _entry(description, num_classes, class_names, mean, std, stats_source, augmentation,
+           sources, num_train=None, num_test=None):
+    return dict(description=description, num_classes=num_classes, image_shape=(32, 32, 3),
+                num_train=num_train, num_test=num_test, class_names=class_names, mean=mean,
+                std=std, stats_source=stats_source, augmentation=augmentation, sources=sources)
 
+
+def _cifar(n, description, class_names):
+    # The statistics are the model presets' (pytorchcv's published std), so a model with
+    # `preprocessing="cifar10"` sees exactly what this pipeline's normalisation produces.
+    name = f"cifar{n}"
+    return _entry(description, n, class_names, *PRESETS[name][1:3],
+                  f"published (pytorchcv, the {name!r} preprocessing preset)", "pad_crop_flip",
+                  ("tfds", "archive"), 50000, 10000)
+
+
+_COMPUTED = "computed on the train split"
 #: The registered datasets' published facts (`sources.dataset_info` adds what is
 #: computed from the files: the digits' statistics, a folder's classes and sizes).
 DATASETS = {
-    "cifar10": {
-        "description": "CIFAR-10 (Krizhevsky 2009): 32x32 colour images, 10 classes.",
-        "num_classes": 10,
-        "image_shape": (32, 32, 3),
-        "num_train": 50000,
-        "num_test": 10000,
-        "class_names": CIFAR10_CLASSES,
-        "mean": _CIFAR10_MEAN,
-        "std": _CIFAR10_STD,
-        "stats_source": "published (pytorchcv, the 'cifar10' preprocessing preset)",
-        "augmentation": "pad_crop_flip",
-        "sources": ("tfds", "archive"),
-    },
-    "cifar100": {
-        "description": "CIFAR-100 (Krizhevsky 2009): 32x32 colour images, 100 fine classes.",
-        "num_classes": 100,
-        "image_shape": (32, 32, 3),
-        "num_train": 50000,
-        "num_test": 10000,
-        "class_names": CIFAR100_CLASSES,
-        "mean": _CIFAR100_MEAN,
-        "std": _CIFAR100_STD,
-        "stats_source": "published (pytorchcv, the 'cifar100' preprocessing preset)",
-        "augmentation": "pad_crop_flip",
-        "sources": ("tfds", "archive"),
-    },
-    "digits": {
-        "description": (
-            "scikit-learn's 8x8 handwritten digits (1,797 real images), scaled to "
-            "0..255, upsampled 4x (nearest) to 32x32, grey copied to 3 channels; "
-            "stratified 80/20 split with seed 0."
-        ),
-        "num_classes": 10,
-        "image_shape": (32, 32, 3),
-        "num_train": 1438,
-        "num_test": 359,
-        "class_names": tuple(str(i) for i in range(10)),
-        "mean": None,  # Computed on the train split (see `sources.dataset_info`).
-        "std": None,
-        "stats_source": "computed on the train split",
-        "augmentation": "pad_crop",
-        "sources": ("sklearn",),
-    },
-    "folder": {
-        "description": (
-            "A folder of images with one sub-folder per class (or train/ and test/ "
-            "sub-folders holding those); needs `path`."
-        ),
-        "num_classes": None,
-        "image_shape": (32, 32, 3),
-        "num_train": None,
-        "num_test": None,
-        "class_names": None,
-        "mean": None,
-        "std": None,
-        "stats_source": "computed on the train split",
-        "augmentation": "pad_crop_flip",
-        "sources": ("folder",),
-    },
+    "cifar10": _cifar(10, "CIFAR-10 (Krizhevsky 2009): 32x32 colour images, 10 classes.",
+                      CIFAR10_CLASSES),
+    "cifar100": _cifar(100, "CIFAR-100 (Krizhevsky 2009): 32x32 colour images, 100 fine "
+                       "classes.", CIFAR100_CLASSES),
+    "digits": _entry(
+        "scikit-learn's 8x8 handwritten digits (1,797 real images), scaled to 0..255, "
+        "upsampled 4x (nearest) to 32x32, grey copied to 3 channels; stratified 80/20 "
+        "split with seed 0.", 10, tuple(str(i) for i in range(10)), None, None, _COMPUTED,
+        "pad_crop", ("sklearn",), 1438, 359),
+    "folder": _entry(
+        "A folder of images with one sub-folder per class (or train/ and test/ "
+        "sub-folders holding those); needs `path`.", None, None, None, None, _COMPUTED,
+        "pad_crop_flip", ("folder",)),
 }
 
 
 def list_datasets():
-    """Names of the registered datasets.
-
-    Returns:
-        list of str, sorted.
-
-    Example:
-        >>> list_datasets()
-        ['cifar10', 'cifar100', 'digits', 'folder']
-    """
+    """The sorted names of the registered datasets."""
     return sorted(DATASETS)
 
 
 def check_dataset_name(name):
     """Raises ValueError listing the valid names when `name` is not registered."""
     if not isinstance(name, str) or name not in DATASETS:
-        raise ValueError(
-            f"Unknown dataset name. Received: name={name!r}. Valid: {list_datasets()}"
-        )
+        raise ValueError(f"Unknown dataset name. Received: name={name!r}. Valid: {list_datasets()}")
+
+
+def check_split(split, valid=SPLITS):
+    """Raises ValueError unless `split` is one of `valid`."""
+    check_choice("split", split, valid)
+
+
+def check_int(name, value, *, minimum=None, maximum=None, extra=""):
+    """Raises ValueError unless `value` is an int (not a bool) in [minimum, maximum]."""
+    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if not ok or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"`{name}` must be {extra}an int {bounds}. Received: {name}={value!r}")
+
+
+def check_bool(name, value, *, allow_none=False):
+    """Raises ValueError unless `value` is a bool (or None with `allow_none`)."""
+    if not (isinstance(value, (bool, np.bool_)) or (allow_none and value is None)):
+        either = "None, True or False" if allow_none else "True or False"
+        raise ValueError(f"`{name}` must be {either}. Received: {name}={value!r}")
 
 
 def channel_stats(images):
-    """Per-channel mean and std of uint8 NHWC images, in [0, 1] units.
-
-    Args:
-        images: uint8 array (N, H, W, C).
-
-    Returns:
-        ``(mean, std)``, tuples of C floats (std over all pixels of the channel; a
-        channel with zero spread gets std 1 so normalisation stays finite).
-    """
+    """Per-channel ``(mean, std)`` of uint8 NHWC images in [0, 1] units, tuples of C floats
+    (a channel with zero spread gets std 1 so normalisation stays finite)."""
     x = np.asarray(images, dtype=np.float64).reshape(-1, images.shape[-1]) / 255.0
-    mean = x.mean(axis=0)
-    std = x.std(axis=0)
+    mean, std = x.mean(axis=0), x.std(axis=0)
     std = np.where(std > 0, std, 1.0)
     return tuple(float(m) for m in mean), tuple(float(s) for s in std)
+
+
+def stratified_split(labels, *, test_fraction=0.2, seed=0):
+    """Splits example indices per class into sorted int64 ``(train, test)`` index arrays.
+
+    Each class gives ``round(test_fraction * count)`` examples to the test split, chosen
+    by NumPy's legacy `RandomState` (a stream NumPy keeps frozen across releases, so the
+    split is the same on every machine and version).
+    """
+    if not 0.0 < float(test_fraction) < 1.0:
+        raise ValueError(f"`test_fraction` must be in (0, 1). Received: test_fraction={test_fraction!r}")
+    labels = np.asarray(labels)
+    rng = np.random.RandomState(seed)
+    train, test = [], []
+    for cls in np.unique(labels):
+        members = np.flatnonzero(labels == cls)
+        members = members[rng.permutation(len(members))]
+        n_test = int(round(test_fraction * len(members)))
+        test.append(members[:n_test])
+        train.append(members[n_test:])
+    return tuple(np.sort(np.concatenate(part)).astype(np.int64) for part in (train, test))

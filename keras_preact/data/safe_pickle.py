@@ -1,25 +1,19 @@
 """A pickle reader for the CIFAR batch files that never runs code from the file.
 
-The "python version" CIFAR archives store each batch as a pickled dict of byte strings,
-lists of ints and one numpy ``uint8`` array. A plain `pickle.load` of such a file would
-import and call any global the file names (``os.system`` through ``__reduce__`` is the
-classic case), so a downloaded file could run arbitrary code. This module admits only the
-handful of globals that those files (and re-saves of them by current Python and numpy)
-use, and maps each to an inert stand-in of our own: numpy's reconstruction machinery is
-never called on data from the file. Arrays are rebuilt afterwards with `numpy.frombuffer`
-from the validated bytes, for plain numeric dtypes only.
+The "python version" CIFAR batches are pickled dicts of byte strings, lists of ints and
+one numpy ``uint8`` array. A plain `pickle.load` would import and call any global the
+file names (``os.system`` through ``__reduce__``), so a downloaded file could run code.
+Here only the few globals those files (and re-saves by current Python and numpy) use are
+admitted, each mapped to an inert stand-in of our own; numpy's reconstruction is never
+called on the file's data. Arrays are rebuilt afterwards with `numpy.frombuffer` from
+the validated bytes, for plain numeric dtypes only.
 
-Globals admitted, and why:
-    * ``numpy.core.multiarray._reconstruct``, ``numpy.ndarray``, ``numpy.dtype``: the
-      original files (Python 2 cPickle) and Python 3 pickles at protocols 2-4; numpy >= 2
-      writes ``numpy._core.multiarray`` instead of ``numpy.core.multiarray``.
-    * ``numpy._core.numeric._frombuffer`` (and ``numpy.core.numeric``): numpy's form at
-      pickle protocol 5.
-    * ``_codecs.encode`` and ``__builtin__.bytes``: how Python 3 writes ``bytes`` at
-      protocols 0-2 (only ``encode(str, "latin1")`` and ``bytes()``, the empty string,
-      are accepted).
-
-Everything else, including ``builtins`` and object arrays, is refused with a ValueError.
+Globals admitted (`_ADMITTED`): ``numpy.core.multiarray._reconstruct``,
+``numpy.ndarray`` and ``numpy.dtype`` (the original Python 2 files and protocols 2-4;
+numpy >= 2 writes ``numpy._core``); ``numpy._core.numeric._frombuffer`` (protocol 5);
+``_codecs.encode`` and ``__builtin__.bytes`` (how Python 3 writes ``bytes`` at protocols
+0-2; only ``encode(str, "latin1")`` and the empty ``bytes()``). Everything else,
+including ``builtins`` and object arrays, is refused with a ValueError.
 """
 
 import io
@@ -27,19 +21,6 @@ import math
 import pickle
 
 import numpy as np
-
-_RECONSTRUCT = {
-    ("numpy.core.multiarray", "_reconstruct"),
-    ("numpy._core.multiarray", "_reconstruct"),
-}
-_FROMBUFFER = {
-    ("numpy.core.numeric", "_frombuffer"),
-    ("numpy._core.numeric", "_frombuffer"),
-}
-_NDARRAY = ("numpy", "ndarray")
-_DTYPE = ("numpy", "dtype")
-_CODECS_ENCODE = ("_codecs", "encode")
-_BYTES = {("__builtin__", "bytes"), ("builtins", "bytes")}
 
 #: Numeric kinds an array in a CIFAR file may have: bool, signed, unsigned, float.
 _NUMERIC_KINDS = "biuf"
@@ -58,7 +39,7 @@ _NDARRAY_TYPE = _NdarrayType()
 class _DtypeSpec:
     """What ``numpy.dtype(code, align, copy)`` plus its pickled state described."""
 
-    code = None
+    code = None  # Also the state of an instance made without __init__ (NEWOBJ).
     byteorder = "|"
 
     def __init__(self, code, align=False, copy=False):
@@ -68,7 +49,6 @@ class _DtypeSpec:
         if not isinstance(code, str):
             raise _Refused(f"numpy.dtype({code!r}) is not a plain dtype code")
         self.code = code
-        self.byteorder = "|"
 
     def __setstate__(self, state):
         # numpy writes (version, byteorder, subarray, names, fields, elsize, alignment,
@@ -119,9 +99,7 @@ class _ArraySpec:
     def set(self, shape, dtype, fortran, data):
         if not isinstance(dtype, _DtypeSpec):
             raise _Refused("array dtype is not a numpy.dtype")
-        if not isinstance(shape, tuple) or not all(
-            isinstance(s, int) and s >= 0 for s in shape
-        ):
+        if not isinstance(shape, tuple) or not all(isinstance(s, int) and s >= 0 for s in shape):
             raise _Refused(f"invalid array shape {shape!r}")
         if isinstance(data, str):
             # Python 2 str decoded with encoding="latin1" by a caller; undo it.
@@ -137,10 +115,8 @@ class _ArraySpec:
         dtype = self.dtype.to_numpy()
         count = math.prod(self.shape)  # Exact: no int64 wrap-around on huge shapes.
         if len(self.data) != count * dtype.itemsize:
-            raise _Refused(
-                f"array of shape {self.shape} and dtype {dtype} needs "
-                f"{count * dtype.itemsize} bytes, the file holds {len(self.data)}"
-            )
+            raise _Refused(f"array of shape {self.shape} and dtype {dtype} needs "
+                           f"{count * dtype.itemsize} bytes, the file holds {len(self.data)}")
         flat = np.frombuffer(self.data, dtype=dtype, count=count)
         return flat.reshape(self.shape, order="F" if self.fortran else "C").copy()
 
@@ -150,7 +126,7 @@ class _Refused(Exception):
 
 
 def _reconstruct(subtype, shape, dtype_code):
-    del shape, dtype_code  # numpy passes (0,) and b"b"; the state carries the array.
+    # numpy passes (0,) and b"b" as shape and dtype_code; the state carries the array.
     if subtype is not _NDARRAY_TYPE:
         raise _Refused("_reconstruct may only rebuild numpy.ndarray")
     return _ArraySpec()
@@ -176,25 +152,25 @@ def _empty_bytes(*args):
     return b""
 
 
+_ADMITTED = {
+    ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy.core.numeric", "_frombuffer"): _frombuffer,
+    ("numpy._core.numeric", "_frombuffer"): _frombuffer,
+    ("numpy", "ndarray"): _NDARRAY_TYPE,
+    ("numpy", "dtype"): _DtypeSpec,
+    ("_codecs", "encode"): _codecs_encode,
+    ("__builtin__", "bytes"): _empty_bytes,
+    ("builtins", "bytes"): _empty_bytes,
+}
+
+
 class _RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
-        key = (module, name)
-        if key in _RECONSTRUCT:
-            return _reconstruct
-        if key in _FROMBUFFER:
-            return _frombuffer
-        if key == _NDARRAY:
-            return _NDARRAY_TYPE
-        if key == _DTYPE:
-            return _DtypeSpec
-        if key == _CODECS_ENCODE:
-            return _codecs_encode
-        if key in _BYTES:
-            return _empty_bytes
-        raise _Refused(
-            f"the pickle asks for the global {module}.{name}, which a CIFAR batch file "
-            "never needs (it would let the file run code)"
-        )
+        if (module, name) not in _ADMITTED:
+            raise _Refused(f"the pickle asks for the global {module}.{name}, which a CIFAR batch file "
+                           "never needs (it would let the file run code)")
+        return _ADMITTED[(module, name)]
 
     def persistent_load(self, pid):
         raise _Refused("persistent ids are not allowed")
@@ -209,34 +185,25 @@ def _materialize(obj, depth=0):
     if isinstance(obj, (_DtypeSpec, _NdarrayType)):
         raise _Refused("a bare numpy.dtype or numpy.ndarray object")
     if isinstance(obj, dict):
-        return {
-            _materialize(k, depth + 1): _materialize(v, depth + 1) for k, v in obj.items()
-        }
-    if isinstance(obj, list):
-        return [_materialize(v, depth + 1) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_materialize(v, depth + 1) for v in obj)
+        return {_materialize(k, depth + 1): _materialize(v, depth + 1) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):  # only the built-in types: the pickle names no class
+        return type(obj)(_materialize(v, depth + 1) for v in obj)
     if obj is None or isinstance(obj, (bool, int, float, str, bytes, bytearray)):
         return obj
     raise _Refused(f"unexpected object of type {type(obj).__name__}")
 
 
 def safe_load_pickle(data, *, source):
-    """Unpickles CIFAR batch bytes without importing or calling anything from the file.
-
-    Args:
-        data: bytes, the content of a pickle file.
-        source: str, the file name used in error messages.
+    """Unpickles CIFAR batch bytes without importing or calling anything from the file
+    (`source` names the file in error messages).
 
     Returns:
-        The unpickled object: dicts, lists, tuples, bytes, str, numbers and numpy
-        arrays of plain numeric dtypes. Python 2 strings come back as bytes (the
-        CIFAR dicts have byte-string keys such as ``b"data"``).
+        The unpickled object: dicts, lists, tuples, bytes, str, numbers and numpy arrays
+        of plain numeric dtypes (Python 2 strings come back as bytes, e.g. ``b"data"``).
 
     Raises:
-        ValueError: naming `source`, when the pickle asks for any other global (which
-            could run code), holds object arrays or other objects, or is not a valid
-            pickle (truncated, corrupt).
+        ValueError: naming `source`, when the pickle asks for any other global, holds
+            object arrays or other objects, or is truncated or corrupt.
 
     Example:
         >>> import pickle
@@ -249,11 +216,8 @@ def safe_load_pickle(data, *, source):
     except _Refused as err:
         raise ValueError(f"Refusing to load the pickle file {source!r}: {err}.") from None
     except RecursionError:
-        raise ValueError(
-            f"Refusing to load the pickle file {source!r}: nesting too deep."
-        ) from None
+        raise ValueError(f"Refusing to load the pickle file {source!r}: nesting too deep.") from None
     except Exception as err:  # noqa: BLE001 - any unpickling failure means a bad file.
         raise ValueError(
-            f"The pickle file {source!r} is truncated or corrupt "
-            f"({type(err).__name__}: {err})."
+            f"The pickle file {source!r} is truncated or corrupt ({type(err).__name__}: {err})."
         ) from None

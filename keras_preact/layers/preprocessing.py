@@ -3,15 +3,14 @@
 import keras
 from keras import ops
 
-#: Named preprocessing presets: ``(scale, mean, std)`` applied as
-#: ``(x * scale - mean) / std`` per channel to raw pixels in [0, 255].
+from keras_preact.layers.utils import normalize_data_format
+
+#: ``(scale, mean, std)``, applied as ``(x * scale - mean) / std`` to [0, 255] pixels.
 PRESETS = {
-    # [0, 255] -> [-1, 1] (keras.applications ResNetV2's "tf" mode).
+    # [-1, 1] (keras.applications ResNetV2's "tf" mode).
     "symmetric": (1.0 / 127.5, (1.0,), (1.0,)),
-    # [0, 255] -> [0, 1].
     "unit": (1.0 / 255.0, (0.0,), (1.0,)),
-    # The CIFAR-10 per-channel statistics of the training set in [0, 1] units
-    # (the values used by pytorchcv's CIFAR models).
+    # The training sets' statistics as pytorchcv's CIFAR models use them.
     "cifar10": (1.0 / 255.0, (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
     "cifar100": (1.0 / 255.0, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
     # ImageNet statistics (torchvision / keras.applications "torch" mode).
@@ -20,52 +19,33 @@ PRESETS = {
 
 
 def resolve_preprocessing(preprocessing):
-    """Turns a `preprocessing` argument into ``(scale, mean, std)`` or None.
-
-    Args:
-        preprocessing: None (no preprocessing: the model takes already normalised
-            floats), a preset name from `PRESETS`, or a dict with "mean" and "std"
-            (per-channel, in the units of ``x * scale``) and an optional "scale"
-            (default 1/255).
-
-    Raises:
-        ValueError: for an unknown name, a malformed dict or a non-positive std.
-    """
+    """Turns a `preprocessing` argument (None, a name of `PRESETS`, or a dict with
+    per-channel "mean" and "std" in units of ``x * scale`` and an optional "scale",
+    default 1/255) into ``(scale, mean, std)`` or None; ValueError if malformed."""
     if preprocessing is None:
         return None
-    if isinstance(preprocessing, str):
-        if preprocessing not in PRESETS:
-            raise ValueError(
-                f"Unknown `preprocessing` preset. Received: preprocessing="
-                f"{preprocessing!r}. Valid: None, a dict with 'mean' and 'std', or one "
-                f"of {sorted(PRESETS)}"
-            )
+    if isinstance(preprocessing, str) and preprocessing in PRESETS:
         scale, mean, std = PRESETS[preprocessing]
         return float(scale), tuple(mean), tuple(std)
-    if isinstance(preprocessing, dict):
-        unknown = set(preprocessing) - {"mean", "std", "scale"}
-        if unknown or "mean" not in preprocessing or "std" not in preprocessing:
-            raise ValueError(
-                "A `preprocessing` dict needs the keys 'mean' and 'std' and may have "
-                f"'scale'. Received: preprocessing={preprocessing!r}"
-            )
-        mean = _as_tuple("preprocessing['mean']", preprocessing["mean"])
-        std = _as_tuple("preprocessing['std']", preprocessing["std"])
-        if any(s <= 0 for s in std):
-            raise ValueError(
-                f"preprocessing['std'] must be positive. Received: {std}"
-            )
-        if len(mean) != len(std) and 1 not in (len(mean), len(std)):
-            raise ValueError(
-                "preprocessing['mean'] and ['std'] must have the same length. "
-                f"Received: mean={mean}, std={std}"
-            )
-        scale = float(preprocessing.get("scale", 1.0 / 255.0))
-        return scale, mean, std
-    raise ValueError(
-        "`preprocessing` must be None, a preset name or a dict. "
-        f"Received: preprocessing={preprocessing!r}"
-    )
+    if isinstance(preprocessing, str):
+        raise ValueError(
+            f"Unknown `preprocessing` preset. Received: preprocessing={preprocessing!r}. "
+            f"Valid: None, a dict with 'mean' and 'std', or one of {sorted(PRESETS)}"
+        )
+    if not isinstance(preprocessing, dict):
+        raise ValueError("`preprocessing` must be None, a preset name or a dict. "
+                         f"Received: preprocessing={preprocessing!r}")
+    if set(preprocessing) - {"mean", "std", "scale"} or not {"mean", "std"} <= set(preprocessing):
+        raise ValueError("A `preprocessing` dict needs the keys 'mean' and 'std' and may have "
+                         f"'scale'. Received: preprocessing={preprocessing!r}")
+    mean = _as_tuple("preprocessing['mean']", preprocessing["mean"])
+    std = _as_tuple("preprocessing['std']", preprocessing["std"])
+    if any(s <= 0 for s in std):
+        raise ValueError(f"preprocessing['std'] must be positive. Received: {std}")
+    if len(mean) != len(std) and 1 not in (len(mean), len(std)):
+        raise ValueError("preprocessing['mean'] and ['std'] must have the same length. "
+                         f"Received: mean={mean}, std={std}")
+    return float(preprocessing.get("scale", 1.0 / 255.0)), mean, std
 
 
 def _as_tuple(name, value):
@@ -79,14 +59,8 @@ def _as_tuple(name, value):
 
 @keras.saving.register_keras_serializable(package="keras_preact")
 class ImageNormalization(keras.layers.Layer):
-    """Per-channel ``(x * scale - mean) / std``; accepts integer images.
-
-    Args:
-        scale: float, multiplies the raw input first (default 1/255).
-        mean: sequence of floats, one per channel (or one for all).
-        std: sequence of positive floats, one per channel (or one for all).
-        data_format: "channels_last" or "channels_first" (None: Keras' default).
-        **kwargs: base Layer arguments.
+    """Per-channel ``(x * scale - mean) / std`` (one value or one per channel);
+    accepts integer images.
 
     Example:
         >>> layer = ImageNormalization(scale=1 / 127.5, mean=(1.0,), std=(1.0,))
@@ -96,8 +70,6 @@ class ImageNormalization(keras.layers.Layer):
 
     def __init__(self, scale=1.0 / 255.0, mean=(0.0,), std=(1.0,), data_format=None, **kwargs):
         super().__init__(**kwargs)
-        from keras_preact.layers.utils import normalize_data_format
-
         self.scale = float(scale)
         self.mean = _as_tuple("mean", mean)
         self.std = _as_tuple("std", std)
@@ -118,10 +90,7 @@ class ImageNormalization(keras.layers.Layer):
                 )
 
     def _broadcast(self, values):
-        if self.data_format == "channels_last":
-            shape = (1, 1, 1, len(values))
-        else:
-            shape = (1, len(values), 1, 1)
+        shape = (1, 1, 1, -1) if self.data_format == "channels_last" else (1, -1, 1, 1)
         return ops.reshape(ops.convert_to_tensor(values, dtype=self.compute_dtype), shape)
 
     def call(self, inputs):
@@ -134,12 +103,6 @@ class ImageNormalization(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "scale": self.scale,
-                "mean": list(self.mean),
-                "std": list(self.std),
-                "data_format": self.data_format,
-            }
-        )
+        config.update(scale=self.scale, mean=list(self.mean), std=list(self.std),
+                      data_format=self.data_format)
         return config

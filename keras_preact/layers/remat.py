@@ -1,54 +1,28 @@
 """Rematerialisation (gradient checkpointing) of a stage's stacked units.
 
-A stage of ``n`` identical units normally keeps every intermediate tensor of every
-unit for the backward pass. With rematerialisation the units are cut into segments:
-the forward pass keeps only each segment's input, and the backward pass recomputes
-one segment at a time. Memory falls from ~n units' activations to ~n/k segment
-inputs plus one segment's activations (k units a segment); the price is about one
-extra forward pass (~1.33x the compute of a training step).
+The forward pass keeps only each segment's input; the backward pass recomputes one
+segment at a time (~1.33x a training step). The checkpoint is the backend's:
+`tf.recompute_grad` (works under `fit`, where `keras.RematScope` fails in Keras 3.15 /
+TF 2.21), `jax.checkpoint` or non-reentrant `torch.utils.checkpoint`. The equal
+segments run as one backend loop (`scan`): ResNet-1001, TensorFlow, batch 8 traces in
+minutes and ~3.3 GB unrolled, 37 s and 1.8 GB looped.
 
-The checkpoint is the backend's own:
-
-* TensorFlow: `tf.recompute_grad` (works inside `model.fit`'s `tf.function`;
-  `keras.RematScope(mode="full")` around the model fails there as soon as `fit` traces
-  it: "The custom_gradient decorator currently supports keywords arguments only when
-  eager execution is enabled", Keras 3.15.1 / TF 2.21);
-* JAX: `jax.checkpoint`;
-* PyTorch: `torch.utils.checkpoint.checkpoint` (non-reentrant).
-
-The checkpointed function is pure: it returns the new BatchNorm moving statistics
-as outputs instead of assigning them, and the stage assigns them once after the
-forward pass. Recomputation therefore never updates them a second time.
-
-The equal segments run as one loop of the backend (`scan`: `tf.while_loop`,
-`jax.lax.scan`), so a traced training step holds one segment's graph however deep
-the stage is. Measured on ResNet-1001 (TensorFlow, 2 CPU cores, batch 8): with the
-segments unrolled, tracing and optimising the step took minutes and ~3.3 GB; looped,
-the first step takes 37 s and the process peaks at 1.8 GB.
-
-Modes (the `remat` argument of `PreActStage`, `PreActResNet` and the factories):
-
-* ``None`` / ``False``: off (default).
-* ``True`` or ``"segment"``: segments of ``ceil(sqrt(n))`` units, about ``sqrt(n)``
-  checkpoints per stage (the memory-optimal split for equal units).
-* ``"unit"``: every unit is its own segment (keeps every unit's input).
-* an int ``N >= 1``: segments of ``N`` units.
+Modes (`remat=`): None / False (off), True or "segment" (segments of ceil(sqrt(n))
+units, the memory-optimal split), "unit" (one unit a segment), or an int N >= 1.
 """
 
-import logging
+import contextlib
 import math
 
 import keras
+
+from keras_preact.layers.variants import get_unit
 
 REMAT_MODES = ("unit", "segment")
 
 
 def normalize_remat(remat):
-    """Validates a `remat` argument and returns None, "unit", "segment" or an int.
-
-    Raises:
-        ValueError: naming the value received and what is valid.
-    """
+    """Validates `remat`; returns None, "unit", "segment" or an int."""
     if remat is None or remat is False:
         return None
     if remat is True:
@@ -64,14 +38,9 @@ def normalize_remat(remat):
 
 
 def check_remat(remat, unit):
-    """`normalize_remat(remat)`, refused for a unit whose recomputation would differ.
-
-    Raises:
-        ValueError: for an invalid `remat`, or any remat with unit="dropout_shortcut"
-            (a recomputed unit would draw another dropout mask).
-    """
+    """`normalize_remat(remat)`, refused (ValueError) for unit="dropout_shortcut"."""
     mode = normalize_remat(remat)
-    if mode is not None and unit == "dropout_shortcut":
+    if mode is not None and get_unit(unit).shortcut == "dropout":
         raise ValueError(
             "`remat` cannot be combined with unit='dropout_shortcut': recomputing a "
             f"unit would draw a different dropout mask. Received: remat={remat!r} "
@@ -81,7 +50,7 @@ def check_remat(remat, unit):
 
 
 def segment_lengths(units, remat):
-    """Lengths of the consecutive segments that `units` stacked units are cut into.
+    """Lengths of the segments that `units` stacked units are cut into.
 
     Example:
         >>> segment_lengths(110, "segment")  # ceil(sqrt(110)) = 11
@@ -105,16 +74,13 @@ def segment_lengths(units, remat):
 
 
 def checkpoint(fn):
-    """Wraps `fn(*tensors) -> tuple of tensors` so that the backward pass recomputes
-    it instead of keeping its intermediate tensors.
-
-    `fn` must take positional tensor arguments only and have no side effects
-    (no variable assignment): it is called again during the backward pass. On a
-    backend without a checkpoint primitive `fn` is returned unchanged.
-    """
+    """Wraps `fn(*tensors) -> tuple of tensors`, which must have no side effects, so
+    that the backward pass recomputes it (unchanged on other backends)."""
     backend = keras.backend.backend()
     if backend == "tensorflow":
-        return _tf_checkpoint(fn)
+        import tensorflow as tf
+
+        return tf.recompute_grad(fn)
     if backend == "jax":
         import jax
 
@@ -132,49 +98,33 @@ def checkpoint(fn):
     return fn
 
 
-def _tf_checkpoint(fn):
-    """`tf.recompute_grad(fn)`, made effective inside a `tf.function`.
+@contextlib.contextmanager
+def model_pruning_off():
+    """Turns Grappler's model pruning off inside the block (TensorFlow).
 
-    Grappler's model pruning, on by default, undoes the rematerialisation in a
-    traced train step (such as `model.fit`'s). Measured here on ResNet-164 at batch
-    64 (segments of 5 units): plain 3.04 GB peak, rematerialised 2.86 GB with model
-    pruning on and 1.61 GB with it off. So the first rematerialised stage turns model
-    pruning off for the process (`tf.config.optimizer.set_experimental_options`),
-    with a log line.
+    Model pruning undoes `tf.recompute_grad` in a traced step (ResNet-164, batch 64:
+    plain 3.04 GB peak, remat 2.86 GB with pruning, 1.61 GB without). TensorFlow reads
+    the option when a function *runs*, not when traced, so the block must enclose the
+    training step's calls (`PreActResNet` wraps its train function; a custom
+    `tf.function` loop wraps its calls).
     """
     import tensorflow as tf
 
-    if not tf.config.optimizer.get_experimental_options().get("disable_model_pruning"):
-        tf.config.optimizer.set_experimental_options({"disable_model_pruning": True})
-        logging.getLogger("keras_preact").info(
-            "remat: turned off Grappler model pruning for this process; it undoes "
-            "rematerialisation inside tf.function."
-        )
-    return tf.recompute_grad(fn)
+    if tf.config.optimizer.get_experimental_options().get("disable_model_pruning"):
+        yield
+        return
+    tf.config.optimizer.set_experimental_options({"disable_model_pruning": True})
+    try:
+        yield
+    finally:
+        tf.config.optimizer.set_experimental_options({"disable_model_pruning": False})
 
 
 def scan(fn, carry, xs, ys_like):
-    """Runs ``carry, ys = fn(carry, xs[i])`` for every i along the leading axis of
-    `xs` as a loop of the backend, so the traced graph holds one body, whatever
-    the length.
-
-    Args:
-        fn: ``fn(carry, slices) -> (carry, ys)``: `carry` a tensor, `slices` a tuple
-            of tensors (one leading-axis slice of each of `xs`), `ys` a tuple of
-            tensors with the same shape and dtype at every step.
-        carry: the initial carry, a tensor.
-        xs: a non-empty tuple of tensors with the same static leading size.
-        ys_like: a tuple of tensors with the shapes and dtypes of the stacked `ys`
-            (TensorFlow allocates the outputs from them; only their shapes and
-            dtypes are read).
-
-    Returns:
-        ``(carry, ys)``: the final carry and `ys` stacked along a new leading axis.
-
-    The loop is `tf.while_loop` on TensorFlow and `jax.lax.scan` on JAX; elsewhere
-    (PyTorch, which traces nothing) a Python loop. Both compiled loops are
-    differentiable, including through a `checkpoint`-ed `fn`.
-    """
+    """``carry, ys = fn(carry, xs[i])`` along the leading axis of `xs` as one
+    differentiable backend loop (`tf.while_loop`, `jax.lax.scan`; a Python loop on
+    PyTorch); returns ``(carry, stacked ys)``. `ys_like` are shaped and typed like the
+    stacked `ys` (TensorFlow allocates its outputs from them)."""
     xs = tuple(xs)
     length = int(xs[0].shape[0])
     backend = keras.backend.backend()

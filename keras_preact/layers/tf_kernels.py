@@ -1,35 +1,20 @@
 """TensorFlow-only kernels for the training hot path (imported only on that backend).
 
-Measured on 2 CPU cores (x86-64 with AVX2/FMA, TF 2.21, batch 128, channels_last).
+`functional.conv` and `functional.bn_relu` pick them; tests/test_tf_kernels.py checks
+they equal the plain path. Timings: 2 CPU cores, AVX2, TF 2.21, batch 128, 16
+channels at 32x32, forward + backward.
 
-**oneDNN.** TensorFlow enables its oneDNN kernels by default only on CPUs with AVX-512
-or AMX features; on an AVX2 CPU it runs its Eigen kernels unless
-`TF_ENABLE_ONEDNN_OPTS=1` is set before TensorFlow is imported (importing
-`keras_preact` first sets that default; see the package docstring). With oneDNN,
-TensorFlow's own convolution gradients are fast (16 channels at 32x32, forward +
-backward: 18.0 ms, against 23.2 ms for `conv2d` below and 39.7 ms for Eigen's gradient).
-
-**`conv2d`** (used only where oneDNN is off). Eigen's gradient of a stride-1
-convolution brings forward + backward to 5-8x the forward pass. Both halves of that
-gradient are themselves convolutions that the forward kernel runs much faster:
-
-* the input gradient is the output gradient convolved with the kernel flipped in
-  space and transposed in channels;
-* the kernel gradient is a convolution of the padded input, with batch and channels
-  swapped, by the output gradient; for a 1x1 kernel it is one matrix product.
-
-`conv2d` uses those forms through `tf.custom_gradient`. The forward pass is
-TensorFlow's own op, so outputs are bit-identical; the gradients are the same sums
-in another order (equal to float32 rounding; a test compares both paths).
-Set `KERAS_PREACT_FAST_CONV_GRAD=0` to use TensorFlow's registered gradient. With oneDNN
-on, the transposes it needs cost more than they save, so it is not used.
-
-**`batch_norm_relu`**: training-mode BatchNorm + ReLU as TensorFlow's fused kernel.
-Differentiating Keras' arithmetic (`tf.nn.moments`, `tf.nn.batch_normalization`,
-ReLU) materialises each mean's broadcast gradient with a full-size `Tile` and runs a
-dozen elementwise passes. Forward + backward at 16 channels, 32x32: 10.8 ms -> 6.0 ms with
-oneDNN (PyTorch: 8.3 ms), 16.1 ms -> 11.1 ms without. Outputs and statistics equal Keras'
-to float32 rounding. Set `KERAS_PREACT_FUSED_BN=0` to use Keras' arithmetic.
+- oneDNN: TensorFlow turns its oneDNN kernels on by itself only with AVX-512/AMX;
+  importing `keras_preact` first sets `TF_ENABLE_ONEDNN_OPTS=1` by default. Its conv
+  gradient is then fast (18.0 ms; 39.7 ms on Eigen).
+- `conv2d` (only with oneDNN off, `KERAS_PREACT_FAST_CONV_GRAD=0` disables): Eigen's
+  stride-1 conv gradient computed as two forward convs (the input gradient: the
+  output gradient by the flipped, transposed kernel; the kernel gradient: the padded
+  input by the output gradient, batch and channels swapped; a matmul for 1x1).
+  Forward bit-identical, gradients equal to float32 rounding; 23.2 ms.
+- `batch_norm_relu` (`KERAS_PREACT_FUSED_BN=0` disables): training BN + ReLU as
+  TensorFlow's fused kernel instead of Keras' moments / normalisation arithmetic with
+  its full-size `Tile` gradients: 10.8 -> 6.0 ms with oneDNN, 16.1 -> 11.1 ms without.
 """
 
 import os
@@ -38,18 +23,17 @@ import tensorflow as tf
 
 
 def enabled():
-    """Whether `conv2d` may be used: the environment switch (read at each trace), and
-    only without oneDNN, whose own gradient is faster."""
+    """The environment switch (read at each trace), and only without oneDNN, whose own
+    gradient is faster."""
     return os.environ.get("KERAS_PREACT_FAST_CONV_GRAD", "1") != "0" and not onednn_enabled()
 
 
 def bn_enabled():
-    """Whether `batch_norm_relu` may be used (the environment switch, read at each trace)."""
     return os.environ.get("KERAS_PREACT_FUSED_BN", "1") != "0"
 
 
 def onednn_enabled():
-    """Whether this TensorFlow process runs its oneDNN kernels (fixed at its import)."""
+    """Whether TensorFlow runs its oneDNN kernels (fixed at its import)."""
     from keras_preact import private_api
 
     try:
@@ -62,10 +46,9 @@ _warned_onednn_off = False
 
 
 def warn_if_onednn_off():
-    """Warns once a process when a model trains on TensorFlow's Eigen CPU kernels because
-    TensorFlow was imported before keras_preact could choose oneDNN (1.5-1.9x slower
-    training on an AVX2 CPU). Silent when the user set `TF_ENABLE_ONEDNN_OPTS`
-    either way, when oneDNN is on, and when a GPU is visible."""
+    """Warns once when training runs on the Eigen CPU kernels because TensorFlow was
+    imported before keras_preact could choose oneDNN; silent when the user set
+    `TF_ENABLE_ONEDNN_OPTS` or a GPU is visible."""
     global _warned_onednn_off
     if _warned_onednn_off or "TF_ENABLE_ONEDNN_OPTS" in os.environ or onednn_enabled():
         return
@@ -85,10 +68,19 @@ def warn_if_onednn_off():
     )
 
 
-def supports(kernel_shape, strides, data_format):
-    """The fast gradient covers stride-1, odd-sized, "same"-padded NHWC convs."""
+def fast_conv_applies(kernel_shape, strides, data_format):
     kh, kw = kernel_shape[0], kernel_shape[1]
-    return strides == 1 and data_format == "channels_last" and kh % 2 == 1 and kw % 2 == 1
+    return (enabled() and strides == 1 and data_format == "channels_last" and kh % 2 == 1
+            and kw % 2 == 1)
+
+
+def fused_bn_applies(data_format, synchronized, dtype="float32"):
+    """Whether training BN + ReLU runs as `batch_norm_relu` (float32 statistics: not
+    float64). Warns here when oneDNN is off, as the kernels are chosen at this trace."""
+    warn_if_onednn_off()
+    if synchronized or data_format != "channels_last" or dtype == "float64":
+        return False
+    return bn_enabled()
 
 
 @tf.custom_gradient
@@ -115,20 +107,11 @@ def conv2d(x, kernel):
 
 
 def batch_norm_relu(x, gamma, beta, epsilon):
-    """``relu(batch_norm(x))`` with batch statistics (training), channels last.
+    """Training ``relu(batch_norm(x))`` of float32 NHWC `x` as `FusedBatchNormV3`, which
+    Grappler fuses with the ReLU (`_FusedBatchNormEx`).
 
-    TensorFlow's fused kernel (`FusedBatchNormV3`), which Grappler fuses with the ReLU
-    (`_FusedBatchNormEx`) and differentiates with `FusedBatchNormGradV3`.
-
-    Args:
-        x: float32 tensor, channels last.
-        gamma, beta: float32 vectors of the channel count.
-        epsilon: float added to the variance.
-
-    Returns:
-        (y, mean, variance): the activation and the batch statistics. The variance is
-        the biased one that Keras' BatchNormalization averages (the kernel returns
-        the Bessel-corrected one, rescaled here by (n - 1) / n).
+    Returns (y, mean, variance), the variance the biased one Keras' BN averages (the
+    kernel's Bessel-corrected one rescaled by (n - 1) / n).
     """
     empty = tf.zeros([0], x.dtype)
     # The raw op: `tf.compat.v1.nn.fused_batch_norm` would raise epsilon to 1.001e-5.

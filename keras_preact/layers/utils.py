@@ -19,17 +19,22 @@ def normalize_data_format(data_format):
     return data_format
 
 
+def check_choice(name, value, valid):
+    """Raises ValueError unless `value` is one of `valid`; returns it."""
+    if isinstance(value, (list, dict)) or value not in valid:
+        raise ValueError(f"Unknown `{name}`. Received: {name}={value!r}. Valid: {list(valid)}")
+    return value
+
+
+def check_positive_int(name, value):
+    """Raises ValueError unless `value` is an int >= 1 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+
+
 def check_known_arguments(given, valid, *, where):
-    """Raises ValueError for the first name in `given` that is not in `valid`.
-
-    Args:
-        given: dict of the keyword arguments received.
-        valid: iterable of the accepted names.
-        where: what received them, for the message (e.g. "preact_resnet20").
-
-    Raises:
-        ValueError: naming the argument, its value and the closest valid name.
-    """
+    """Raises ValueError, with the closest valid name, for the first name of the
+    kwargs dict `given` not in `valid`; `where` names the receiver (e.g. "preact_resnet20")."""
     valid = sorted(valid)
     for name in sorted(set(given) - set(valid)):
         close = difflib.get_close_matches(name, valid, n=1)
@@ -41,20 +46,13 @@ def check_known_arguments(given, valid, *, where):
 
 
 def spatial_shape(shape, data_format):
-    """Returns (height, width) of a 4D shape (with batch) in `data_format`."""
     if data_format == "channels_last":
         return shape[1], shape[2]
     return shape[2], shape[3]
 
 
 def conv_macs(conv, input_shape, data_format):
-    """Multiply-adds of a built `keras.layers.Conv2D` for one example.
-
-    Args:
-        conv: a `keras.layers.Conv2D`.
-        input_shape: its 4D input shape, batch first (the batch size is ignored).
-        data_format: the conv's data format.
-    """
+    """Multiply-adds of a built `keras.layers.Conv2D` for one example of 4D `input_shape`."""
     height, width = spatial_shape(input_shape, data_format)
     if height is None or width is None:
         raise ValueError(

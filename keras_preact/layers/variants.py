@@ -1,155 +1,135 @@
-"""The residual units compared in He et al. 2016 (arXiv 1603.05027), by name.
+"""The residual units compared in He et al. 2016 (arXiv:1603.05027), as data.
 
-Every unit is ``y = f(h(x) + F(x))`` with a different placement of BN and ReLU
-(paper Section 4, Fig. 4, Table 2) or a different shortcut ``h`` (Section 3, Fig. 2,
-Table 1). A name selects one; `resolve_unit_options` checks the name and its
-parameters and fills in the paper's values where a parameter is left as None.
-
-==========================  ======  ===============================================
-name                        figure  equation (``F`` = the residual branch)
-==========================  ======  ===============================================
-``full_preact`` (default)   4e      ``x + F(x)``, F = (BN-ReLU-conv) x 2 or 3
-``original``                4a      ``relu(x + F(x))``, F = conv-BN-ReLU-...-conv-BN
-``bn_after_addition``       4b      ``relu(BN(x + F(x)))``, F's last BN removed
-``relu_before_addition``    4c      ``x + relu(F(x))``, F as in ``original``
-``relu_only_preact``        4d      ``x + F(x)``, F = (ReLU-conv-BN) x 2 or 3
-``constant_scaling``        2b      ``relu(lambda_s * x + lambda_r * F(x))``
-``exclusive_gating``        2c      ``relu((1 - g(x)) * x + g(x) * F(x))``
-``shortcut_only_gating``    2d      ``relu((1 - g(x)) * x + F(x))``
-``conv_shortcut``           2e      ``relu(conv1x1(x) + F(x))`` in every unit
-``dropout_shortcut``        2f      ``relu(dropout(x) + F(x))``
-==========================  ======  ===============================================
-
-The Table 1 units (Fig. 2) are the original unit with a changed shortcut; their ``F``
-is the original one. ``g(x) = sigmoid(conv1x1(x) + b_g)`` is a 1x1 conv gate whose
-bias starts at ``b_g`` (`gate_bias`). Where a unit changes the shape its shortcut
-``x`` is a 1x1 projection (as in the default unit).
-
-This module is plain Python (no Keras), so configs can be checked before any layer
-is built.
+Every unit is ``y = f(h(x) + F(x))``, differing in where BN and ReLU go (Section 4,
+Fig. 4, Table 2) or in the shortcut ``h`` (Section 3, Fig. 2, Table 1). The gating
+units' gate is ``g(x) = sigmoid(conv1x1(x) + b_g)``. Plain Python (no Keras), so
+configs can be checked before any layer is built.
 """
 
+import dataclasses
 import math
 import numbers
 
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """One residual unit of the paper.
+
+    Attributes:
+        preactivation: ReLU before each conv of F (Fig. 4d, 4e), not after every conv
+            but the last; the stem then has no BN-ReLU and a ReLU follows the last unit.
+        bn_before_conv: F is (BN-ReLU-conv) x n (Fig. 4e), else its BNs follow the
+            convs. The network then ends in BN-ReLU; conv biases are allowed.
+        bn_after_addition: ``f`` = ReLU(BN(.)) and F's last BN is removed (Fig. 4b).
+        relu_after_addition: ``f`` ends in a ReLU (the 2015 design, Table 1).
+        relu_before_addition: F ends in a ReLU (Fig. 4c).
+        shortcut: ``h``: "identity", "scaling" (``lambda_s x + lambda_r F``),
+            "exclusive_gate" (``(1 - g) x + g F``), "shortcut_gate" (``(1 - g) x + F``),
+            "conv" (a 1x1 conv in every unit) or "dropout".
+        parameters: the unit's keyword parameters with the paper's values.
+        paper: CIFAR-10 test error (%) in the paper (Tables 1, 2; "fail" = above 20%).
+    """
+
+    figure: str
+    preactivation: bool = False
+    bn_before_conv: bool = False
+    bn_after_addition: bool = False
+    relu_after_addition: bool = True
+    relu_before_addition: bool = False
+    shortcut: str = "identity"
+    parameters: tuple = ()
+    paper: dict = dataclasses.field(default_factory=dict, compare=False)
+
+    @property
+    def gated(self):
+        return self.shortcut in ("exclusive_gate", "shortcut_gate")
+
+    @property
+    def projection_bn(self):
+        # Units without a BN pre-activation normalise a projection (conv-BN, 2015).
+        return not self.preactivation
+
+
+_LAMBDAS = (("shortcut_scale", 0.5), ("residual_scale", 0.5))
+_GATE = (("gate_bias", -6.0),)
+_PREACT = dict(preactivation=True, relu_after_addition=False)
+
+#: name -> `Unit`, the default first.
+UNITS = {
+    "full_preact": Unit("4e", bn_before_conv=True, **_PREACT,
+                        paper={"resnet110": "6.37", "resnet164": "5.46"}),
+    "original": Unit("4a", paper={"resnet110": "6.61", "resnet164": "5.93"}),
+    "bn_after_addition": Unit("4b", bn_after_addition=True,
+                              paper={"resnet110": "8.17", "resnet164": "6.50"}),
+    "relu_before_addition": Unit("4c", relu_after_addition=False, relu_before_addition=True,
+                                 paper={"resnet110": "7.84", "resnet164": "6.14"}),
+    "relu_only_preact": Unit("4d", **_PREACT, paper={"resnet110": "6.71", "resnet164": "5.91"}),
+    "constant_scaling": Unit("2b", shortcut="scaling", parameters=_LAMBDAS, paper={
+        "resnet110": "12.35 (0.5/0.5); fail (0/1, 0.5/1)"}),
+    "exclusive_gating": Unit("2c", shortcut="exclusive_gate", parameters=_GATE, paper={
+        "resnet110": "8.70 (b_g=-6); 9.81 (b_g=-7); fail (b_g=0..-5, -10)"}),
+    "shortcut_only_gating": Unit("2d", shortcut="shortcut_gate", parameters=_GATE, paper={
+        "resnet110": "6.91 (b_g=-6); 12.86 (b_g=0)"}),
+    "conv_shortcut": Unit("2e", shortcut="conv", paper={"resnet110": "12.22"}),
+    "dropout_shortcut": Unit("2f", shortcut="dropout", parameters=(("dropout_rate", 0.5),),
+                             paper={"resnet110": "fail (rate 0.5)"}),
+}
 #: Every unit name, the default first. KerasTuner can search over this list.
-UNIT_TYPES = (
-    "full_preact",
-    "original",
-    "bn_after_addition",
-    "relu_before_addition",
-    "relu_only_preact",
-    "constant_scaling",
-    "exclusive_gating",
-    "shortcut_only_gating",
-    "conv_shortcut",
-    "dropout_shortcut",
-)
-DEFAULT_UNIT = "full_preact"
-
-#: Units whose activation comes before the convs (Fig. 4d, 4e): the network has no
-#: activation after its stem conv and one extra activation after its last unit.
-PREACTIVATION_UNITS = ("full_preact", "relu_only_preact")
-#: Units ending in a ReLU after the addition (the 2015 design and its Table 1
-#: variants): the stem is conv-BN-ReLU and nothing follows the last unit.
-POST_RELU_UNITS = (
-    "original",
-    "bn_after_addition",
-    "constant_scaling",
-    "exclusive_gating",
-    "shortcut_only_gating",
-    "conv_shortcut",
-    "dropout_shortcut",
-)
-GATING_UNITS = ("exclusive_gating", "shortcut_only_gating")
-
-#: Parameter name -> (units that take it, the paper's value used when None).
-UNIT_PARAMETERS = {
-    "shortcut_scale": (("constant_scaling",), 0.5),
-    "residual_scale": (("constant_scaling",), 0.5),
-    "gate_bias": (GATING_UNITS, -6.0),
-    "dropout_rate": (("dropout_shortcut",), 0.5),
-}
-
-#: CIFAR-10 test error (%) in the paper: Table 2 for ResNet-110 and ResNet-164 (the
-#: placements), Table 1 for ResNet-110 (the shortcuts; "fail" = error above 20%).
-#: Keys: (unit, a short description of its parameters).
-PAPER_RESULTS = {
-    "full_preact": {"resnet110": "6.37", "resnet164": "5.46"},
-    "original": {"resnet110": "6.61", "resnet164": "5.93"},
-    "bn_after_addition": {"resnet110": "8.17", "resnet164": "6.50"},
-    "relu_before_addition": {"resnet110": "7.84", "resnet164": "6.14"},
-    "relu_only_preact": {"resnet110": "6.71", "resnet164": "5.91"},
-    "constant_scaling": {"resnet110": "12.35 (0.5/0.5); fail (0/1, 0.5/1)"},
-    "exclusive_gating": {"resnet110": "8.70 (b_g=-6); 9.81 (b_g=-7); fail (b_g=0..-5, -10)"},
-    "shortcut_only_gating": {"resnet110": "6.91 (b_g=-6); 12.86 (b_g=0)"},
-    "conv_shortcut": {"resnet110": "12.22"},
-    "dropout_shortcut": {"resnet110": "fail (rate 0.5)"},
-}
+UNIT_TYPES = tuple(UNITS)
+DEFAULT_UNIT = UNIT_TYPES[0]
+PAPER_RESULTS = {name: unit.paper for name, unit in UNITS.items()}
+_PARAMETERS = ("shortcut_scale", "residual_scale", "gate_bias", "dropout_rate")
 
 
-def _real(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ValueError(f"`{name}` must be a finite real number. Received: {name}={value!r}")
-    return float(value)
+def get_unit(unit):
+    """The `Unit` record of `unit`; ValueError listing the valid names."""
+    if not isinstance(unit, str) or unit not in UNITS:
+        raise ValueError(f"Unknown `unit`. Received: unit={unit!r}. Valid: {list(UNIT_TYPES)}")
+    return UNITS[unit]
 
 
 def check_unit_name(unit):
-    """Raises ValueError listing the valid names unless `unit` is one of `UNIT_TYPES`."""
-    if not isinstance(unit, str) or unit not in UNIT_TYPES:
-        raise ValueError(f"Unknown `unit`. Received: unit={unit!r}. Valid: {list(UNIT_TYPES)}")
+    """Returns `unit`; ValueError listing the valid names."""
+    get_unit(unit)
     return unit
 
 
 def resolve_unit_options(unit, *, shortcut_scale=None, residual_scale=None, gate_bias=None,
                          dropout_rate=None):
-    """Checks a unit name and its parameters; returns the values the unit computes with.
+    """Checks a unit name and its parameters; returns a dict of exactly the parameters
+    `unit` takes, None filled with the paper's value (ValueError otherwise).
 
     Args:
-        unit: one of `UNIT_TYPES`.
-        shortcut_scale: lambda on the shortcut of ``constant_scaling`` (>= 0; paper:
-            0, 0.5; default 0.5).
-        residual_scale: lambda on the residual of ``constant_scaling`` (>= 0; paper:
-            1, 0.5; default 0.5).
-        gate_bias: initial bias b_g of the gate of ``exclusive_gating`` and
-            ``shortcut_only_gating`` (finite; paper: 0, -6, -7, -10; default -6).
-        dropout_rate: drop probability on the shortcut of ``dropout_shortcut``
-            (in [0, 1); paper: 0.5; default 0.5).
-
-    Returns:
-        dict with exactly the parameters `unit` takes, filled in.
-
-    Raises:
-        ValueError: for an unknown name, a parameter the unit does not take, or an
-            invalid value.
+        shortcut_scale, residual_scale: the lambdas of ``constant_scaling`` (>= 0;
+            paper: 0/1, 0.5/1, 0.5/0.5; default 0.5 each).
+        gate_bias: initial gate bias b_g of the gating units (default -6).
+        dropout_rate: shortcut drop rate of ``dropout_shortcut`` (in [0, 1); 0.5).
 
     Example:
         >>> resolve_unit_options("exclusive_gating")
         {'gate_bias': -6.0}
     """
-    check_unit_name(unit)
-    given = dict(shortcut_scale=shortcut_scale, residual_scale=residual_scale,
-                 gate_bias=gate_bias, dropout_rate=dropout_rate)
+    defaults = dict(get_unit(unit).parameters)
+    given = dict(zip(_PARAMETERS, (shortcut_scale, residual_scale, gate_bias, dropout_rate)))
     resolved = {}
     for name, value in given.items():
-        units, default = UNIT_PARAMETERS[name]
-        if unit not in units:
+        if name not in defaults:
             if value is not None:
-                raise ValueError(
-                    f"`{name}` applies only to unit in {list(units)}. "
-                    f"Received: {name}={value!r} with unit={unit!r}"
-                )
+                takers = [n for n, u in UNITS.items() if name in dict(u.parameters)]
+                raise ValueError(f"`{name}` applies only to unit in {takers}. "
+                                 f"Received: {name}={value!r} with unit={unit!r}")
             continue
-        value = default if value is None else _real(name, value)
-        if name in ("shortcut_scale", "residual_scale") and value < 0:
-            raise ValueError(
-                f"`{name}` (the constant lambda) must be >= 0 (the paper tries 0, 0.5 and 1). "
-                f"Received: {name}={value!r}"
-            )
+        if value is None:
+            value = defaults[name]
+        elif (isinstance(value, bool) or not isinstance(value, numbers.Real)
+              or not math.isfinite(value)):
+            raise ValueError(f"`{name}` must be a finite real number. Received: {name}={value!r}")
+        value = float(value)
+        if name.endswith("_scale") and value < 0:
+            raise ValueError(f"`{name}` (the constant lambda) must be >= 0 (the paper tries 0, "
+                             f"0.5 and 1). Received: {name}={value!r}")
         if name == "dropout_rate" and not 0.0 <= value < 1.0:
-            raise ValueError(
-                f"`dropout_rate` must be in [0, 1) (the paper uses 0.5). "
-                f"Received: dropout_rate={value!r}"
-            )
+            raise ValueError("`dropout_rate` must be in [0, 1) (the paper uses 0.5). "
+                             f"Received: dropout_rate={value!r}")
         resolved[name] = value
     return resolved

@@ -1,25 +1,18 @@
 """Model costs: multiply-adds and parameter counts."""
 
+import math
+
 import keras
 
 from keras_preact import private_api
 
 
 def count_macs(model):
-    """Multiply-adds of one forward pass for one image.
+    """Multiply-adds of one forward pass for one image of a functional model with a
+    fixed input size (nested functional models included; ValueError otherwise).
 
     Convolutions and dense layers are counted (BN, ReLU, pooling and additions are
     not), the convention of the paper and of pytorchcv's model table.
-
-    Args:
-        model: a built functional Keras model with a fixed input size, e.g. a
-            `PreActResNet`. Nested functional models are walked.
-
-    Returns:
-        int.
-
-    Raises:
-        ValueError: if the model's input size is not fixed.
 
     Example:
         >>> count_macs(keras_preact.preact_resnet110())  # about 253M
@@ -60,10 +53,4 @@ def _input_shape(layer):
 def count_params(model, trainable_only=True):
     """Number of (trainable) parameters, as the published model tables count them."""
     weights = model.trainable_weights if trainable_only else model.weights
-    total = 0
-    for w in weights:
-        n = 1
-        for d in w.shape:
-            n *= int(d)
-        total += n
-    return total
+    return int(sum(math.prod(int(d) for d in w.shape) for w in weights))

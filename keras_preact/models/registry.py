@@ -1,8 +1,5 @@
-"""The model registry: every named network, discoverable and buildable by name.
-
-The tests are parametrized over this registry, so a newly registered model is
-tested for free.
-"""
+"""The model registry: every named network, discoverable and buildable by name (the
+tests are parametrized over it)."""
 
 import fnmatch
 
@@ -10,13 +7,7 @@ _REGISTRY = {}
 
 
 def register_model(*, depth, block, family="cifar"):
-    """Decorator registering a factory under its function name.
-
-    Args:
-        depth: int, the paper's depth of the network.
-        block: "basic" or "bottleneck".
-        family: "cifar" or "imagenet".
-    """
+    """Decorator registering a factory under its function name."""
 
     def wrap(fn):
         name = fn.__name__
@@ -29,15 +20,8 @@ def register_model(*, depth, block, family="cifar"):
 
 
 def list_models(pattern=None, family=None):
-    """Names of the registered models, shallowest first.
-
-    Args:
-        pattern: optional shell-style wildcard, e.g. "preact_resnet1*".
-        family: optional "cifar" or "imagenet" filter.
-
-    Returns:
-        list of str.
-    """
+    """Names of the registered models, shallowest first, optionally filtered by a
+    shell-style `pattern` (e.g. "preact_resnet1*") and `family`."""
     items = sorted(_REGISTRY.items(), key=lambda kv: (kv[1]["family"], kv[1]["depth"], kv[0]))
     names = [n for n, info in items if family is None or info["family"] == family]
     if pattern is not None:
@@ -46,21 +30,15 @@ def list_models(pattern=None, family=None):
 
 
 def model_info(name):
-    """Returns {"depth", "block", "family"} of a registered model."""
+    """Returns {"name", "depth", "block", "family"} of a registered model."""
     _check_name(name)
     info = _REGISTRY[name]
     return {"name": name, "depth": info["depth"], "block": info["block"], "family": info["family"]}
 
 
 def get_model(name, **kwargs):
-    """Builds a registered model by name.
-
-    Args:
-        name: a name from `list_models()`.
-        **kwargs: forwarded to the factory (`classes`, `input_shape`, `weights`, ...).
-
-    Raises:
-        ValueError: if `name` is not registered (the message lists the valid names).
+    """Builds a registered model by name, `kwargs` forwarded to its factory; ValueError
+    listing the valid names for an unknown one.
 
     Example:
         >>> model = keras_preact.get_model("preact_resnet20", classes=100)

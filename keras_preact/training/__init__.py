@@ -1,7 +1,10 @@
 """Training: the paper's CIFAR recipe, tf.distribute strategies, crash-safe runs.
 
 The recipe pieces (`TrainConfig`, `WarmupPiecewiseConstant`, `CoupledSGD`) are plain
-Keras 3 and work on every backend. `train_and_evaluate`, `evaluate` and `run_demo`
+Keras 3 and work on every backend. Every run is a `keras_preact.training.run.Run`
+whose epochs a stepper computes: Keras ``fit`` (`train_and_evaluate`), the
+tf.distribute custom loop (`train_multiworker`) or JAX data parallelism
+(`train_data_parallel`). `train_and_evaluate`, `evaluate` and `run_demo`
 use tf.data and tf.distribute; they (and TensorFlow) are imported on first use, and
 `import keras_preact` imports only the recipe pieces (to register them for loading `.keras` files).
 

@@ -31,6 +31,8 @@ Everything here is plain Python: nothing imports TensorFlow.
 import dataclasses
 import json
 import math
+import os
+import re
 from typing import Optional
 
 STRATEGIES = ("default", "mirrored", "tpu", "multiworker")
@@ -43,20 +45,12 @@ DECAY_VARIABLES = ("all", "kernels")
 #: Fields that may change between a run and its resumption: where TFDS / the CIFAR
 #: files live, how often to evaluate, how many checkpoints to keep, thread pools and
 #: verbosity -- none of which changes the weights that training computes.
-RUNTIME_FIELDS = (
-    "data_dir",
-    "download",
-    "eval_every",
-    "keep_checkpoints",
-    "verbose",
-    "intra_op_threads",
-    "inter_op_threads",
-)
+RUNTIME_FIELDS = ("data_dir", "download", "eval_every", "keep_checkpoints", "verbose",
+                  "intra_op_threads", "inter_op_threads")
 
 
 def _field(default=None, help="", *, factory=None, choices=None):
-    """A `TrainConfig` field with its one-line description (`help`) and valid values
-    (`choices`) as metadata: the ``keras-preact train`` flags are made from them."""
+    """A `TrainConfig` field; its `help` and `choices` make the ``keras-preact train`` flags."""
     metadata = {"help": help, "choices": choices}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
@@ -67,65 +61,14 @@ def _field(default=None, help="", *, factory=None, choices=None):
 class TrainConfig:
     """One training run, JSON-serialisable (it is stored as ``config.json``).
 
-    Args:
-        model: a name from `keras_preact.list_models()`, default "preact_resnet110".
-        model_kwargs: dict of extra `keras_preact.get_model` arguments (e.g.
-            ``{"bottleneck_stride": "first"}``). ``classes`` and ``input_shape``
-            default to the dataset's. Names of `PreActResNet` arguments; the
-            special key ``"architecture"`` holds a full `PreActResNet` config and
-            replaces the named model (for custom and tiny networks).
-        preprocessing_in_model: bool, default True: the model starts with an
-            `ImageNormalization` layer holding the dataset's per-channel mean and std
-            and takes raw 0..255 pixels (the data pipeline then does not normalise),
-            so the saved model and its exports need no outside preprocessing. False:
-            the pipeline normalises and the model takes normalised floats. An
-            explicit ``model_kwargs["preprocessing"]`` wins over both.
-        weights: optional pretrained weights to fine-tune from: a catalog tag of
-            `model`, a `.weights.h5` or `.keras` path (e.g. another run's
-            checkpoint or model.keras) or a URL with its hash. Every variable but the
-            classifier is loaded (the classifier too when it has the dataset's
-            number of classes); see `keras_preact.finetune.load_pretrained`.
-            Loaded at a fresh start only: a resumed run continues from its own
-            checkpoint.
-        freeze: parts kept frozen during training ("stem", "stage1", ...,
-            "head", or "backbone"); their BatchNorm runs in inference mode.
-        dataset: "cifar10" (default), "cifar100", "digits" or "folder".
-        data_dir, data_source, data_path, download: where the data comes from (see
-            `keras_preact.data.make_dataset`): defaults None, "auto", None, False.
-        augment: None (the dataset's training policy), False or a policy name.
-        batch_size: global mini-batch (split across replicas), default 128.
-        base_batch_size: the batch the rates and iteration counts are stated for,
-            default 128.
-        learning_rate: base rate, default 0.1.
-        warmup_learning_rate: default 0.01.
-        lr_scaling: "linear" (default), "sqrt" or "none".
-        momentum: default 0.9. nesterov: default False.
-        weight_decay: coupled L2, default 1e-4.
-        weight_decay_on: "all" (default, as the official code) or "kernels".
-        schedule_unit: "iterations" (default) or "epochs".
-        warmup: default 400. boundaries: default (32000, 48000).
-        decay_factor: default 0.1. total: default 64000.
-        epochs / steps: optional run length that stretches the schedule (at most
-            one of them).
-        seed: int, default 0: initialisation, data order and augmentation.
-        deterministic: bool, default False: enable TensorFlow's op determinism
-            (bit-identical reruns and resumes; slower on GPUs, and some GPU ops
-            have no deterministic kernel).
-        strategy: "default", "mirrored", "tpu" or "multiworker" (every worker of
-            the ``TF_CONFIG`` environment variable; see
-            `keras_preact.training.multiworker`).
-        cpu_devices: optional int: split the CPU into this many logical devices
-            before TensorFlow starts (lets "mirrored" run several replicas on a
-            CPU-only machine; for tests and demos).
-        synchronized_bn: bool, default False: BatchNorm statistics over the global
-            batch instead of each replica's share (TensorFlow only).
-        precision: "fp32" (default), "mixed_float16" or "mixed_bfloat16".
-        jit_compile: bool, default False (XLA; measure before enabling on CPU).
-        eval_every: evaluate on the test split every this many epochs (0: only at
-            the end), default 1.
-        keep_checkpoints: completed-epoch checkpoints kept, default 2.
-        intra_op_threads / inter_op_threads: optional TensorFlow thread counts.
-        verbose: Keras fit verbosity: "auto" (default), 0, 1 or 2.
+    Each field's one-line description is its ``help`` metadata (``keras-preact train
+    --help`` lists them); the defaults are the paper's CIFAR recipe (see the module
+    doc). ``model_kwargs["architecture"]`` holds a full `PreActResNet` config that
+    replaces the named model; an explicit ``model_kwargs["preprocessing"]`` wins over
+    `preprocessing_in_model`. `weights` are loaded at a fresh start only (every
+    variable but the classifier, which is loaded too when it has the dataset's number
+    of classes: `keras_preact.finetune.load_pretrained`); a resumed run continues from
+    its own checkpoint. Frozen parts' BatchNorm runs in inference mode.
     """
 
     model: str = _field("preact_resnet110", "a model name from `keras-preact list`")
@@ -134,9 +77,8 @@ class TrainConfig:
         '{"architecture": {...}} builds a PreActResNet from that config',
         factory=dict,
     )
-    preprocessing_in_model: bool = _field(
-        True, "the model normalises raw 0..255 pixels itself (else the data pipeline does)"
-    )
+    preprocessing_in_model: bool = _field(True, "the model normalises raw 0..255 pixels itself "
+                                          "(else the data pipeline does)")
     weights: Optional[str] = _field(
         None, "fine-tune from pretrained weights: a catalog tag of the model (e.g. cifar10), a "
         ".weights.h5 or .keras file (e.g. another run's checkpoint), or URL#sha256=<hex>",
@@ -147,9 +89,8 @@ class TrainConfig:
     data_source: str = _field("auto", "auto, tfds or archive")
     data_path: Optional[str] = _field(None, "an archive, extracted folder or image folder")
     download: bool = _field(False, "let TFDS download (else offline)")
-    augment: Optional[object] = _field(
-        None, "training augmentation: pad_crop_flip, pad_crop or none (default: the dataset's own)"
-    )
+    augment: Optional[object] = _field(None, "training augmentation: pad_crop_flip, pad_crop or none "
+                                       "(default: the dataset's own)")
     batch_size: int = _field(128, "global mini-batch, split across replicas")
     base_batch_size: int = _field(128, "the batch the rates and iteration counts are stated for")
     learning_rate: float = _field(0.1, "base learning rate at base_batch_size")
@@ -170,9 +111,8 @@ class TrainConfig:
     seed: int = _field(0, "initialisation, data order and augmentation")
     deterministic: bool = _field(False, "TensorFlow op determinism (bit-exact reruns)")
     strategy: str = _field("default", "tf.distribute strategy", choices=STRATEGIES)
-    cpu_devices: Optional[int] = _field(
-        None, "split the CPU into N logical devices (mirrored on a CPU-only host)"
-    )
+    cpu_devices: Optional[int] = _field(None, "split the CPU into N logical devices "
+                                        "(mirrored on a CPU-only host)")
     synchronized_bn: bool = _field(False, "BatchNorm statistics over the global batch")
     precision: str = _field("fp32", "float precision policy", choices=PRECISIONS)
     jit_compile: bool = _field(False, "XLA (measure first: slower on CPU here)")
@@ -189,111 +129,52 @@ class TrainConfig:
             self.freeze = tuple(p.strip() for p in self.freeze.split(",") if p.strip())
         self.freeze = tuple(self.freeze or ())
 
-    # -- validation -----------------------------------------------------------
     def validate(self):
-        """Checks every field that can be checked without data or TensorFlow.
-
-        Returns:
-            self.
+        """Checks every field that can be checked without data or TensorFlow; returns self.
 
         Raises:
             ValueError: naming the field, the value received and what is valid.
         """
         import keras_preact
-
-        if "architecture" not in self.model_kwargs and self.model not in keras_preact.list_models():
-            raise ValueError(
-                f"Unknown model. Received: model={self.model!r}. "
-                f"Valid: {keras_preact.list_models()}"
-            )
         from keras_preact import data
 
+        if "architecture" not in self.model_kwargs and self.model not in keras_preact.list_models():
+            raise ValueError(f"Unknown model. Received: model={self.model!r}. "
+                             f"Valid: {keras_preact.list_models()}")
         if self.dataset not in data.list_datasets():
-            raise ValueError(
-                f"Unknown dataset. Received: dataset={self.dataset!r}. "
-                f"Valid: {data.list_datasets()}"
-            )
-        _choice("strategy", self.strategy, STRATEGIES)
-        _choice("precision", self.precision, PRECISIONS)
-        _choice("schedule_unit", self.schedule_unit, SCHEDULE_UNITS)
-        _choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
-        _choice("weight_decay_on", self.weight_decay_on, DECAY_VARIABLES)
-        for name in ("batch_size", "base_batch_size"):
-            _positive_int(name, getattr(self, name))
-        for name in ("learning_rate", "warmup_learning_rate", "weight_decay"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"`{name}` must be a number >= 0. Received: {name}={value!r}")
-        if not 0.0 <= float(self.momentum) <= 1.0:
-            raise ValueError(f"`momentum` must be in [0, 1]. Received: momentum={self.momentum!r}")
-        if not 0.0 < float(self.decay_factor) <= 1.0:
-            raise ValueError(
-                f"`decay_factor` must be in (0, 1]. Received: decay_factor={self.decay_factor!r}"
-            )
-        if not float(self.total) > 0:
-            raise ValueError(f"`total` must be > 0. Received: total={self.total!r}")
-        if float(self.warmup) < 0:
-            raise ValueError(f"`warmup` must be >= 0. Received: warmup={self.warmup!r}")
+            raise ValueError(f"Unknown dataset. Received: dataset={self.dataset!r}. "
+                             f"Valid: {data.list_datasets()}")
+        for names, test, what in _CHECKS:
+            for name in names.split():
+                value = getattr(self, name)
+                if not (value is None and name in _OPTIONAL) and not test(value):
+                    raise ValueError(f"`{name}` must be {what}. Received: {name}={value!r}")
         bounds = [float(b) for b in self.boundaries]
         if any(b <= 0 for b in bounds) or any(b2 <= b1 for b1, b2 in zip(bounds, bounds[1:])):
-            raise ValueError(
-                "`boundaries` must be strictly increasing and > 0. "
-                f"Received: boundaries={self.boundaries!r}"
-            )
+            raise ValueError(f"`boundaries` must be strictly increasing and > 0. Received: "
+                             f"boundaries={self.boundaries!r}")
         if bounds and (bounds[-1] >= float(self.total) or float(self.warmup) > bounds[0]):
-            raise ValueError(
-                "Need warmup <= boundaries[0] and every boundary < total. Received: "
-                f"warmup={self.warmup}, boundaries={self.boundaries}, total={self.total}"
-            )
+            raise ValueError("Need warmup <= boundaries[0] and every boundary < total. Received: "
+                             f"warmup={self.warmup}, boundaries={self.boundaries}, total={self.total}")
         if self.epochs is not None and self.steps is not None:
-            raise ValueError(
-                "Give at most one of `epochs` and `steps`. Received: "
-                f"epochs={self.epochs}, steps={self.steps}"
-            )
-        for name in ("epochs", "steps"):
-            if getattr(self, name) is not None:
-                _positive_int(name, getattr(self, name))
-        if self.cpu_devices is not None:
-            _positive_int("cpu_devices", self.cpu_devices)
-        for name in ("intra_op_threads", "inter_op_threads"):
-            if getattr(self, name) is not None:
-                _positive_int(name, getattr(self, name))
-        if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int) or self.eval_every < 0:
-            raise ValueError(f"`eval_every` must be an int >= 0. Received: eval_every={self.eval_every!r}")
-        _positive_int("keep_checkpoints", self.keep_checkpoints)
-        self._validate_finetuning()
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise ValueError(f"`seed` must be an int >= 0. Received: seed={self.seed!r}")
-        if self.verbose not in ("auto", 0, 1, 2):
-            raise ValueError(f"`verbose` must be 'auto', 0, 1 or 2. Received: verbose={self.verbose!r}")
-        return self
-
-    def _validate_finetuning(self):
-        import os
-        import re
-
+            raise ValueError("Give at most one of `epochs` and `steps`. Received: "
+                             f"epochs={self.epochs}, steps={self.steps}")
         if self.weights is not None:
             if not isinstance(self.weights, str) or not self.weights:
-                raise ValueError(
-                    "`weights` must be None, a catalog tag, a .weights.h5 / .keras path "
-                    f"or a URL with its hash. Received: weights={self.weights!r}"
-                )
+                raise ValueError("`weights` must be None, a catalog tag, a .weights.h5 / .keras path "
+                                 f"or a URL with its hash. Received: weights={self.weights!r}")
             from keras_preact.weights import catalog
 
             if catalog.looks_like_tag(self.weights):
                 catalog.resolve_tag(self.model, self.weights)
-            elif not self.weights.startswith(catalog.URL_SCHEMES) and not os.path.isfile(
-                os.path.expanduser(self.weights)
-            ):
-                raise ValueError(
-                    f"The weights file does not exist. Received: weights={self.weights!r}"
-                )
+            elif not (self.weights.startswith(catalog.URL_SCHEMES)
+                      or os.path.isfile(os.path.expanduser(self.weights))):
+                raise ValueError(f"The weights file does not exist. Received: weights={self.weights!r}")
         for part in self.freeze:
             if not isinstance(part, str) or not re.fullmatch(r"stem|head|backbone|stage[1-9][0-9]*", part):
-                raise ValueError(
-                    f"Unknown part to freeze. Received: freeze={list(self.freeze)!r}. "
-                    "Valid: 'stem', 'stage1', 'stage2', ..., 'head', or 'backbone'"
-                )
+                raise ValueError(f"Unknown part to freeze. Received: freeze={list(self.freeze)!r}. "
+                                 "Valid: 'stem', 'stage1', 'stage2', ..., 'head', or 'backbone'")
+        return self
 
     def model_normalizes(self):
         """Whether the model (not the data pipeline) normalises the pixels."""
@@ -303,47 +184,31 @@ class TrainConfig:
             return explicit is not None
         return bool(self.preprocessing_in_model)
 
-    # -- serialisation --------------------------------------------------------
     def to_dict(self):
         """A JSON-ready dict of every field (tuples become lists)."""
-        out = dataclasses.asdict(self)
-        out["boundaries"] = list(self.boundaries)
-        out["freeze"] = list(self.freeze)
-        return out
+        return {**dataclasses.asdict(self), "boundaries": list(self.boundaries), "freeze": list(self.freeze)}
 
     def to_json(self):
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
     def from_dict(cls, values):
-        """Builds a config from `to_dict` output.
-
-        Raises:
-            ValueError: for keys that are not fields (e.g. a file written by
-                another tool).
-        """
+        """Builds a config from `to_dict` output; ValueError for keys that are not fields."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
-            raise ValueError(
-                f"Unknown training config keys: {unknown}. Valid: {sorted(names)}"
-            )
+            raise ValueError(f"Unknown training config keys: {unknown}. Valid: {sorted(names)}")
         return cls(**values)
 
     def replace(self, **changes):
-        """A copy with `changes` applied (`dataclasses.replace`)."""
         return dataclasses.replace(self, **changes)
 
     def differences(self, other, *, ignore=RUNTIME_FIELDS):
         """Fields whose values differ from `other`'s, as {name: (self, other)}."""
         a, b = self.to_dict(), other.to_dict()
-        return {
-            k: (a[k], b.get(k))
-            for k in sorted(a)
-            if k not in ignore and _normal(a[k]) != _normal(b.get(k))
-        }
+        return {k: (a[k], b.get(k)) for k in sorted(a)
+                if k not in ignore and _normal(a[k]) != _normal(b.get(k))}
 
-    # -- the schedule ---------------------------------------------------------
     def lr_multiplier(self):
         """The factor applied to both rates for `batch_size` (see the module doc)."""
         k = self.batch_size / self.base_batch_size
@@ -352,15 +217,11 @@ class TrainConfig:
     def resolve_schedule(self, steps_per_epoch):
         """Turns the recipe into step counts and rates for this batch size.
 
-        Args:
-            steps_per_epoch: int >= 1, updates per pass over the training split at
-                `batch_size` (remainder dropped).
-
-        Returns:
-            dict with ``total_steps``, ``warmup_steps``, ``boundaries`` (steps),
-            ``values`` (rates after the warm-up, one per phase),
-            ``warmup_learning_rate``, ``epochs`` (passes needed; the last may be
-            cut short at ``total_steps``) and ``steps_per_epoch``.
+        `steps_per_epoch` is the updates per pass over the training split at `batch_size`
+        (remainder dropped). Returns a dict with ``total_steps``, ``warmup_steps``,
+        ``boundaries`` (steps), ``values`` (rates after the warm-up, one per phase),
+        ``warmup_learning_rate``, ``epochs`` (passes needed; the last may be cut short
+        at ``total_steps``) and ``steps_per_epoch``.
 
         Example:
             >>> TrainConfig().resolve_schedule(390)["boundaries"]
@@ -390,10 +251,8 @@ class TrainConfig:
                 boundaries.append(b)
         scale = self.lr_multiplier()
         # Rounded to 12 significant digits: 0.0025, not 0.0025000000000000005.
-        values = [
-            _round(float(self.learning_rate) * scale * float(self.decay_factor) ** i)
-            for i in range(len(boundaries) + 1)
-        ]
+        values = [_round(float(self.learning_rate) * scale * float(self.decay_factor) ** i)
+                  for i in range(len(boundaries) + 1)]
         if boundaries:
             warmup_steps = min(warmup_steps, boundaries[0])
         return {
@@ -411,12 +270,9 @@ class TrainConfig:
         from keras_preact.training.schedules import WarmupPiecewiseConstant
 
         s = self.resolve_schedule(steps_per_epoch)
-        return WarmupPiecewiseConstant(
-            s["boundaries"],
-            s["values"],
-            warmup_steps=s["warmup_steps"],
-            warmup_learning_rate=s["warmup_learning_rate"] if s["warmup_steps"] else None,
-        )
+        warmup_lr = s["warmup_learning_rate"] if s["warmup_steps"] else None
+        return WarmupPiecewiseConstant(s["boundaries"], s["values"], warmup_steps=s["warmup_steps"],
+                                       warmup_learning_rate=warmup_lr)
 
 
 def paper_cifar_recipe(**overrides):
@@ -431,21 +287,12 @@ def paper_cifar_recipe(**overrides):
 #: The paper's ImageNet recipe (Section 5, following He et al. 2015a, Sec. 3.4):
 #: batch 256, SGD momentum 0.9, weight decay 1e-4, lr 0.1 divided by 10 at epochs 30
 #: and 60, 90 epochs, no warm-up.
-IMAGENET_RECIPE = dict(
-    model="preact_resnet50",
-    batch_size=256,
-    base_batch_size=256,
-    learning_rate=0.1,
-    schedule_unit="epochs",
-    warmup=0,
-    boundaries=(30, 60),
-    total=90,
-)
+IMAGENET_RECIPE = dict(model="preact_resnet50", batch_size=256, base_batch_size=256, learning_rate=0.1,
+                       schedule_unit="epochs", warmup=0, boundaries=(30, 60), total=90)
 
 
 def paper_imagenet_recipe(**overrides):
-    """The paper's ImageNet recipe as a `TrainConfig` (`IMAGENET_RECIPE`), with
-    `overrides`.
+    """The paper's ImageNet recipe as a `TrainConfig` (`IMAGENET_RECIPE`), with `overrides`.
 
     The ImageNet input pipeline is `keras_preact.data.imagenet.make_imagenet_dataset`.
 
@@ -457,14 +304,31 @@ def paper_imagenet_recipe(**overrides):
     return TrainConfig(**{**IMAGENET_RECIPE, **overrides})
 
 
-def _choice(name, value, valid):
-    if value not in valid:
-        raise ValueError(f"`{name}` must be one of {list(valid)}. Received: {name}={value!r}")
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not (_is_int(value) and value >= 1):
         raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+
+
+#: `TrainConfig.validate`'s per-field checks: (field names, test, what is valid).
+_CHECKS = tuple((f.name, lambda v, valid=f.metadata["choices"]: v in valid, f"one of {list(valid)}")
+                for f in dataclasses.fields(TrainConfig) for valid in [f.metadata["choices"]] if valid) + (
+    ("batch_size base_batch_size epochs steps cpu_devices intra_op_threads inter_op_threads "
+     "keep_checkpoints", lambda v: _is_int(v) and v >= 1, "a positive integer"),
+    ("learning_rate warmup_learning_rate weight_decay",
+     lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, "a number >= 0"),
+    ("momentum", lambda v: 0.0 <= float(v) <= 1.0, "in [0, 1]"),
+    ("decay_factor", lambda v: 0.0 < float(v) <= 1.0, "in (0, 1]"),
+    ("total", lambda v: float(v) > 0, "> 0"),
+    ("warmup", lambda v: float(v) >= 0, ">= 0"),
+    ("eval_every seed", lambda v: _is_int(v) and v >= 0, "an int >= 0"),
+    ("verbose", lambda v: v in ("auto", 0, 1, 2), "'auto', 0, 1 or 2"),
+)
+#: Fields of `_CHECKS` that may be None.
+_OPTIONAL = ("epochs", "steps", "cpu_devices", "intra_op_threads", "inter_op_threads")
 
 
 def _round(value):

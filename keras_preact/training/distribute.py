@@ -2,26 +2,18 @@
 
 Multi-worker training (``strategy="multiworker"``) runs its own loop in
 `keras_preact.training.multiworker`; its cluster (``TF_CONFIG``: `parse_tf_config`)
-and its strategy (`make_multiworker_strategy`, with bounded waits) are defined here,
-below both loops. Its BatchNorm handling follows the same rules as below, with the
-moving statistics averaged across all workers.
+and strategy (`make_multiworker_strategy`, with bounded waits) are defined here. Its
+BatchNorm follows the rules below, with the moving statistics averaged across workers.
 
-BatchNorm under `MirroredStrategy`: each replica normalises its activations with the
-mean and variance of *its own share* of the global batch (global batch / replicas),
-exactly as Caffe / Torch data parallelism did in the paper (a batch of 128 "on two
-GPUs, 64 each"). The gradients are summed across replicas (the loss is scaled by
-1 / replicas), so the update is that of the global batch, but the forward pass --
-and so the loss -- differs from a single-device run whenever the per-replica
-statistics differ from the global ones. The moving averages used at inference are
-kept per replica during an epoch (Keras creates them with ``aggregation="none"``, so
-each replica updates its own copy from its own share); `train_and_evaluate` averages
-the copies at every epoch end and before every evaluation
-(`average_replica_statistics`), so evaluation, checkpoints and the saved model use
-one set of statistics. With ``synchronized_bn=True``
-every BatchNorm layer all-reduces its moments first
-(`keras.layers.BatchNormalization(synchronized=True)`), so training computes the
-single-device numbers up to floating-point summation order, at the cost of one
-all-reduce per BatchNorm layer per step.
+BatchNorm under `MirroredStrategy`: each replica normalises with the moments of *its
+own share* of the global batch, as Caffe / Torch data parallelism did in the paper (a
+batch of 128 "on two GPUs, 64 each"). Gradients are summed across replicas, so the
+update is the global batch's, but the forward pass (and the loss) differs from a
+single-device run. Keras creates the moving averages with ``aggregation="none"``, so
+each replica updates its own copy; `train_and_evaluate` averages the copies at every
+epoch end and before every evaluation (`average_replica_statistics`). With
+``synchronized_bn=True`` every BatchNorm all-reduces its moments first, which gives the
+single-device numbers up to summation order, at one all-reduce per layer per step.
 """
 
 import dataclasses
@@ -50,28 +42,20 @@ _STRATEGIES = {}
 _STRATEGY = {}
 
 
-def _tf():
-    import tensorflow as tf
-
-    return tf
-
-
 def configure_runtime(*, cpu_devices=None, intra_op_threads=None, inter_op_threads=None,
                       deterministic=False):
     """Settings that TensorFlow accepts only before it initialises its devices.
 
-    Args:
-        cpu_devices: optional int: split the first CPU into this many logical
-            devices (so `MirroredStrategy` gets several replicas on a CPU-only host).
-        intra_op_threads, inter_op_threads: optional thread-pool sizes.
-        deterministic: bool: `tf.config.experimental.enable_op_determinism()`.
+    `cpu_devices` splits the first CPU into that many logical devices (so
+    `MirroredStrategy` gets several replicas on a CPU-only host); `deterministic`
+    enables `tf.config.experimental.enable_op_determinism()`. A thread setting that
+    comes too late is logged and ignored.
 
     Raises:
-        ValueError: if a device or thread setting is requested after TensorFlow
-            has already initialised (it cannot change then) and differs from what
-            is in place.
+        ValueError: if `cpu_devices` differs from what TensorFlow already initialised.
     """
-    tf = _tf()
+    import tensorflow as tf
+
     if cpu_devices:
         cpus = tf.config.list_physical_devices("CPU")
         wanted = [tf.config.LogicalDeviceConfiguration() for _ in range(int(cpu_devices))]
@@ -87,28 +71,15 @@ def configure_runtime(*, cpu_devices=None, intra_op_threads=None, inter_op_threa
                         f"its devices (it has {have} logical CPU device(s) now). "
                         f"Received: cpu_devices={cpu_devices}. Run in a fresh process."
                     ) from None
-    for name, value, getter, setter in (
-        (
-            "intra_op_threads",
-            intra_op_threads,
-            tf.config.threading.get_intra_op_parallelism_threads,
-            tf.config.threading.set_intra_op_parallelism_threads,
-        ),
-        (
-            "inter_op_threads",
-            inter_op_threads,
-            tf.config.threading.get_inter_op_parallelism_threads,
-            tf.config.threading.set_inter_op_parallelism_threads,
-        ),
-    ):
+    threading = tf.config.threading
+    for kind, value in (("intra", intra_op_threads), ("inter", inter_op_threads)):
+        getter = getattr(threading, f"get_{kind}_op_parallelism_threads")
         if value and getter() != value:
             try:
-                setter(int(value))
+                getattr(threading, f"set_{kind}_op_parallelism_threads")(int(value))
             except RuntimeError:
-                logger.warning(
-                    "%s=%s ignored: TensorFlow is already initialised with %s.",
-                    name, value, getter(),
-                )
+                logger.warning("%s_op_threads=%s ignored: TensorFlow is already initialised with %s.",
+                               kind, value, getter())
     if deterministic:
         tf.config.experimental.enable_op_determinism()
 
@@ -116,22 +87,16 @@ def configure_runtime(*, cpu_devices=None, intra_op_threads=None, inter_op_threa
 def make_strategy(name):
     """The `tf.distribute.Strategy` for `name`.
 
-    Args:
-        name: "default" (TensorFlow's default strategy: one device), "mirrored"
-            (`MirroredStrategy` over every visible GPU, or the logical CPUs when
-            there is no GPU), "tpu" (`TPUStrategy` on an attached TPU) or
-            "multiworker" (`MultiWorkerMirroredStrategy` over the workers of the
-            ``TF_CONFIG`` environment variable; train with
-            `keras_preact.training.multiworker`, since ``model.fit`` fails under
-            it in Keras 3).
-
-    Returns:
-        A `tf.distribute.Strategy`.
+    "default" (one device), "mirrored" (`MirroredStrategy` over every visible GPU,
+    else the logical CPUs), "tpu" (`TPUStrategy` on an attached TPU) or "multiworker"
+    (`MultiWorkerMirroredStrategy` over the workers of ``TF_CONFIG``; train with
+    `keras_preact.training.multiworker`, since ``model.fit`` fails under it in Keras 3).
 
     Raises:
         ValueError: for an unknown name, or "tpu" where no TPU is found.
     """
-    tf = _tf()
+    import tensorflow as tf
+
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "mirrored":
@@ -150,7 +115,6 @@ def make_strategy(name):
             _STRATEGIES[key] = tf.distribute.MirroredStrategy(devices=devices)
         return _STRATEGIES[key]
     if name == "multiworker":
-        # Every worker of TF_CONFIG, with bounded waits.
         return make_multiworker_strategy(parse_tf_config())
     if name == "tpu":
         try:
@@ -171,11 +135,7 @@ def make_strategy(name):
 
 
 def check_global_batch(batch_size, num_replicas):
-    """The per-replica batch; the global batch must divide evenly.
-
-    Raises:
-        ValueError: if `batch_size` is not a multiple of `num_replicas`.
-    """
+    """The per-replica batch; ValueError unless `batch_size` divides evenly."""
     if batch_size % num_replicas:
         lower = batch_size - batch_size % num_replicas
         raise ValueError(
@@ -197,11 +157,8 @@ def precision_dtype(precision):
 
 
 def batch_norm_layers(model):
-    """The layers of `model` that compute BatchNorm statistics, nested ones included.
-
-    `keras.layers.BatchNormalization` layers, and layers of this package that carry
-    their BatchNorm arithmetic themselves and expose a ``synchronized`` flag.
-    """
+    """The layers of `model` that compute BatchNorm statistics, nested ones included:
+    `keras.layers.BatchNormalization` and the package's units with a ``synchronized`` flag."""
     import keras
 
     return [
@@ -215,22 +172,15 @@ def batch_norm_layers(model):
 def set_synchronized_batch_norm(model, synchronized=True):
     """Switches every BatchNorm of a built `model` to (un)synchronized moments.
 
-    `keras.layers.BatchNormalization` (and the package's units) read
-    ``self.synchronized`` when called, so setting it on the built layers before the
-    first training step (before `fit` traces the step function) has the same effect
-    as constructing them with ``synchronized=True``. It is a training-time setting:
-    inference never uses batch statistics.
-
-    Args:
-        model: a built Keras model.
-        synchronized: bool, default True.
+    The layers read ``self.synchronized`` when called, so setting it before the first
+    training step traces has the effect of constructing them with ``synchronized=True``.
 
     Returns:
         int: the number of layers changed.
 
     Raises:
-        ValueError: on a backend other than TensorFlow (Keras supports
-            synchronized BatchNorm on TensorFlow only).
+        ValueError: on a backend other than TensorFlow (Keras supports synchronized
+            BatchNorm on TensorFlow only).
     """
     import keras
 
@@ -248,17 +198,11 @@ def set_synchronized_batch_norm(model, synchronized=True):
 def average_replica_statistics(model):
     """Sets every replica's copy of each non-trainable variable to their mean.
 
-    Keras creates BatchNorm's moving mean and variance with ``aggregation="none"``:
-    under `MirroredStrategy` each replica updates its own copy from its own share of
-    the batch, and the copies drift apart (reading the variable, saving a checkpoint
-    or the model gives the first replica's). Averaging them at the end of every
-    epoch and before every evaluation makes evaluation, checkpoints and the saved
-    model use one set of statistics, estimated from all replicas' data -- and makes
-    a resumed run, which loads one copy into every replica, continue exactly like
-    an uninterrupted one. Trainable weights are untouched (they are mirrored).
-
-    Args:
-        model: a Keras model built under a strategy.
+    Under `MirroredStrategy` each replica updates its own copy of BatchNorm's moving
+    statistics (``aggregation="none"``), and reading, saving or checkpointing gives the
+    first replica's. Averaging them makes evaluation, checkpoints and the saved model
+    use one set estimated from all replicas' data, and makes a resumed run (which
+    loads one copy into every replica) continue exactly like an uninterrupted one.
 
     Returns:
         int: the number of variables that had several differing copies.
@@ -267,8 +211,7 @@ def average_replica_statistics(model):
 
     changed = 0
     for variable in model.non_trainable_variables:
-        value = getattr(variable, "value", variable)
-        copies = getattr(value, "values", None)
+        copies = getattr(getattr(variable, "value", variable), "values", None)
         if not copies or len(copies) < 2:
             continue
         arrays = [np.asarray(c.numpy()) for c in copies]
@@ -293,16 +236,9 @@ def seed_everything(seed):
 
 @dataclasses.dataclass(frozen=True)
 class ClusterInfo:
-    """A validated ``TF_CONFIG``.
-
-    Attributes:
-        tasks: ``[(job, index, "host:port"), ...]`` in rank order (the chief job
-            first, then the workers).
-        task_type: this process's job, "chief" or "worker".
-        task_index: this process's index in its job.
-        rank: this process's position in `tasks`; rank 0 is the chief.
-        raw: the parsed dict (for `tf.distribute.cluster_resolver.TFConfigClusterResolver`).
-    """
+    """A validated ``TF_CONFIG``: `tasks` are ``(job, index, "host:port")`` in rank
+    order (the chief job first); `rank` is this process's position in them (0: the
+    chief); `raw` is the parsed dict."""
 
     tasks: tuple
     task_type: str
@@ -336,19 +272,11 @@ class ClusterInfo:
 
 
 def parse_tf_config(text=None):
-    """Parses and validates a ``TF_CONFIG`` for multi-worker training.
-
-    Args:
-        text: the JSON text; default: the ``TF_CONFIG`` environment variable.
-
-    Returns:
-        `ClusterInfo`.
+    """Parses and validates a ``TF_CONFIG`` (default: the environment variable) into
+    a `ClusterInfo`.
 
     Raises:
-        ValueError: naming what is wrong (missing, not JSON, no ``cluster`` or
-            ``task``, a job other than "chief"/"worker", more than one chief, an
-            address that is not ``host:port``, a duplicate address, or a task that
-            is not in the cluster), with the value received.
+        ValueError: naming what is wrong, with the value received.
 
     Example:
         >>> info = parse_tf_config('{"cluster": {"worker": ["10.0.0.1:2222", '
@@ -441,15 +369,9 @@ def shorten(text, limit=300):
 
 
 def resolve_timeouts(connect_timeout=None, collective_timeout=None):
-    """The multi-worker timeouts in seconds: each argument, else its environment
-    variable (`CONNECT_TIMEOUT_ENV`, `COLLECTIVE_TIMEOUT_ENV`), else its default.
-
-    Returns:
-        ``(connect_timeout, collective_timeout)``.
-
-    Raises:
-        ValueError: for an environment value that is not a number of seconds > 0.
-    """
+    """``(connect_timeout, collective_timeout)`` in seconds: each argument, else its
+    environment variable, else its default. ValueError for an environment value that
+    is not a number of seconds > 0."""
     if connect_timeout is None:
         connect_timeout = _timeout_from_env(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT_S)
     if collective_timeout is None:
@@ -471,11 +393,8 @@ def _timeout_from_env(name, default):
 
 
 def wait_for_peers(addresses, timeout):
-    """Waits until every ``host:port`` accepts a TCP connection, at most `timeout` s.
-
-    Returns:
-        list of the addresses that never accepted (empty when all did).
-    """
+    """Waits until every ``host:port`` accepts a TCP connection, at most `timeout` s;
+    returns the addresses that never did."""
     deadline = time.monotonic() + timeout
     pending = list(addresses)
     while pending:
@@ -499,14 +418,8 @@ def make_multiworker_strategy(cluster, *, connect_timeout=None, collective_timeo
 
     The chief first waits (at most `connect_timeout` s) until every other worker
     listens; the others register with the chief within 2 * `connect_timeout` + 10 s.
-    Collectives time out after `collective_timeout` s. One strategy per process
-    (TensorFlow's collective runtime can be set up only once).
-
-    Args:
-        cluster: a `ClusterInfo`.
-        connect_timeout, collective_timeout: seconds; default from the environment
-            (see `resolve_timeouts`) or `DEFAULT_CONNECT_TIMEOUT_S` /
-            `DEFAULT_COLLECTIVE_TIMEOUT_S`.
+    Collectives time out after `collective_timeout` s (defaults: `resolve_timeouts`).
+    One strategy per process (TensorFlow's collective runtime can be set up only once).
 
     Raises:
         ValueError: if a worker cannot be reached in time, or this process already

@@ -9,21 +9,22 @@ the result equals a single-device run up to floating-point summation order. On
 CPU, ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` (set before JAX starts)
 gives N host devices to try it.
 
-Same recipe as `train_and_evaluate`: `TrainConfig`, `build_model`, the recipe's
-`CoupledSGD` with its `WarmupPiecewiseConstant` schedule, and `model.fit` on NumPy
-batches (`keras_preact.data.load_arrays`: no tf.data). Differences from the
-TensorFlow trainer, stated: the epoch order is NumPy's permutation keyed by
-``(seed, epoch)`` (not the tf.data pipeline's) and there is no augmentation, no
-workdir and no resume; the model is returned (save it with ``model.save``).
+The same `Run` as `train_and_evaluate` (config, schedule, model, optimizer, reports),
+with `model.fit` on NumPy batches (`keras_preact.data.load_arrays`: no tf.data).
+Differences from the TensorFlow trainer, stated: the epoch order is NumPy's
+permutation keyed by ``(seed, epoch)`` (not the tf.data pipeline's), there is no
+augmentation, and nothing is written (no workdir, so no resume); the model is returned
+(save it with ``model.save``).
 
 Nothing here imports TensorFlow.
 """
 
 import logging
 
-from keras_preact.training.config import TrainConfig
-from keras_preact.training.run import build_model
-from keras_preact.training.run import dataset_info
+import contextlib
+
+from keras_preact.training.run import Run
+from keras_preact.training.run import Stepper
 
 logger = logging.getLogger("keras_preact.training")
 
@@ -72,6 +73,98 @@ def data_parallel(devices=None):
     return keras.distribution.DataParallel(devices=chosen)
 
 
+class DataParallelStepper(Stepper):
+    """Epochs by ``model.fit`` on NumPy arrays under `keras.distribution.DataParallel`."""
+
+    switch_synchronized_bn = False  # JAX's SPMD step already sees the global batch
+
+    def __init__(self, devices=None):
+        self.distribution = data_parallel(devices)
+        self.replicas = len(self.distribution.device_mesh.devices.reshape(-1))
+        self.labels = {"num_devices": self.replicas}
+
+    def start(self, run):
+        c = run.config
+        if c.precision == "mixed_float16":
+            raise ValueError("precision='mixed_float16' needs loss scaling, not set up here. "
+                             "Received: precision='mixed_float16'. Use 'fp32' or 'mixed_bfloat16'.")
+        if c.synchronized_bn:
+            logger.info("synchronized_bn: BatchNorm already sees the global batch under JAX's SPMD.")
+        if c.batch_size % self.replicas:
+            raise ValueError(
+                f"The global batch size must divide evenly across the {self.replicas} devices. "
+                f"Received: batch_size={c.batch_size}.")
+
+    @contextlib.contextmanager
+    def scope(self):
+        import keras
+
+        previous = keras.distribution.distribution()
+        keras.distribution.set_distribution(self.distribution)
+        try:
+            yield
+        finally:
+            keras.distribution.set_distribution(previous)
+
+    def load_data(self, run):
+        import numpy as np
+
+        from keras_preact import data
+
+        c, self.arrays = run.config, {}
+        for split in ("train", "test"):
+            x, y = data.load_arrays(c.dataset, split, data_dir=c.data_dir, source=c.data_source,
+                                    path=c.data_path, download=c.download)
+            x = np.asarray(x, dtype="float32")
+            if not c.model_normalizes():
+                mean = np.asarray(run.info["mean"], "float32") * 255.0
+                x = (x - mean) / (np.asarray(run.info["std"], "float32") * 255.0)
+            self.arrays[split] = (x, np.asarray(y, dtype="int32"))
+        return len(self.arrays["train"][1]), len(self.arrays["test"][1])
+
+    def train_epochs(self, run, model, start_epoch, recorder):
+        import keras
+        import numpy as np
+
+        c, (x, y) = run.config, self.arrays["train"]
+
+        class Record(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                recorder.epoch_begin()
+
+            def on_epoch_end(self, epoch, logs=None):
+                recorder.epoch_end(self.model, epoch, logs)
+
+        step = start_epoch * run.spe
+        with self.scope():
+            for epoch in range(start_epoch, run.epochs):
+                steps_now = min(run.spe, run.total_steps - step)
+                order = np.random.default_rng([int(c.seed), epoch]).permutation(len(y))
+                order = order[: steps_now * c.batch_size]
+                model.fit(x[order], y[order], batch_size=c.batch_size, epochs=epoch + 1,
+                          initial_epoch=epoch, shuffle=False, verbose=c.verbose,
+                          callbacks=[Record()])
+                step += steps_now
+
+    def evaluate(self, run, model):
+        """Loss and accuracy over every example: the split is padded to whole global
+        batches (every device gets an equal shard) and the padding is left out."""
+        import numpy as np
+
+        (x, y), batch = self.arrays["test"], run.config.batch_size
+        n = len(y)
+        padded = np.concatenate([x, np.zeros((-n % batch,) + x.shape[1:], x.dtype)])
+        with self.scope():
+            probs = np.asarray(model.predict(padded, batch_size=batch, verbose=0))[:n]
+        # Keras' sparse categorical cross-entropy on probabilities clips at its epsilon.
+        picked = np.clip(probs.astype("float64")[np.arange(n), y], 1e-7, 1.0 - 1e-7)
+        return {"loss": float(np.mean(-np.log(picked))),
+                "accuracy": float(np.mean(np.argmax(probs, axis=-1) == y))}
+
+    def finish(self, run, model):
+        return {"per_device_batch": run.config.batch_size // self.replicas}
+
+
 def train_data_parallel(config, *, devices=None):
     """Trains `config`'s model with data parallelism over `devices` (JAX backend).
 
@@ -82,9 +175,8 @@ def train_data_parallel(config, *, devices=None):
         devices: see `data_parallel`.
 
     Returns:
-        dict: ``model`` (the trained Keras model), ``history`` (per-epoch ``loss``,
-        ``accuracy``, ``step``), ``test_loss``, ``test_accuracy``, ``steps``,
-        ``num_devices``, ``per_device_batch``.
+        dict: `Run.train`'s, plus ``model`` (the trained Keras model),
+        ``num_devices`` and ``per_device_batch``.
 
     Raises:
         ValueError: for an invalid config, a backend other than JAX, unknown devices,
@@ -97,106 +189,5 @@ def train_data_parallel(config, *, devices=None):
         >>> r = train_data_parallel(TrainConfig(model="preact_resnet20", dataset="digits",
         ...                                     batch_size=64, epochs=2), devices=2)
     """
-    import keras
-    import numpy as np
-
-    from keras_preact import data
-    from keras_preact.training.optimizers import make_optimizer
-
-    if isinstance(config, dict):
-        config = TrainConfig.from_dict(config)
-    if not isinstance(config, TrainConfig):
-        raise ValueError(f"`config` must be a TrainConfig or its dict. Received: {type(config).__name__}")
-    config.validate()
-    if config.precision == "mixed_float16":
-        raise ValueError(
-            "precision='mixed_float16' needs loss scaling, not set up here. Received: "
-            "precision='mixed_float16'. Use 'fp32' or 'mixed_bfloat16'."
-        )
-    if config.synchronized_bn:
-        logger.info("synchronized_bn: BatchNorm already sees the global batch under JAX's SPMD.")
-    distribution = data_parallel(devices)
-    num_devices = len(distribution.device_mesh.devices.reshape(-1))
-    if config.batch_size % num_devices:
-        raise ValueError(
-            f"The global batch size must divide evenly across the {num_devices} devices. "
-            f"Received: batch_size={config.batch_size}."
-        )
-    info = dataset_info(config.dataset, config.data_path)
-    arrays = {}
-    for split in ("train", "test"):
-        x, y = data.load_arrays(config.dataset, split, data_dir=config.data_dir,
-                                source=config.data_source, path=config.data_path,
-                                download=config.download)
-        x = np.asarray(x, dtype="float32")
-        if not config.model_normalizes():
-            mean = np.asarray(info["mean"], "float32") * 255.0
-            std = np.asarray(info["std"], "float32") * 255.0
-            x = (x - mean) / std
-        arrays[split] = (x, np.asarray(y, dtype="int32"))
-    num_train = len(arrays["train"][1])
-    spe = num_train // config.batch_size
-    if spe < 1:
-        raise ValueError(
-            f"batch_size={config.batch_size} is larger than the {config.dataset!r} "
-            f"training split ({num_train} images)."
-        )
-    sched = config.resolve_schedule(spe)
-
-    previous = keras.distribution.distribution()
-    keras.distribution.set_distribution(distribution)
-    try:
-        keras.utils.set_random_seed(int(config.seed))
-        model = build_model(config, info)
-        model.compile(
-            optimizer=make_optimizer(config, spe),
-            loss=keras.losses.SparseCategoricalCrossentropy(),
-            metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-        )
-        history, step = [], 0
-        x_train, y_train = arrays["train"]
-        for epoch in range(sched["epochs"]):
-            steps_now = min(spe, sched["total_steps"] - step)
-            order = np.random.default_rng([int(config.seed), epoch]).permutation(num_train)
-            order = order[: steps_now * config.batch_size]
-            logs = model.fit(
-                x_train[order], y_train[order], batch_size=config.batch_size, epochs=epoch + 1,
-                initial_epoch=epoch, shuffle=False, verbose=config.verbose,
-            ).history
-            step += steps_now
-            history.append({"epoch": epoch + 1, "step": step,
-                            "loss": float(logs["loss"][-1]),
-                            "accuracy": float(logs["accuracy"][-1])})
-            if step >= sched["total_steps"]:
-                break
-        results = _evaluate(model, *arrays["test"], batch_size=config.batch_size)
-    finally:
-        keras.distribution.set_distribution(previous)
-    return {
-        "model": model,
-        "history": history,
-        "test_loss": results["loss"],
-        "test_accuracy": results["accuracy"],
-        "steps": step,
-        "num_devices": num_devices,
-        "per_device_batch": config.batch_size // num_devices,
-    }
-
-
-def _evaluate(model, x, y, *, batch_size):
-    """Loss and accuracy over every example: the split is padded to whole global
-    batches (every device gets an equal shard) and the padding is left out."""
-    import numpy as np
-
-    n = len(y)
-    padded = -(-n // batch_size) * batch_size
-    x_in = np.concatenate([x, np.zeros((padded - n,) + x.shape[1:], x.dtype)])
-    probs = np.asarray(model.predict(x_in, batch_size=batch_size, verbose=0))[:n]
-    probs = probs.astype("float64")
-    # Keras' sparse categorical cross-entropy on probabilities clips at its epsilon.
-    eps = 1e-7
-    picked = np.clip(probs[np.arange(n), y], eps, 1.0 - eps)
-    return {
-        "loss": float(np.mean(-np.log(picked))),
-        "accuracy": float(np.mean(np.argmax(probs, axis=-1) == y)),
-    }
+    run = Run(config, None, DataParallelStepper(devices))
+    return {**run.train(), "model": getattr(run, "model", None)}

@@ -1,98 +1,57 @@
 """Multi-worker training on `tf.distribute.MultiWorkerMirroredStrategy` (TensorFlow).
 
-Why a custom loop. In Keras 3.15.1 ``model.fit`` under `MultiWorkerMirroredStrategy`
-fails before the first step: ``_maybe_symbolic_build`` reduces the first batch eagerly
-and TensorFlow refuses to convert the ``PerReplica`` value to a tensor (keras issue
-20585 is the same family). This module trains the same recipe with its own loop:
-``strategy.run`` inside a `tf.function`, a `tf.GradientTape`, the per-example loss
-averaged over the *global* batch (`tf.nn.compute_average_loss`), and the Keras
-optimizer's ``apply_gradients``, which all-reduces (sums) the gradients across every
-replica of every worker. The optimizer is the recipe's `CoupledSGD` with its
-`WarmupPiecewiseConstant` schedule, the model is `build_model`'s, and the epoch
-bookkeeping, checkpoints, metrics, curve and final model are those of
-`keras_preact.training.run`, as for `model.fit`, so a workdir looks exactly like a
-single-host one.
+Why a custom loop: in Keras 3.15.1 ``model.fit`` under `MultiWorkerMirroredStrategy`
+fails before the first step (``_maybe_symbolic_build`` reduces the first batch
+eagerly; keras issue 20585 is the same family). `MultiWorkerStepper` trains the same
+`Run` with ``strategy.run`` inside a `tf.function`, a `tf.GradientTape`, the loss
+averaged over the *global* batch and the Keras optimizer's ``apply_gradients`` (which
+all-reduces the gradients), so a workdir looks exactly like a single-host one.
 
-The cluster. Every worker runs the same command with its own ``TF_CONFIG``
-(`keras_preact.training.distribute.parse_tf_config`): ``{"cluster": {"worker":
-["host0:port", "host1:port"]}, "task": {"type": "worker", "index": i}}`` (a
-``"chief"`` job of one task may be listed as well). Rank 0 -- the chief if there is
-one, else worker 0 -- is the chief: it leads TensorFlow's coordination service, it
-alone reads and writes the workdir, and it broadcasts its state (the resume epoch and
-every model and optimizer variable) to the others, so the other workers need no shared
-filesystem and write nothing (their ``workdir`` argument is not touched).
+The cluster: every worker runs the same command with its own ``TF_CONFIG``
+(`parse_tf_config`). Rank 0 (the chief job if listed, else worker 0) leads
+TensorFlow's coordination service, alone reads and writes the workdir, and broadcasts
+its state (resume epoch, every model and optimizer variable) to the others, which need
+no shared filesystem.
 
-Data sharding: DATA, at the batch level. Every worker builds the same deterministic
-pipeline (`keras_preact.data.make_dataset`, keyed by ``(seed, epoch)``) at the global
-batch size and keeps only its slice of each global batch: worker ``k`` of ``n`` takes
-rows ``k * B/n .. (k+1) * B/n - 1``. The union of the slices of step ``s`` is
-exactly the single-process run's batch ``s``, so the run computes the single-process
-update up to the order of the gradient summation (and BatchNorm, below). FILE
-sharding does not apply: the pipeline reads in-memory arrays, not files, and
-TensorFlow's auto-sharding is not used (`distribute_datasets_from_function`).
+Data: every worker builds the same pipeline (keyed by ``(seed, epoch)``) at the global
+batch and keeps its slice of each batch (worker ``k`` of ``n``: rows ``k*B/n`` to
+``(k+1)*B/n - 1``), so step ``s`` sees exactly the single-process batch ``s``.
 
-BatchNorm. As under `MirroredStrategy` (see `keras_preact.training.distribute`), each
-replica normalises with its own share of the batch unless ``synchronized_bn=True``
-(moments all-reduced across all workers every step: the single-process computation).
-The moving statistics are updated by ``assign`` inside ``call`` on variables with
-aggregation "none": each worker keeps its own copy, which drifts from the others'.
-At every epoch end and before every evaluation the copies are all-reduced to their
-mean across *all* workers (`sync_non_trainable`), so checkpoints, evaluation and the
-saved model use one set of statistics and every worker holds identical weights; at
-the end the workers compare a digest of all their weights and fail loudly if any
-differs.
+BatchNorm: each replica normalises with its share of the batch unless
+``synchronized_bn=True``; the moving statistics (aggregation "none") are averaged
+across all workers at every epoch end and before every evaluation
+(`sync_non_trainable`), and at the end the workers compare a digest of their weights.
 
-Failures stop within bounded time instead of hanging:
-
-- a malformed ``TF_CONFIG`` raises ValueError before TensorFlow starts;
-- the chief waits at most ``connect_timeout`` seconds for every other worker's port
-  to accept a TCP connection (a worker's gRPC server listens while it waits to
-  register), and the others wait at most 2 * ``connect_timeout`` + 10 s to register with
-  the chief (TensorFlow's coordination service ``cluster_register_timeout``);
-- workers exchange a per-field fingerprint of their training configs before the
-  model is built: any difference is refused on every worker, naming the fields;
-- a chief that refuses its workdir (another run's) tells the others in the same
-  exchange, and they stop too;
-- a worker that dies mid-run is detected by the coordination service's heartbeats
-  (`HEARTBEAT_TIMEOUT_S`), and every collective is bounded by ``collective_timeout``
-  seconds (`tf.distribute.experimental.CommunicationOptions`): the survivors raise
-  and exit. Restart every worker with the same command to resume from the last
-  completed epoch.
-
-The timeouts default to `DEFAULT_CONNECT_TIMEOUT_S` and `DEFAULT_COLLECTIVE_TIMEOUT_S`
-(`keras_preact.training.distribute.resolve_timeouts`); the environment variables
-``KERAS_PREACT_CONNECT_TIMEOUT_S`` and ``KERAS_PREACT_COLLECTIVE_TIMEOUT_S`` override
-them (runtime settings: they are not part of the config).
+Failures stop in bounded time: a malformed ``TF_CONFIG`` raises before TensorFlow
+starts; the chief waits at most ``connect_timeout`` for the others' ports and the
+others 2 * ``connect_timeout`` + 10 s to register; workers with different configs are
+refused by a per-field fingerprint exchange (as is a chief's refused workdir); a dead
+worker is found by heartbeats (`HEARTBEAT_TIMEOUT_S`) and every collective is bounded
+by ``collective_timeout``, and the survivors exit with `ClusterError`. Restart every
+worker with the same command to resume. The timeouts default to
+`DEFAULT_CONNECT_TIMEOUT_S` and `DEFAULT_COLLECTIVE_TIMEOUT_S`; the environment
+variables ``KERAS_PREACT_CONNECT_TIMEOUT_S`` and ``KERAS_PREACT_COLLECTIVE_TIMEOUT_S``
+override them.
 """
 
+import contextlib
 import hashlib
 import json
 import logging
-import os
-import time
 import zlib
 
 from keras_preact.training.config import RUNTIME_FIELDS
-from keras_preact.training.config import TrainConfig
 from keras_preact.training.distribute import make_multiworker_strategy
 from keras_preact.training.distribute import parse_tf_config
 from keras_preact.training.distribute import resolve_timeouts
 from keras_preact.training.distribute import shorten
-from keras_preact.training.run import EpochRecorder
+from keras_preact.training.run import Run
+from keras_preact.training.run import Stepper
+from keras_preact.training.run import as_config
 from keras_preact.training.run import build_model
-from keras_preact.training.run import check_workdir
-from keras_preact.training.run import config_document
-from keras_preact.training.run import dataset_info
-from keras_preact.training.run import dataset_preprocessing
+from keras_preact.training.run import load_weights_file
 from keras_preact.training.run import optimizer_step
 from keras_preact.training.run import weights_fingerprint
-from keras_preact.training.run import write_reports
-from keras_preact.training.workdir import CHECKPOINT_DIR
-from keras_preact.training.workdir import CURVE_PNG
-from keras_preact.training.workdir import METRICS_JSON
-from keras_preact.training.workdir import Workdir
-from keras_preact.files import atomic_save
-from keras_preact.training.workdir import read_json
 
 logger = logging.getLogger("keras_preact.training")
 
@@ -226,6 +185,145 @@ def config_fields_fingerprint(config):
 
 # -- the training run -----------------------------------------------------------------
 
+class MultiWorkerStepper(Stepper):
+    """Epochs by the custom loop on `MultiWorkerMirroredStrategy` (see the module doc)."""
+
+    collective = True
+
+    def __init__(self, cluster, *, connect_timeout, collective_timeout):
+        self.cluster, self.is_chief = cluster, cluster.is_chief
+        self.timeouts = resolve_timeouts(connect_timeout, collective_timeout)
+        self.task = f"{cluster.task_type} {cluster.task_index}"
+        self.labels = {"task": self.task, "is_chief": cluster.is_chief,
+                       "num_workers": cluster.num_workers, "weights_digest": None}
+        self.schedule_labels = {"num_workers": cluster.num_workers}
+
+    def start(self, run):
+        from keras_preact.training import distribute
+
+        c = run.config
+        distribute.configure_runtime(intra_op_threads=c.intra_op_threads,
+                                     inter_op_threads=c.inter_op_threads,
+                                     deterministic=c.deterministic)
+        connect, collective = self.timeouts
+        self.strategy = make_multiworker_strategy(self.cluster, connect_timeout=connect,
+                                                  collective_timeout=collective)
+        self.replicas = self.strategy.num_replicas_in_sync
+        distribute.check_global_batch(c.batch_size, self.replicas)
+
+    def scope(self):
+        return self.strategy.scope()
+
+    def agree(self, run, state, refused):
+        """The start-of-run exchange: status, resume epoch, rank and the config fields."""
+        names, crcs = config_fields_fingerprint(run.config)
+        status = (_STATUS_WORKDIR_REFUSED if refused is not None
+                  else _STATUS_COMPLETE if run.complete(state) else _STATUS_OK)
+        start_epoch = state["epoch"] if state else 0
+        rows = all_gather_rows(self.strategy, [status, start_epoch, self.cluster.rank] + crcs)
+        differ = sorted({names[i] for r in rows for i, c in enumerate(r[3:]) if c != crcs[i]})
+        if differ:
+            raise ValueError(
+                f"The workers were started with different training configs (fields {differ} "
+                f"differ; this is {self.task}). Every worker must run the same command; only "
+                f"{list(WORKER_LOCAL_FIELDS)} may differ between hosts. Nothing was written.")
+        if refused is not None:
+            raise refused
+        chief_status, chief_epoch = (int(v) for v in {int(r[2]): r for r in rows}[0][:2])
+        if chief_status == _STATUS_WORKDIR_REFUSED:
+            raise ValueError(f"The chief refused its workdir (see the chief's error); {self.task} "
+                             "stops too. Nothing was written.")
+        if chief_status == _STATUS_COMPLETE:
+            return state if self.is_chief else {"complete": True}
+        return state if self.is_chief else ({"epoch": chief_epoch} if chief_epoch else None)
+
+    def restore(self, run, model, optimizer, state):
+        """The chief loads outside the strategy's scope (see `load_outside_strategy`),
+        then every worker starts from the chief's variables."""
+        if self.is_chief and state is not None:
+            path = run.checkpoint_path(state, weights_fingerprint(model))
+            load_outside_strategy(run, path, model, optimizer)
+            logger.info("Resuming %s from epoch %d (step %d) in %s.", run.config.model,
+                        state["epoch"], state["step"], run.workdir.path)
+        elif self.is_chief and run.config.weights is not None:
+            run.load_pretrained(model)
+        broadcast_from_chief(self.strategy, list(model.weights) + list(optimizer.variables))
+        self.evaluator = _make_evaluator(model)
+
+    def train_epochs(self, run, model, start_epoch, recorder):
+        import tensorflow as tf
+
+        from keras_preact.layers.remat import model_pruning_off
+
+        # Grappler's model pruning would undo rematerialisation in the custom step.
+        pruning = model_pruning_off() if getattr(model, "remat", None) else contextlib.nullcontext()
+        try:
+            with pruning:
+                self._epochs(run, model, start_epoch, recorder)
+        except tf.errors.OpError as err:
+            last = run.workdir.read_state() if run.owns_files else None
+            raise ClusterError(
+                f"{self.task}: training stopped because another worker failed or stopped "
+                f"responding ({type(err).__name__}: {shorten(err, 300)}). Restart every "
+                "worker with the same command to resume from the last completed epoch"
+                + (f" ({last['epoch']})." if last else ".")) from None
+
+    def _epochs(self, run, model, start_epoch, recorder):
+        import keras
+
+        c, spe = run.config, run.spe
+        train_step = _make_train_step(self.strategy, model, model.optimizer, c.batch_size)
+        train = run.train_data(epoch=start_epoch, repeat_epochs=run.epochs - start_epoch)
+        iterator = iter(self.strategy.distribute_datasets_from_function(
+            _shard_fn(train, c.batch_size)))
+        step = optimizer_step(model.optimizer)
+        for epoch in range(start_epoch, run.epochs):
+            recorder.epoch_begin()
+            steps_now = min(spe, run.total_steps - step)
+            bar = None
+            if self.is_chief and c.verbose != 0:
+                bar = keras.utils.Progbar(steps_now, verbose=1 if c.verbose in ("auto", 1) else 2)
+                logger.info("Epoch %d/%d", epoch + 1, run.epochs)
+            loss_sum = correct_sum = 0.0
+            for i in range(steps_now):
+                loss, correct = train_step(iterator)
+                loss_sum, correct_sum = loss_sum + float(loss), correct_sum + float(correct)
+                if bar is not None:
+                    bar.update(i + 1, [("loss", loss_sum / (i + 1)),
+                                       ("accuracy", correct_sum / ((i + 1) * c.batch_size))])
+            step += steps_now
+            for _ in range(spe - steps_now):  # one iterator for all epochs: skip a cut epoch's rest
+                next(iterator)
+            sync_non_trainable(self.strategy, model)
+            logs = {"loss": loss_sum / max(steps_now, 1),
+                    "accuracy": correct_sum / max(steps_now * c.batch_size, 1)}
+            if c.eval_every and (epoch + 1) % c.eval_every == 0:
+                val = self.evaluate(run, model)
+                logs.update(val_loss=val["loss"], val_accuracy=val["accuracy"])
+            recorder.epoch_end(model, epoch, logs)
+            logger.info("%s: epoch %d/%d done, step %d, loss %.4f", self.task, epoch + 1,
+                        run.epochs, step, logs["loss"])
+            if step >= run.total_steps:
+                break
+
+    def evaluate(self, run, model):
+        """On this worker alone: every worker holds the same weights, so gets the same."""
+        return self.evaluator(run.test_data)
+
+    def finish(self, run, model):
+        """One set of statistics everywhere, then a check that all weights are equal."""
+        import numpy as np
+
+        sync_non_trainable(self.strategy, model)
+        digest = weights_digest(model)
+        digests = all_gather_rows(self.strategy,
+                                  np.frombuffer(bytes.fromhex(digest[:32]), ">i4").astype(np.int32))
+        if any((row != digests[0]).any() for row in digests):
+            raise RuntimeError(f"The workers' final weights differ ({self.task}: {digest[:16]}...). "
+                               "This is a bug; the checkpoints of the chief are intact.")
+        return {"num_workers": self.cluster.num_workers, "weights_digest": digest}
+
+
 def train_multiworker(config, workdir, *, connect_timeout=None, collective_timeout=None):
     """`train_and_evaluate` across the workers of ``TF_CONFIG``.
 
@@ -249,300 +347,33 @@ def train_multiworker(config, workdir, *, connect_timeout=None, collective_timeo
             bad input. Raised before anything is written.
         RuntimeError: if the workers' final weights differ (a bug, not bad input).
     """
-    if isinstance(config, dict):
-        config = TrainConfig.from_dict(config)
-    if not isinstance(config, TrainConfig):
-        raise ValueError(f"`config` must be a TrainConfig or its dict. Received: {type(config).__name__}")
-    config.validate()
-    if config.strategy != "multiworker":
-        raise ValueError(f"train_multiworker needs strategy='multiworker'. Received: strategy={config.strategy!r}")
-    if config.precision == "mixed_float16":
-        raise ValueError(
-            "precision='mixed_float16' needs loss scaling, which the multi-worker loop does "
-            "not implement. Received: precision='mixed_float16'. Use 'fp32' or 'mixed_bfloat16'."
-        )
-    if config.jit_compile:
-        raise ValueError(
-            "jit_compile=True is not supported with strategy='multiworker' (Keras turns "
-            "XLA off under tf.distribute). Received: jit_compile=True"
-        )
-    if config.cpu_devices:
-        raise ValueError(
-            "cpu_devices is for strategy='mirrored' on one host; each multi-worker worker "
-            f"uses its own devices. Received: cpu_devices={config.cpu_devices}"
-        )
-    cluster = parse_tf_config()
-    connect_timeout, collective_timeout = resolve_timeouts(connect_timeout, collective_timeout)
-    task = f"{cluster.task_type} {cluster.task_index}"
-
     import keras
 
+    config = as_config(config)
+    unsupported = {
+        "strategy": (config.strategy != "multiworker", "train_multiworker needs strategy='multiworker'"),
+        "precision": (config.precision == "mixed_float16", "'mixed_float16' needs loss scaling, "
+                      "which the multi-worker loop does not implement; use 'fp32' or 'mixed_bfloat16'"),
+        "jit_compile": (config.jit_compile, "XLA is off under tf.distribute in Keras"),
+        "cpu_devices": (config.cpu_devices, "it is for strategy='mirrored' on one host; each "
+                        "worker uses its own devices"),
+    }
+    for name, (bad, why) in unsupported.items():
+        if bad:
+            raise ValueError(f"Unsupported {name} with the multi-worker loop: {why}. "
+                             f"Received: {name}={getattr(config, name)!r}")
+    cluster = parse_tf_config()
     if keras.backend.backend() != "tensorflow":
         raise ValueError(
             "strategy='multiworker' runs on the TensorFlow backend (tf.distribute). "
             f"Received backend: {keras.backend.backend()!r}. Set KERAS_BACKEND=tensorflow, "
-            "or use keras_preact.training.jax_parallel on JAX."
-        )
-    import numpy as np
-    import tensorflow as tf
-
-    from keras_preact import data
-    from keras_preact.training import distribute
-    from keras_preact.training.optimizers import make_optimizer
-
-    # What can fail on this worker's input without TensorFlow runs before it joins
-    # (a worker that fails here never registers; the others stop at their connect
-    # timeout). TensorFlow's collective runtime must be set up before the first
-    # TensorFlow op, so the strategy comes next and the data after it: a worker
-    # that fails later exits, and the others see it through the heartbeats.
-    workdir = Workdir(workdir)
-    state, refused = None, None
-    if cluster.is_chief:
-        try:
-            state = check_workdir(config, workdir)
-        except ValueError as err:
-            refused = err  # told to the other workers below, then raised
-    info = dataset_info(config.dataset, config.data_path)
-    distribute.configure_runtime(
-        intra_op_threads=config.intra_op_threads,
-        inter_op_threads=config.inter_op_threads,
-        deterministic=config.deterministic,
-    )
-    strategy = make_multiworker_strategy(
-        cluster, connect_timeout=connect_timeout, collective_timeout=collective_timeout
-    )
-    replicas = strategy.num_replicas_in_sync
-    distribute.check_global_batch(config.batch_size, replicas)
-
-    def data_kwargs(**changes):
-        return {**dict(
-            batch_size=config.batch_size, data_dir=config.data_dir, source=config.data_source,
-            path=config.data_path, download=config.download, seed=config.seed,
-            normalize=not config.model_normalizes(),
-        ), **changes}
-
-    test_ds = data.make_dataset(config.dataset, "test", shuffle=False, augment=False,
-                                drop_remainder=False, **data_kwargs())
-    num_train = int(data.make_dataset(config.dataset, "train", augment=config.augment,
-                                      drop_remainder=True, **data_kwargs(batch_size=1)).cardinality())
-    num_test = int(data.make_dataset(config.dataset, "test", shuffle=False, augment=False,
-                                     drop_remainder=False, **data_kwargs(batch_size=1)).cardinality())
-    spe = num_train // config.batch_size
-    if spe < 1:
-        raise ValueError(
-            f"batch_size={config.batch_size} is larger than the {config.dataset!r} "
-            f"training split ({num_train} images)."
-        )
-    sched = config.resolve_schedule(spe)
-    epochs, total_steps = sched["epochs"], sched["total_steps"]
-    complete = bool(
-        state is not None and state.get("complete") and os.path.exists(workdir.final_model_path)
-    )
-    start_epoch = state["epoch"] if state else 0
-    if start_epoch > epochs and refused is None:
-        refused = ValueError(
-            f"The workdir's checkpoint is at epoch {start_epoch}, past this run's "
-            f"{epochs} epochs; the workdir does not belong to this run."
-        )
-
-    # The start-of-run exchange: status, resume epoch, rank and the config fields.
-    names, crcs = config_fields_fingerprint(config)
-    status = _STATUS_OK
-    if refused is not None:
-        status = _STATUS_WORKDIR_REFUSED
-    elif complete:
-        status = _STATUS_COMPLETE
-    rows = all_gather_rows(strategy, [status, start_epoch, cluster.rank] + crcs)
-    rows_by_rank = {int(r[2]): r for r in rows}
-    differ = sorted({names[i] for r in rows for i, c in enumerate(r[3:]) if c != crcs[i]})
-    if differ:
-        raise ValueError(
-            f"The workers were started with different training configs (fields {differ} "
-            f"differ; this is {task}). Every worker must run the same command; only "
-            f"{list(WORKER_LOCAL_FIELDS)} may differ between hosts. Nothing was written."
-        )
-    chief_row = rows_by_rank[0]
-    if refused is not None:
-        raise refused
-    if int(chief_row[0]) == _STATUS_WORKDIR_REFUSED:
-        raise ValueError(
-            f"The chief refused its workdir (see the chief's error); {task} stops too. "
-            "Nothing was written."
-        )
-    if int(chief_row[0]) == _STATUS_COMPLETE:
-        if cluster.is_chief:
-            metrics = read_json(workdir.file(METRICS_JSON))
-            logger.info("The run in %s is complete; returning its results.", workdir.path)
-            return {
-                "test_accuracy": metrics.get("test_accuracy"), "test_loss": metrics.get("test_loss"),
-                "history": metrics["epochs"], "epochs": state["epoch"], "steps": state["step"],
-                "resumed_from_epoch": None, "train_time_s": 0.0,
-                "num_replicas": metrics.get("num_replicas"), "model_path": workdir.final_model_path,
-                "workdir": workdir.path, "task": task, "is_chief": True,
-                "num_workers": cluster.num_workers, "weights_digest": None,
-            }
-        return {
-            "test_accuracy": float("nan"), "test_loss": float("nan"), "history": [],
-            "epochs": None, "steps": None, "resumed_from_epoch": None, "train_time_s": 0.0,
-            "num_replicas": replicas, "model_path": None, "workdir": None, "task": task,
-            "is_chief": False, "num_workers": cluster.num_workers, "weights_digest": None,
-        }
-    start_epoch = int(chief_row[1])
-    history = list(state["history"]) if (cluster.is_chief and state) else []
-
-    distribute.seed_everything(config.seed)
-    with strategy.scope():
-        model = build_model(config, info)
-        if config.synchronized_bn:
-            distribute.set_synchronized_batch_norm(model, True)
-        if getattr(config, "freeze", ()):
-            from keras_preact import finetune
-
-            finetune.freeze(model, list(config.freeze))
-        optimizer = make_optimizer(config, spe)
-        model.compile(
-            optimizer=optimizer,
-            loss=keras.losses.SparseCategoricalCrossentropy(),
-            metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-        )
-        optimizer.build(model.trainable_variables)
-        fingerprint = weights_fingerprint(model)
-    if cluster.is_chief and state is not None:
-        ckpt = workdir.file(CHECKPOINT_DIR, state["checkpoint"])
-        stored_print = state.get("fingerprint")
-        if stored_print is not None and stored_print != fingerprint:
-            # Cannot happen for an accepted config (the config fixes the model);
-            # stop every worker rather than train from the wrong weights.
-            raise ValueError(
-                f"The checkpoint {ckpt} does not fit the model {config.model!r}. "
-                "Nothing was changed. Use a new --workdir."
-            )
-        _load_checkpoint_outside_strategy(config, info, spe, ckpt, model, optimizer)
-        logger.info("Resuming %s from epoch %d (step %d) in %s.",
-                    config.model, start_epoch, state["step"], workdir.path)
-    if cluster.is_chief and state is None and getattr(config, "weights", None) is not None:
-        from keras_preact import finetune
-
-        # Outside the scope (see _load_checkpoint_outside_strategy); the chief's
-        # copy reaches the other workers with the broadcast below.
-        finetune.load_pretrained(model, config.weights, model_name=config.model)
-    # One starting point everywhere: the chief's (fresh or resumed) variables.
-    broadcast_from_chief(strategy, list(model.weights) + list(optimizer.variables))
-
-    schedule_info = {**sched, "num_replicas": replicas,
-                     "per_replica_batch": config.batch_size // replicas,
-                     "num_workers": cluster.num_workers}
-    if cluster.is_chief:
-        for path in workdir.remove_stale_temporaries():
-            logger.info("Removed %s (a write interrupted by a crash).", path)
-        if state is None:
-            os.makedirs(workdir.path, exist_ok=True)
-            workdir.write_config(config_document(config))
-            write_reports(workdir, config, history, schedule_info=schedule_info)
-        recorder = EpochRecorder(config=config, workdir=workdir, schedule=config.make_schedule(spe),
-                                 history=history, fingerprint=fingerprint)
-
-    train_step = _make_train_step(strategy, model, optimizer, config.batch_size)
-    evaluate = _make_evaluator(model)
-    t0 = time.time()
-    step = optimizer_step(optimizer)
-
-    def train_epochs(step):
-        """The remaining epochs; returns the optimizer step reached."""
-        if start_epoch < epochs:
-            train_ds = data.make_dataset(
-                config.dataset, "train", augment=config.augment, epoch=start_epoch,
-                drop_remainder=True, repeat_epochs=epochs - start_epoch, **data_kwargs(),
-            )
-            dist_ds = strategy.distribute_datasets_from_function(
-                _shard_fn(train_ds, config.batch_size)
-            )
-            iterator = iter(dist_ds)
-            for epoch in range(start_epoch, epochs):
-                if cluster.is_chief:
-                    recorder.epoch_begin()
-                steps_now = min(spe, total_steps - step)
-                bar = None
-                if cluster.is_chief and config.verbose not in (0,):
-                    bar = keras.utils.Progbar(steps_now, verbose=1 if config.verbose in ("auto", 1) else 2)
-                    logger.info("Epoch %d/%d", epoch + 1, epochs)
-                loss_sum, correct_sum = 0.0, 0.0
-                for i in range(steps_now):
-                    loss, correct = train_step(iterator)
-                    loss_sum += float(loss)
-                    correct_sum += float(correct)
-                    if bar is not None:
-                        bar.update(i + 1, [("loss", loss_sum / (i + 1)),
-                                           ("accuracy", correct_sum / ((i + 1) * config.batch_size))])
-                step += steps_now
-                # The iterator is shared by all epochs: skip the batches of a cut epoch.
-                for _ in range(spe - steps_now):
-                    next(iterator)
-                sync_non_trainable(strategy, model)
-                logs = {"loss": loss_sum / max(steps_now, 1),
-                        "accuracy": correct_sum / max(steps_now * config.batch_size, 1)}
-                if config.eval_every and (epoch + 1) % config.eval_every == 0:
-                    val = evaluate(test_ds)
-                    logs.update(val_loss=val["loss"], val_accuracy=val["accuracy"])
-                if cluster.is_chief:
-                    recorder.epoch_end(model, epoch, logs)
-                logger.info("%s: epoch %d/%d done, step %d, loss %.4f", task, epoch + 1, epochs,
-                            step, logs["loss"])
-                if step >= total_steps:
-                    break
-        return step
-
-    try:
-        step = train_epochs(step)
-    except tf.errors.OpError as err:
-        last = workdir.read_state() if cluster.is_chief else None
-        raise ClusterError(
-            f"{task}: training stopped because another worker failed or stopped "
-            f"responding ({type(err).__name__}: {shorten(err, 300)}). Restart every "
-            "worker with the same command to resume from the last completed epoch"
-            + (f" ({last['epoch']})." if last else ".")
-        ) from None
-    train_time = time.time() - t0
-
-    sync_non_trainable(strategy, model)
-    digest = weights_digest(model)
-    digests = all_gather_rows(strategy, np.frombuffer(bytes.fromhex(digest[:32]), ">i4").astype(np.int32))
-    if any((row != digests[0]).any() for row in digests):
-        raise RuntimeError(
-            f"The workers' final weights differ ({task}: {digest[:16]}...). This is a bug; "
-            "the checkpoints of the chief are intact."
-        )
-    results = evaluate(test_ds)
-    final = {
-        "test_accuracy": results["accuracy"], "test_loss": results["loss"],
-        "num_train_examples": num_train, "num_test_examples": num_test,
-        "num_params": int(model.count_params()), "num_replicas": replicas,
-        "num_workers": cluster.num_workers,
-        "input_normalization": {"in_model": config.model_normalizes(),
-                                **dataset_preprocessing(info)},
-        "schedule": schedule_info,
-        "model_path": os.path.basename(workdir.final_model_path), "curve_path": CURVE_PNG,
-        "weights_digest": digest,
-    }
-    epochs_done, steps_done = None, optimizer_step(optimizer)
-    if cluster.is_chief:
-        atomic_save(workdir.final_model_path, model.save)
-        state = workdir.read_state()
-        write_reports(workdir, config, history, schedule_info=schedule_info, final=final)
-        workdir.write_state({**{k: v for k, v in state.items() if k != "format"}, "complete": True})
-        epochs_done, steps_done = state["epoch"], state["step"]
-    return {
-        "test_accuracy": final["test_accuracy"], "test_loss": final["test_loss"],
-        "history": history, "epochs": epochs_done, "steps": steps_done,
-        "resumed_from_epoch": start_epoch, "train_time_s": train_time, "num_replicas": replicas,
-        "model_path": workdir.final_model_path if cluster.is_chief else None,
-        "workdir": workdir.path if cluster.is_chief else None, "task": task,
-        "is_chief": cluster.is_chief, "num_workers": cluster.num_workers,
-        "weights_digest": digest,
-    }
+            "or use keras_preact.training.jax_parallel on JAX.")
+    stepper = MultiWorkerStepper(cluster, connect_timeout=connect_timeout,
+                                 collective_timeout=collective_timeout)
+    return Run(config, workdir, stepper).train()
 
 
-def _load_checkpoint_outside_strategy(config, info, spe, path, model, optimizer):
+def load_outside_strategy(run, path, model, optimizer):
     """Loads a checkpoint into the strategy's `model` and `optimizer`, on the chief.
 
     ``load_weights`` inside the strategy's scope creates variables (each one a
@@ -553,22 +384,16 @@ def _load_checkpoint_outside_strategy(config, info, spe, path, model, optimizer)
     """
     from keras_preact.training.optimizers import make_optimizer
 
-    shadow = build_model(config, info)
-    if getattr(config, "freeze", ()):
+    config = run.config
+    shadow = build_model(config, run.info)
+    if config.freeze:
         from keras_preact import finetune
 
         finetune.freeze(shadow, list(config.freeze))
-    shadow_optimizer = make_optimizer(config, spe)
+    shadow_optimizer = make_optimizer(config, run.spe)
     shadow.compile(optimizer=shadow_optimizer, loss="sparse_categorical_crossentropy")
     shadow_optimizer.build(shadow.trainable_variables)
-    try:
-        shadow.load_weights(path)
-    except Exception as err:  # Keras raises several types for a mismatch.
-        raise ValueError(
-            f"The checkpoint {path} does not fit the model {config.model!r} "
-            f"({type(err).__name__}: {shorten(err, 300)}). Nothing was changed. "
-            "Use a new --workdir."
-        ) from None
+    load_weights_file(shadow, path, config.model)
     targets = list(model.weights) + list(optimizer.variables)
     sources = list(shadow.weights) + list(shadow_optimizer.variables)
     if [tuple(v.shape) for v in targets] != [tuple(v.shape) for v in sources]:

@@ -24,17 +24,8 @@ from keras_preact.training.config import DECAY_VARIABLES
 
 
 def decays_variable(variable, decay_variables):
-    """Whether `variable` gets the L2 term under the `decay_variables` rule.
-
-    Args:
-        variable: a Keras variable.
-        decay_variables: "all" or "kernels" (variables named ``kernel`` or
-            ``*_kernel``: convolution and dense kernels; not BatchNorm gamma/beta and
-            not biases).
-
-    Returns:
-        bool.
-    """
+    """Whether `variable` gets the L2 term: always for "all"; for "kernels" only
+    variables named ``kernel`` or ``*_kernel`` (not BatchNorm gamma/beta, not biases)."""
     if decay_variables == "all":
         return True
     name = variable.name.split("/")[-1].split(":")[0]
@@ -56,39 +47,19 @@ class CoupledSGD(keras.optimizers.SGD):
     w -= lr * v``); the two are the same update while ``lr`` is constant and differ
     only in the few steps after a rate change (Caffe's form damps the change).
 
-    Args:
-        learning_rate: float or a `keras.optimizers.schedules.LearningRateSchedule`,
-            default 0.1.
-        momentum: float in [0, 1], default 0.9.
-        nesterov: bool, default False (the paper's Caffe solver; fb.resnet.torch
-            uses Nesterov momentum).
-        l2: float >= 0, default 1e-4: the coupled decay ``wd``.
-        decay_variables: "all" (default: every trainable variable, as the official
-            Torch code does) or "kernels" (conv and dense kernels only).
-        name: default "coupled_sgd".
-        **kwargs: other `keras.optimizers.Optimizer` arguments (``clipnorm``,
-            ``global_clipnorm``, ...). ``weight_decay`` (decoupled) is refused:
-            use `l2`.
-
-    Raises:
-        ValueError: for a negative `l2`, an unknown `decay_variables`, or a
-            decoupled ``weight_decay``.
+    `l2` is the coupled decay ``wd``; `decay_variables` is "all" (every trainable
+    variable, as the official Torch code) or "kernels". `nesterov` defaults to False
+    (the paper's Caffe solver; fb.resnet.torch uses Nesterov). Other `kwargs` go to
+    `keras.optimizers.Optimizer`, except the decoupled ``weight_decay``, which raises
+    ValueError (as do a negative `l2` and an unknown `decay_variables`).
 
     Example:
         >>> opt = CoupledSGD(learning_rate=0.1, momentum=0.9, l2=1e-4)
         >>> model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
     """
 
-    def __init__(
-        self,
-        learning_rate=0.1,
-        momentum=0.9,
-        nesterov=False,
-        l2=1e-4,
-        decay_variables="all",
-        name="coupled_sgd",
-        **kwargs,
-    ):
+    def __init__(self, learning_rate=0.1, momentum=0.9, nesterov=False, l2=1e-4,
+                 decay_variables="all", name="coupled_sgd", **kwargs):
         if kwargs.get("weight_decay"):
             raise ValueError(
                 "CoupledSGD applies coupled L2 through `l2`; Keras' decoupled "
@@ -103,13 +74,8 @@ class CoupledSGD(keras.optimizers.SGD):
                 f"`decay_variables` must be one of {DECAY_VARIABLES}. "
                 f"Received: decay_variables={decay_variables!r}"
             )
-        super().__init__(
-            learning_rate=learning_rate,
-            momentum=float(momentum),
-            nesterov=nesterov,
-            name=name,
-            **kwargs,
-        )
+        super().__init__(learning_rate=learning_rate, momentum=float(momentum), nesterov=nesterov,
+                         name=name, **kwargs)
         self.l2 = float(l2)
         self.decay_variables = decay_variables
 
@@ -136,14 +102,7 @@ class CoupledSGD(keras.optimizers.SGD):
 
 
 def make_optimizer(config, steps_per_epoch):
-    """The recipe's `CoupledSGD` with its schedule (`config.make_schedule`).
-
-    Args:
-        config: a `TrainConfig`.
-        steps_per_epoch: int, the optimizer steps of one epoch.
-
-    Returns:
-        `CoupledSGD`.
+    """The `TrainConfig`'s `CoupledSGD` with its schedule (`config.make_schedule`).
 
     Example:
         >>> optimizer = make_optimizer(TrainConfig(), steps_per_epoch=390)

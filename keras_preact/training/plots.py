@@ -4,18 +4,10 @@ import io
 
 
 def plot_training_curve(history, *, title=""):
-    """Draws loss and error per epoch, as the paper's Fig. 6 plots them.
+    """Draws loss and error per epoch, as the paper's Fig. 6 plots them; returns PNG bytes.
 
-    Uses `matplotlib.figure.Figure` with an Agg canvas directly, so it works
-    without a display and leaves `matplotlib.pyplot`'s backend alone.
-
-    Args:
-        history: list of per-epoch dicts with "epoch" and any of "loss",
-            "accuracy", "val_loss", "val_accuracy" (accuracies in [0, 1]).
-        title: optional figure title.
-
-    Returns:
-        bytes: a PNG image.
+    `history` is a list of per-epoch dicts with "epoch" and any of "loss", "accuracy",
+    "val_loss", "val_accuracy" (accuracies in [0, 1]).
 
     Example:
         >>> png = plot_training_curve([{"epoch": 1, "loss": 2.0, "accuracy": 0.3}])
@@ -27,32 +19,16 @@ def plot_training_curve(history, *, title=""):
 
     fig = Figure(figsize=(9, 3.6), dpi=100)
     FigureCanvasAgg(fig)
-    ax_loss, ax_err = fig.subplots(1, 2)
-
-    def series(key, scale=1.0, invert=False):
-        xs, ys = [], []
-        for row in history:
-            value = row.get(key)
-            if value is None or value == "":
-                continue
-            value = float(value)
-            xs.append(row["epoch"])
-            ys.append(scale * (1.0 - value) if invert else value)
-        return xs, ys
-
-    for key, label, style in (("loss", "train", "-"), ("val_loss", "test", "--")):
-        xs, ys = series(key)
-        if xs:
-            ax_loss.plot(xs, ys, style, marker="." if len(xs) < 30 else None, label=label)
-    for key, label, style in (("accuracy", "train", "-"), ("val_accuracy", "test", "--")):
-        xs, ys = series(key, scale=100.0, invert=True)
-        if xs:
-            ax_err.plot(xs, ys, style, marker="." if len(xs) < 30 else None, label=label)
-    ax_loss.set_xlabel("epoch")
-    ax_loss.set_ylabel("loss")
-    ax_err.set_xlabel("epoch")
-    ax_err.set_ylabel("error (%)")
-    for ax in (ax_loss, ax_err):
+    axes = fig.subplots(1, 2)
+    for ax, key, ylabel, to_y in ((axes[0], "loss", "loss", float),
+                                  (axes[1], "accuracy", "error (%)", lambda v: 100.0 * (1.0 - float(v)))):
+        for name, label, style in ((key, "train", "-"), ("val_" + key, "test", "--")):
+            rows = [row for row in history if row.get(name) not in (None, "")]
+            if rows:
+                ax.plot([r["epoch"] for r in rows], [to_y(r[name]) for r in rows], style,
+                        marker="." if len(rows) < 30 else None, label=label)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
         if ax.lines:
             ax.legend()

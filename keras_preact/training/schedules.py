@@ -25,15 +25,8 @@ class WarmupPiecewiseConstant(keras.optimizers.schedules.LearningRateSchedule):
     number 32000 (0-based) is the first at 0.01 and update 399 the last at the
     warm-up rate.
 
-    Args:
-        boundaries: increasing step numbers at which the rate changes,
-            e.g. ``(32000, 48000)``.
-        values: the rates, one more than `boundaries`, e.g. ``(0.1, 0.01, 0.001)``.
-        warmup_steps: int >= 0, default 0: steps run at `warmup_learning_rate`
-            before ``values[0]`` takes over. Must not exceed the first boundary.
-        warmup_learning_rate: float, the warm-up rate (ignored when
-            ``warmup_steps == 0``).
-        name: str, default "WarmupPiecewiseConstant".
+    `values` has one more entry than `boundaries`; `warmup_steps` must not exceed the
+    first boundary (`warmup_learning_rate` is ignored when it is 0).
 
     Raises:
         ValueError: for mismatched lengths, non-increasing boundaries, negative
@@ -47,15 +40,8 @@ class WarmupPiecewiseConstant(keras.optimizers.schedules.LearningRateSchedule):
         (0.01, 0.1, 0.001)
     """
 
-    def __init__(
-        self,
-        boundaries,
-        values,
-        *,
-        warmup_steps=0,
-        warmup_learning_rate=None,
-        name="WarmupPiecewiseConstant",
-    ):
+    def __init__(self, boundaries, values, *, warmup_steps=0, warmup_learning_rate=None,
+                 name="WarmupPiecewiseConstant"):
         super().__init__()
         boundaries = [int(b) for b in boundaries]
         values = [float(v) for v in values]
@@ -64,9 +50,7 @@ class WarmupPiecewiseConstant(keras.optimizers.schedules.LearningRateSchedule):
                 "`values` must have one more entry than `boundaries`. Received: "
                 f"boundaries={boundaries}, values={values}"
             )
-        if any(b < 1 for b in boundaries) or any(
-            b2 <= b1 for b1, b2 in zip(boundaries, boundaries[1:])
-        ):
+        if any(b < 1 for b in boundaries) or any(b2 <= b1 for b1, b2 in zip(boundaries, boundaries[1:])):
             raise ValueError(
                 "`boundaries` must be strictly increasing positive step numbers. "
                 f"Received: boundaries={boundaries}"
@@ -75,9 +59,7 @@ class WarmupPiecewiseConstant(keras.optimizers.schedules.LearningRateSchedule):
             raise ValueError(f"`values` must be >= 0. Received: values={values}")
         warmup_steps = int(warmup_steps)
         if warmup_steps < 0:
-            raise ValueError(
-                f"`warmup_steps` must be >= 0. Received: warmup_steps={warmup_steps}"
-            )
+            raise ValueError(f"`warmup_steps` must be >= 0. Received: warmup_steps={warmup_steps}")
         if warmup_steps and boundaries and warmup_steps > boundaries[0]:
             raise ValueError(
                 "`warmup_steps` must not exceed the first boundary. Received: "
@@ -88,13 +70,8 @@ class WarmupPiecewiseConstant(keras.optimizers.schedules.LearningRateSchedule):
                 "A warm-up needs `warmup_learning_rate` >= 0. Received: "
                 f"warmup_learning_rate={warmup_learning_rate!r}"
             )
-        self.boundaries = boundaries
-        self.values = values
-        self.warmup_steps = warmup_steps
-        self.warmup_learning_rate = (
-            None if warmup_learning_rate is None else float(warmup_learning_rate)
-        )
-        self.name = name
+        self.boundaries, self.values, self.warmup_steps, self.name = boundaries, values, warmup_steps, name
+        self.warmup_learning_rate = None if warmup_learning_rate is None else float(warmup_learning_rate)
 
     def __call__(self, step):
         step = ops.cast(ops.convert_to_tensor(step), "int64")
@@ -118,10 +95,6 @@ class WarmupPiecewiseConstant(keras.optimizers.schedules.LearningRateSchedule):
         return self.values[sum(step >= b for b in self.boundaries)]
 
     def get_config(self):
-        return {
-            "boundaries": list(self.boundaries),
-            "values": list(self.values),
-            "warmup_steps": self.warmup_steps,
-            "warmup_learning_rate": self.warmup_learning_rate,
-            "name": self.name,
-        }
+        return {"boundaries": list(self.boundaries), "values": list(self.values),
+                "warmup_steps": self.warmup_steps, "warmup_learning_rate": self.warmup_learning_rate,
+                "name": self.name}

@@ -1,101 +1,98 @@
-"""`train_and_evaluate`: one crash-safe training run with `model.fit` (TensorFlow).
+"""Training with Keras ``fit`` (`FitStepper`), `train_and_evaluate`, `evaluate`.
 
-Resume. After every epoch the model and optimizer variables (momentum slots and the
-iteration counter, which drives the learning-rate schedule) are written to a
-checkpoint, then `checkpoints/state.json` is replaced to point at it (see
-`keras_preact.training.workdir`). Restarting the same run loads that checkpoint and
-calls `fit(initial_epoch=e)` on a dataset built with ``epoch=e``: the data pipeline's
-order and augmentation of epoch ``e`` depend only on ``(seed, e)``, and the schedule
-only on the restored iteration count, so the resumed run continues exactly where an
-uninterrupted one would be. Work done in an interrupted epoch is lost, no completed
-epoch is. With ``deterministic=True`` (TensorFlow op determinism, fixed seeds) the
-resumed run's final weights equal the uninterrupted run's.
-
-A workdir belongs to one config: a restart with any other model, data or recipe
-setting is refused before anything is written (`RUNTIME_FIELDS` -- paths, thread
-counts, verbosity -- may change).
+`train_and_evaluate` is the entry point of every TensorFlow run: a `Run` (see
+`keras_preact.training.run` for resume and the workdir's files) driven by `FitStepper`
+on one host, or by `MultiWorkerStepper` for ``strategy="multiworker"``.
 """
 
+import functools
 import logging
 import os
-import time
 
 from keras_preact import private_api
 from keras_preact.training.config import TrainConfig
 from keras_preact.training.distribute import average_replica_statistics
-from keras_preact.training.distribute import shorten
-from keras_preact.training.run import EpochRecorder
+from keras_preact.training.run import Run
+from keras_preact.training.run import Stepper
+from keras_preact.training.run import as_config
 from keras_preact.training.run import build_model
-from keras_preact.training.run import check_workdir
-from keras_preact.training.run import config_document
+from keras_preact.training.run import compile_model
 from keras_preact.training.run import dataset_info
 from keras_preact.training.run import dataset_preprocessing
+from keras_preact.training.run import load_weights_file
 from keras_preact.training.run import optimizer_step
-from keras_preact.training.run import weights_fingerprint
-from keras_preact.training.run import write_reports
 from keras_preact.training.workdir import CHECKPOINT_DIR
-from keras_preact.training.workdir import CURVE_PNG
-from keras_preact.training.workdir import METRICS_JSON
 from keras_preact.training.workdir import TENSORBOARD_DIR
 from keras_preact.training.workdir import Workdir
-from keras_preact.files import atomic_save
-from keras_preact.training.workdir import read_json
 
 logger = logging.getLogger("keras_preact.training")
 
-#: Fewer steps than this in an epoch get a warning: every epoch ends with a checkpoint,
-#: the reports and (with eval_every) a test evaluation, which then outweigh training.
-FEW_STEPS_PER_EPOCH = 10
 
+class FitStepper(Stepper):
+    """Epochs by ``model.fit`` under the config's tf.distribute strategy (one host)."""
 
-def _make_callbacks(keras, *, config, workdir, schedule, spe, history, total_steps,
-                    fingerprint):
-    recorder = EpochRecorder(config=config, workdir=workdir, schedule=schedule,
-                             history=history, fingerprint=fingerprint)
+    def start(self, run):
+        import keras
 
-    class EpochCheckpoint(keras.callbacks.Callback):
-        """`EpochRecorder` after every completed epoch."""
+        from keras_preact.training import distribute
 
-        def on_epoch_begin(self, epoch, logs=None):
-            recorder.epoch_begin()
+        if keras.backend.backend() != "tensorflow":
+            raise ValueError(
+                "train_and_evaluate runs on the TensorFlow backend (tf.data and "
+                f"tf.distribute). Received backend: {keras.backend.backend()!r}. "
+                "Set KERAS_BACKEND=tensorflow.")
+        c = run.config
+        distribute.configure_runtime(cpu_devices=c.cpu_devices, intra_op_threads=c.intra_op_threads,
+                                     inter_op_threads=c.inter_op_threads, deterministic=c.deterministic)
+        self.strategy = distribute.make_strategy(c.strategy)
+        self.replicas = self.strategy.num_replicas_in_sync
+        distribute.check_global_batch(c.batch_size, self.replicas)
 
-        def on_epoch_end(self, epoch, logs=None):
-            recorder.epoch_end(self.model, epoch, logs)
+    def scope(self):
+        return self.strategy.scope()
 
-    class StopAtStep(keras.callbacks.Callback):
-        """Ends training at the schedule's last step, even inside an epoch."""
+    def callbacks(self, run, recorder):
+        """The epoch recorder, the stop at the schedule's last step, one set of replica
+        statistics (before the checkpoint: callbacks run in order) and TensorBoard."""
+        import keras
 
-        def on_train_batch_end(self, batch, logs=None):
-            if optimizer_step(self.model.optimizer) >= total_steps:
-                self.model.stop_training = True
+        class Record(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                recorder.epoch_begin()
 
-    class AverageReplicaStatistics(keras.callbacks.Callback):
-        """One set of BatchNorm moving statistics across replicas (see
-        `distribute.average_replica_statistics`); a no-op on one device."""
+            def on_epoch_end(self, epoch, logs=None):
+                average_replica_statistics(self.model)
+                recorder.epoch_end(self.model, epoch, logs)
 
-        def on_test_begin(self, logs=None):
-            average_replica_statistics(self.model)
+            def on_test_begin(self, logs=None):
+                average_replica_statistics(self.model)
 
-        def on_epoch_end(self, epoch, logs=None):
-            average_replica_statistics(self.model)
+            def on_train_batch_end(self, batch, logs=None):
+                if optimizer_step(self.model.optimizer) >= run.total_steps:
+                    self.model.stop_training = True
 
-    # Averaging runs before the checkpoint is written (callbacks run in order).
-    callbacks = [AverageReplicaStatistics(), EpochCheckpoint(), StopAtStep()]
-    import importlib.util
+        callbacks = [Record()]
+        if run.owns_files:
+            callbacks.append(keras.callbacks.TensorBoard(
+                log_dir=run.workdir.file(TENSORBOARD_DIR), write_graph=False, profile_batch=0))
+        return callbacks
 
-    if importlib.util.find_spec("tensorboard") is not None:
-        callbacks.append(
-            keras.callbacks.TensorBoard(
-                log_dir=workdir.file(TENSORBOARD_DIR), write_graph=False, profile_batch=0
-            )
-        )
-    else:
-        # tf.summary needs the tensorboard package; everything else works without.
-        logger.warning(
-            "The tensorboard package is not installed: no TensorBoard logs in %s "
-            "(pip install tensorboard).", workdir.file(TENSORBOARD_DIR),
-        )
-    return callbacks
+    def train_epochs(self, run, model, start_epoch, recorder):
+        c, remaining = run.config, run.epochs - start_epoch
+        train = run.train_data(epoch=start_epoch, repeat_epochs=remaining)
+        if int(train.cardinality()) != remaining * run.spe:
+            raise ValueError(f"The training data yields {int(train.cardinality())} batches for "
+                             f"{remaining} epochs, expected {remaining * run.spe}.")
+        model.fit(
+            train, epochs=run.epochs, initial_epoch=start_epoch, steps_per_epoch=run.spe,
+            shuffle=False,  # the pipeline shuffles, keyed by (seed, epoch)
+            validation_data=run.test_data if c.eval_every else None,
+            validation_freq=max(1, c.eval_every), callbacks=self.callbacks(run, recorder),
+            verbose=c.verbose)
+
+    def finish(self, run, model):
+        average_replica_statistics(model)
+        return {}
 
 
 def train_and_evaluate(config, workdir):
@@ -114,10 +111,7 @@ def train_and_evaluate(config, workdir):
             it is complete).
 
     Returns:
-        dict: ``test_accuracy``, ``test_loss``, ``history`` (per-epoch dicts),
-        ``epochs``, ``steps``, ``resumed_from_epoch`` (0 for a fresh start, None
-        when the run was already complete), ``train_time_s``, ``num_replicas``,
-        ``model_path`` and ``workdir``.
+        dict: see `Run.train`.
 
     Raises:
         ValueError: for an invalid config (unknown model or dataset, ...), missing
@@ -136,259 +130,13 @@ def train_and_evaluate(config, workdir):
         >>> result["test_accuracy"] > 0.97
         True
     """
-    if isinstance(config, dict):
-        config = TrainConfig.from_dict(config)
-    if not isinstance(config, TrainConfig):
-        raise ValueError(
-            f"`config` must be a TrainConfig or its dict. Received: {type(config).__name__}"
-        )
-    config.validate()
+    config = as_config(config)
     if config.strategy == "multiworker":
         # model.fit fails under MultiWorkerMirroredStrategy in Keras 3: own loop.
         from keras_preact.training.multiworker import train_multiworker
 
         return train_multiworker(config, workdir)
-    workdir = Workdir(workdir)
-    with workdir.lock():
-        return _train_locked(config, workdir)
-
-
-def _train_locked(config, workdir):
-    """`train_and_evaluate` of a validated config while this process holds `workdir`."""
-    state = check_workdir(config, workdir)
-    if state is not None and state.get("complete") and os.path.exists(workdir.final_model_path):
-        metrics = read_json(workdir.file(METRICS_JSON))
-        if "test_accuracy" in metrics:
-            logger.info("The run in %s is complete; returning its results.", workdir.path)
-            return {
-                "test_accuracy": metrics["test_accuracy"],
-                "test_loss": metrics["test_loss"],
-                "history": metrics["epochs"],
-                "epochs": state["epoch"],
-                "steps": state["step"],
-                "resumed_from_epoch": None,
-                "train_time_s": 0.0,
-                "num_replicas": metrics.get("num_replicas"),
-                "model_path": workdir.final_model_path,
-                "workdir": workdir.path,
-            }
-
-    import keras
-
-    if keras.backend.backend() != "tensorflow":
-        raise ValueError(
-            "train_and_evaluate runs on the TensorFlow backend (tf.data and "
-            f"tf.distribute). Received backend: {keras.backend.backend()!r}. "
-            "Set KERAS_BACKEND=tensorflow."
-        )
-    from keras_preact.training import distribute
-    from keras_preact.training.optimizers import make_optimizer
-    from keras_preact.weights.local import first_difference
-
-    distribute.configure_runtime(
-        cpu_devices=config.cpu_devices,
-        intra_op_threads=config.intra_op_threads,
-        inter_op_threads=config.inter_op_threads,
-        deterministic=config.deterministic,
-    )
-    strategy = distribute.make_strategy(config.strategy)
-    replicas = strategy.num_replicas_in_sync
-    distribute.check_global_batch(config.batch_size, replicas)
-
-    from keras_preact import data
-
-    info = dataset_info(config.dataset, config.data_path)
-
-    def data_kwargs():
-        return dict(
-            batch_size=config.batch_size,
-            data_dir=config.data_dir,
-            source=config.data_source,
-            path=config.data_path,
-            download=config.download,
-            seed=config.seed,
-            normalize=not config.model_normalizes(),
-        )
-
-    # Data first: missing or corrupt files fail here, before the workdir is touched.
-    test_ds = data.make_dataset(
-        config.dataset, "test", shuffle=False, augment=False, drop_remainder=False,
-        **data_kwargs(),
-    )
-    # Steps per epoch from the files actually read (not the published split size).
-    one_epoch = data.make_dataset(
-        config.dataset, "train", augment=config.augment, drop_remainder=True,
-        **{**data_kwargs(), "batch_size": 1},
-    )
-    num_train = int(one_epoch.cardinality())
-    num_test = int(
-        data.make_dataset(
-            config.dataset, "test", shuffle=False, augment=False, drop_remainder=False,
-            **{**data_kwargs(), "batch_size": 1},
-        ).cardinality()
-    )
-    spe, dropped = divmod(num_train, config.batch_size)
-    if spe < 1:
-        raise ValueError(
-            f"batch_size={config.batch_size} is larger than the {config.dataset!r} "
-            f"training split ({num_train} images)."
-        )
-    # Batches are whole (drop_remainder=True): say so rather than lose images silently.
-    if dropped:
-        logger.warning("Training drops the last %d of %d training images each epoch (batch %d).",
-                       dropped, num_train, config.batch_size)
-    if spe < FEW_STEPS_PER_EPOCH:
-        logger.warning(
-            "An epoch is only %d step(s) (%d training images at batch %d): its checkpoint "
-            "and evaluation cost more than its training; a smaller batch size gives more steps.",
-            spe, num_train, config.batch_size,
-        )
-    sched = config.resolve_schedule(spe)
-    epochs, total_steps = sched["epochs"], sched["total_steps"]
-    start_epoch = state["epoch"] if state else 0
-    history = list(state["history"]) if state else []
-    if start_epoch > epochs:
-        raise ValueError(
-            f"The workdir's checkpoint is at epoch {start_epoch}, past this run's "
-            f"{epochs} epochs; the workdir does not belong to this run."
-        )
-    train_ds = None
-    if start_epoch < epochs:
-        train_ds = data.make_dataset(
-            config.dataset, "train", augment=config.augment, epoch=start_epoch,
-            drop_remainder=True, repeat_epochs=epochs - start_epoch, **data_kwargs(),
-        )
-        expected = (epochs - start_epoch) * spe
-        if int(train_ds.cardinality()) != expected:
-            raise ValueError(
-                f"The training data yields {int(train_ds.cardinality())} batches for "
-                f"{epochs - start_epoch} epochs, expected {expected}."
-            )
-
-    distribute.seed_everything(config.seed)
-
-    with strategy.scope():
-        model = build_model(config, info)
-        if config.synchronized_bn:
-            # Switched on the built layers rather than through the constructor, so
-            # the saved model's config stays free of a TensorFlow-only training
-            # setting (it loads on every backend).
-            distribute.set_synchronized_batch_norm(model, True)
-        if getattr(config, "freeze", ()):
-            from keras_preact import finetune
-
-            # Before compiling, so the optimizer holds only the trainable part.
-            finetune.freeze(model, list(config.freeze))
-        if state is None and getattr(config, "weights", None) is not None:
-            from keras_preact import finetune
-
-            loaded = finetune.load_pretrained(model, config.weights, model_name=config.model)
-            logger.info(
-                "Fine-tuning from %s (%s).", loaded["source"],
-                "classifier loaded too" if loaded["copied_head"] else "new classifier",
-            )
-        optimizer = make_optimizer(config, spe)
-        if config.precision == "mixed_float16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        model.compile(
-            optimizer=optimizer,
-            loss=keras.losses.SparseCategoricalCrossentropy(),
-            metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-            jit_compile=bool(config.jit_compile),
-        )
-        optimizer.build(model.trainable_variables)
-        fingerprint = weights_fingerprint(model)
-        if state is not None:
-            ckpt = workdir.file(CHECKPOINT_DIR, state["checkpoint"])
-            stored_print = state.get("fingerprint")
-            if stored_print is not None and stored_print != fingerprint:
-                first, stored, built = first_difference(stored_print, fingerprint)
-                raise ValueError(
-                    f"The checkpoint {ckpt} does not fit the model {config.model!r}: it "
-                    f"holds {len(stored_print)} variables, the model {len(fingerprint)}; "
-                    f"the first difference is variable {first} (checkpoint: {stored}, "
-                    f"model: {built}). Nothing was changed. Use a new --workdir."
-                )
-            try:
-                model.load_weights(ckpt)
-            except Exception as err:  # Keras raises several types for a mismatch.
-                raise ValueError(
-                    f"The checkpoint {ckpt} does not fit the model {config.model!r} "
-                    f"({type(err).__name__}: {shorten(err, 400)}). "
-                    "Nothing was changed. Use a new --workdir."
-                ) from None
-            if optimizer_step(optimizer) != int(state["step"]):
-                raise ValueError(
-                    f"The checkpoint {ckpt} holds {optimizer_step(optimizer)} optimizer "
-                    f"steps but its state says {state['step']}; refusing to resume."
-                )
-            logger.info(
-                "Resuming %s from epoch %d (step %d) in %s.",
-                config.model, start_epoch, state["step"], workdir.path,
-            )
-
-    schedule_info = {**sched, "num_replicas": replicas,
-                     "per_replica_batch": config.batch_size // replicas}
-    for path in workdir.remove_stale_temporaries():
-        logger.info("Removed %s (a write interrupted by a crash).", path)
-    if state is None:
-        # The first write: everything that can fail on bad input has run by now.
-        os.makedirs(workdir.path, exist_ok=True)
-        workdir.write_config(config_document(config))
-        write_reports(workdir, config, history, schedule_info=schedule_info)
-
-    t0 = time.time()
-    if start_epoch < epochs:
-        callbacks = _make_callbacks(
-            keras, config=config, workdir=workdir, schedule=config.make_schedule(spe),
-            spe=spe, history=history, total_steps=total_steps, fingerprint=fingerprint,
-        )
-        model.fit(
-            train_ds,
-            epochs=epochs,
-            initial_epoch=start_epoch,
-            steps_per_epoch=spe,
-            shuffle=False,  # the pipeline shuffles, keyed by (seed, epoch)
-            validation_data=test_ds if config.eval_every else None,
-            validation_freq=max(1, config.eval_every),
-            callbacks=callbacks,
-            verbose=config.verbose,
-        )
-    train_time = time.time() - t0
-
-    average_replica_statistics(model)
-    results = model.evaluate(test_ds, return_dict=True, verbose=config.verbose)
-    atomic_save(workdir.final_model_path, model.save)
-    state = workdir.read_state()
-    final = {
-        "test_accuracy": float(results["accuracy"]),
-        "test_loss": float(results["loss"]),
-        "num_train_examples": num_train,
-        "num_test_examples": num_test,
-        "num_params": int(model.count_params()),
-        "num_replicas": replicas,
-        "input_normalization": {
-            "in_model": config.model_normalizes(),
-            **dataset_preprocessing(info),
-        },
-        "schedule": schedule_info,
-        "model_path": os.path.basename(workdir.final_model_path),
-        "curve_path": CURVE_PNG,
-    }
-    write_reports(workdir, config, history, schedule_info=schedule_info, final=final)
-    workdir.write_state({**{k: v for k, v in state.items() if k != "format"}, "complete": True})
-    return {
-        "test_accuracy": final["test_accuracy"],
-        "test_loss": final["test_loss"],
-        "history": history,
-        "epochs": state["epoch"],
-        "steps": state["step"],
-        "resumed_from_epoch": start_epoch,
-        "train_time_s": train_time,
-        "num_replicas": replicas,
-        "model_path": workdir.final_model_path,
-        "workdir": workdir.path,
-    }
+    return Run(config, workdir, FitStepper()).train()
 
 
 def has_preprocessing_layer(model):
@@ -399,21 +147,6 @@ def has_preprocessing_layer(model):
         isinstance(layer, ImageNormalization)
         for layer in private_api.flatten_layers(model)
     )
-
-
-def _load_weights(model, path, label):
-    try:
-        model.load_weights(path)
-    except OSError as err:  # h5py's error for a truncated or damaged file names no file
-        raise ValueError(
-            f"The weights file {path} cannot be read ({shorten(err, 400)}): it is damaged or "
-            "incomplete (an interrupted copy?); copy it again."
-        ) from None
-    except Exception as err:  # Keras raises several types for a mismatch.
-        raise ValueError(
-            f"The weights {path} do not fit {label!r} ({type(err).__name__}: "
-            f"{shorten(err, 400)})."
-        ) from None
 
 
 def load_workdir_model(workdir):
@@ -441,7 +174,7 @@ def load_workdir_model(workdir):
         raise ValueError(f"The run in {wd.path} has no completed epoch to evaluate yet.")
     model = build_model(config, dataset_info(config.dataset, config.data_path))
     ckpt = wd.file(CHECKPOINT_DIR, state["checkpoint"])
-    _load_weights(model, ckpt, config.model)
+    load_weights_file(model, ckpt, config.model)
     return model, config, ckpt
 
 
@@ -473,9 +206,6 @@ def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=N
         ValueError: for a missing workdir / weights file, an unknown model or
             dataset, or weights that do not fit the model.
     """
-    import keras
-
-    import keras_preact
     from keras_preact import data
 
     if workdir is not None:
@@ -483,66 +213,51 @@ def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=N
         dataset = dataset or config.dataset
         data_dir = data_dir if data_dir is not None else config.data_dir
         data_path = data_path if data_path is not None else config.data_path
-        if data_source == "auto":
-            data_source = config.data_source
+        data_source = config.data_source if data_source == "auto" else data_source
     else:
         if dataset is None or (model is None and weights is None):
             raise ValueError(
                 "Give `workdir`, or `dataset` with `weights` (a .keras file, or a "
                 "model name and its .weights.h5). Received: workdir=None, "
-                f"model={model!r}, weights={weights!r}, dataset={dataset!r}"
-            )
+                f"model={model!r}, weights={weights!r}, dataset={dataset!r}")
         if dataset not in data.list_datasets():
-            raise ValueError(
-                f"Unknown dataset. Received: dataset={dataset!r}. Valid: {data.list_datasets()}"
-            )
+            raise ValueError(f"Unknown dataset. Received: dataset={dataset!r}. "
+                             f"Valid: {data.list_datasets()}")
         if weights is not None and not os.path.isfile(weights):
             raise ValueError(f"Weights file not found. Received: weights={weights!r}")
-        source = weights
-        if model is not None and not isinstance(model, str):
-            net = model
-            if weights is not None:
-                _load_weights(net, weights, getattr(net, "name", "the model"))
-        elif weights is not None and str(weights).endswith(".keras"):
-            from keras_preact.weights.local import load_keras_file
+        net, source = _model_for(model, weights, dataset, data_path, model_kwargs), weights
+    make = functools.partial(data.make_dataset, dataset, split, data_dir=data_dir,
+                             source=data_source, path=data_path, shuffle=False, augment=False,
+                             drop_remainder=False)
+    compile_model(net, None)
+    results = net.evaluate(make(batch_size=batch_size, normalize=not has_preprocessing_layer(net)),
+                           return_dict=True, verbose=verbose)
+    return {"loss": float(results["loss"]), "accuracy": float(results["accuracy"]),
+            "num_examples": int(make(batch_size=1).cardinality()), "dataset": dataset,
+            "split": split, "source": source}
 
-            net = load_keras_file(weights)
-        else:
-            if model not in keras_preact.list_models():
-                raise ValueError(
-                    f"Unknown model. Received: model={model!r}. Valid: {keras_preact.list_models()}"
-                )
-            info = dataset_info(dataset, data_path)
-            kwargs = dict(model_kwargs or {})
-            kwargs.setdefault("classes", info["num_classes"])
-            kwargs.setdefault("input_shape", tuple(info["image_shape"]))
-            # As `train` builds it (the layer has no weights, so weights trained
-            # either way load).
-            kwargs.setdefault("preprocessing", dataset_preprocessing(info))
-            net = keras_preact.get_model(model, **kwargs)
-            if weights is not None:
-                _load_weights(net, weights, model)
-    ds = data.make_dataset(
-        dataset, split, batch_size=batch_size, data_dir=data_dir, source=data_source,
-        path=data_path, shuffle=False, augment=False, drop_remainder=False,
-        normalize=not has_preprocessing_layer(net),
-    )
-    net.compile(
-        loss=keras.losses.SparseCategoricalCrossentropy(),
-        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-    )
-    results = net.evaluate(ds, return_dict=True, verbose=verbose)
-    n = int(
-        data.make_dataset(
-            dataset, split, batch_size=1, data_dir=data_dir, source=data_source,
-            path=data_path, shuffle=False, augment=False, drop_remainder=False,
-        ).cardinality()
-    )
-    return {
-        "loss": float(results["loss"]),
-        "accuracy": float(results["accuracy"]),
-        "num_examples": n,
-        "dataset": dataset,
-        "split": split,
-        "source": source,
-    }
+
+def _model_for(model, weights, dataset, data_path, model_kwargs):
+    """The model `evaluate` was given: a built one, a ``.keras`` file, or a name with
+    its weights (built as `train` builds it for the dataset)."""
+    import keras_preact
+
+    if model is not None and not isinstance(model, str):
+        if weights is not None:
+            load_weights_file(model, weights, getattr(model, "name", "the model"))
+        return model
+    if weights is not None and str(weights).endswith(".keras"):
+        from keras_preact.weights.local import load_keras_file
+
+        return load_keras_file(weights)
+    if model not in keras_preact.list_models():
+        raise ValueError(f"Unknown model. Received: model={model!r}. "
+                         f"Valid: {keras_preact.list_models()}")
+    info = dataset_info(dataset, data_path)
+    kwargs = {"classes": info["num_classes"], "input_shape": tuple(info["image_shape"]),
+              # as `train` builds it (the layer has no weights: weights trained either way load)
+              "preprocessing": dataset_preprocessing(info), **(model_kwargs or {})}
+    net = keras_preact.get_model(model, **kwargs)
+    if weights is not None:
+        load_weights_file(net, weights, model)
+    return net

@@ -47,11 +47,7 @@ class WorkdirInUseError(RuntimeError):
 
 
 def read_json(path):
-    """Reads a JSON file written by this module.
-
-    Raises:
-        ValueError: naming the file if it is not valid JSON.
-    """
+    """Reads a JSON file written by this module; ValueError naming it if it is not JSON."""
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -61,11 +57,7 @@ def read_json(path):
 
 
 class Workdir:
-    """Paths and state of one run's folder.
-
-    Args:
-        path: the folder (created on first write, not on construction).
-    """
+    """Paths and state of one run's folder (created on first write, not here)."""
 
     def __init__(self, path):
         if not isinstance(path, (str, os.PathLike)) or not str(path):
@@ -81,15 +73,9 @@ class Workdir:
 
     @contextlib.contextmanager
     def lock(self):
-        """Holds the workdir for this process, so that a second run in it fails at once.
-
-        A workdir that this call creates is removed again when nothing else was
-        written into it (the run refused its input).
-
-        Raises:
-            WorkdirInUseError: if another process holds it; nothing was changed.
-            OSError: if the folder or its lock file cannot be created.
-        """
+        """Holds the workdir for this process, so that a second run in it fails at once
+        (`WorkdirInUseError`, nothing changed). A workdir this call creates is removed
+        again when nothing else was written into it (the run refused its input)."""
         import filelock
 
         created = not os.path.isdir(self.path)
@@ -132,31 +118,20 @@ class Workdir:
 
     def checkpoint_files(self):
         folder = self.file(CHECKPOINT_DIR)
-        if not os.path.isdir(folder):
-            return []
-        return sorted(
-            os.path.join(folder, n)
-            for n in os.listdir(folder)
-            if n.startswith("ckpt-") and n.endswith(".weights.h5")
-        )
+        names = os.listdir(folder) if os.path.isdir(folder) else []
+        return sorted(os.path.join(folder, n) for n in names
+                      if n.startswith("ckpt-") and n.endswith(".weights.h5"))
 
-    # -- config ---------------------------------------------------------------
     def read_config(self):
         """The stored config dict, or None when the workdir holds no run."""
-        if not os.path.exists(self.config_path):
-            return None
-        return read_json(self.config_path)
+        return read_json(self.config_path) if os.path.exists(self.config_path) else None
 
     def write_config(self, config_dict):
         atomic_write_json(self.config_path, config_dict)
 
-    # -- state ----------------------------------------------------------------
     def read_state(self):
         """The last completed epoch's state dict, or None before the first one.
-
-        Raises:
-            ValueError: if state.json is unreadable or names a missing checkpoint.
-        """
+        ValueError if state.json is unreadable or names a missing checkpoint."""
         if not os.path.exists(self.state_path):
             return None
         state = read_json(self.state_path)
@@ -183,16 +158,11 @@ class Workdir:
             if os.path.basename(path) != current:
                 _remove_quietly(path)
 
-    # -- metrics --------------------------------------------------------------
     def write_metrics(self, metrics):
         atomic_write_json(self.file(METRICS_JSON), metrics)
 
     def write_metrics_csv(self, history):
-        columns = []
-        for row in history:
-            for key in row:
-                if key not in columns:
-                    columns.append(key)
+        columns = list(dict.fromkeys(key for row in history for key in row))
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
         writer.writeheader()
@@ -206,11 +176,7 @@ class Workdir:
         atomic_write_bytes(self.file(CURVE_PNG), plot_training_curve(history, title=title))
 
     def remove_stale_temporaries(self):
-        """Deletes ``.tmp-*`` files a killed writer left behind (never read).
-
-        Returns:
-            list of the removed paths.
-        """
+        """Deletes the ``.tmp-*`` files a killed writer left behind; returns their paths."""
         removed = []
         for folder in (self.path, self.file(CHECKPOINT_DIR)):
             if not os.path.isdir(folder):
@@ -221,12 +187,7 @@ class Workdir:
                     removed.append(os.path.join(folder, name))
         return removed
 
-    def has_files(self):
-        return os.path.isdir(self.path) and bool(os.listdir(self.path))
-
 
 def _remove_quietly(path):
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.remove(path)
-    except FileNotFoundError:
-        pass

@@ -1,20 +1,15 @@
 """Depth sweeps with KerasTuner: which depth fits my data and my budget?
 
 `PreActResNetHyperModel` searches depth, block, unit variant, width, learning rate,
-weight decay and warm-up, building models with the library's factories and training
-them with its data pipeline and recipe. `Budget` makes the objective cost-aware
-(accuracy under a cap on parameters, multiply-adds or measured step time). `tune`
-runs a resumable study in a workdir and writes ``results.csv``, ``results.png`` and
-the best model (``.keras`` and SavedModel); `keras-preact tune` is its command line.
-
-Importing this package imports nothing heavy: KerasTuner loads on first use of its
-names, and `import keras_preact` never imports this package.
+weight decay and warm-up with the library's factories, data pipeline and recipe;
+`Budget` caps parameters, multiply-adds or step time; `tune` runs a resumable study
+that writes ``results.csv``, ``results.png`` and the best model (`keras-preact tune`).
+KerasTuner loads on first use of these names; `import keras_preact` never imports this.
 
 Example:
     >>> from keras_preact.tuning import Budget, tune
     >>> result = tune("runs/tune", dataset="digits", depths=(8, 14, 20), epochs=2,
     ...               max_trials=3, budget=Budget("params", 200_000))
-    >>> result["best"]["depth"], result["csv"]
 """
 
 _LAZY = {
@@ -35,8 +30,7 @@ __all__ = sorted(_LAZY)
 
 
 def __getattr__(name):
-    # KerasTuner (and TensorFlow) load on first use, so `keras-preact` subcommands
-    # that do not tune start without them.
+    # KerasTuner (and TensorFlow) load on first use: other subcommands start without them.
     if name in _LAZY:
         import importlib
 

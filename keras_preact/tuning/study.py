@@ -1,31 +1,21 @@
 """A tuning study in a workdir: resumable search, results table and plot, best export.
 
-Layout of a study's workdir::
+Workdir layout: ``study.json`` (the space, tuner and budget; a re-run must match it),
+``search/`` (KerasTuner's project), ``results.csv`` (one row per trial),
+``results.png`` (accuracy vs depth and vs cost), ``best/model.keras``,
+``best/saved_model/1`` and ``best/best.json`` (the best trial, its best epoch).
 
-    study.json          the search space, tuner and budget (a re-run must match it)
-    search/             KerasTuner's project: oracle state, one folder per trial
-    results.csv         one row per trial: hyperparameters, params, multiply-adds,
-                        accuracy, times
-    results.png         accuracy vs depth and vs cost
-    best/model.keras    the best trial's model (its best epoch's weights)
-    best/saved_model/1  the same model as a SavedModel (`keras_preact.export`)
-    best/best.json      the best trial's hyperparameters and metrics
+Resume: running the same study again reloads KerasTuner's state; finished trials are
+kept and an interrupted one runs again. ``overwrite=True`` starts this study again. A
+workdir holding another study (or files that are not a study) is refused either way,
+before anything is written.
 
-Resume. Running the same study again reloads KerasTuner's state (``overwrite=False``):
-finished trials are kept and an interrupted trial is run again. ``overwrite=True``
-starts this study again. A workdir holding another study (different space, tuner,
-budget or recipe; or files that are not a study) is refused either way, before
-anything is written.
-
-Distributed search (KerasTuner's chief / worker mode). Start the same command in
-several processes with ``KERASTUNER_ORACLE_IP`` / ``KERASTUNER_ORACLE_PORT`` set to
-the chief's address and ``KERASTUNER_TUNER_ID`` set to ``chief`` for one process and
-``tuner0``, ``tuner1``, ... for the workers. The chief runs the oracle and trains
-nothing; workers train trials and report them. All processes need the same
-``--workdir`` on a shared file system (workers write the trial checkpoints the chief
-exports); a worker waits for the chief's ``study.json`` before it writes anything.
-When the trials are done the workers exit, then the chief writes the results and the
-export and exits.
+Distributed search (KerasTuner's chief / worker mode): start the same command in
+several processes with ``KERASTUNER_ORACLE_IP`` / ``KERASTUNER_ORACLE_PORT`` set to the
+chief's address and ``KERASTUNER_TUNER_ID`` set to ``chief`` for one and ``tuner0``,
+``tuner1``, ... for the workers, all with the same ``--workdir`` on a shared disk. The
+chief runs the oracle and trains nothing; workers wait for its ``study.json``, train
+trials and exit when the trials are done; then the chief writes results and export.
 """
 
 import csv
@@ -36,6 +26,7 @@ import os
 import shutil
 import time
 
+from keras_preact.data.registry import check_int
 from keras_preact.files import atomic_save
 from keras_preact.files import atomic_write_bytes
 from keras_preact.files import atomic_write_json
@@ -55,10 +46,10 @@ STUDY_FORMAT = 1
 WORKER_WAIT_S = 600
 #: Study settings that may change between runs of one study.
 RUNTIME_KEYS = ("max_trials",)
-CSV_COLUMNS = (
-    "trial", "status", "depth", "block", "unit", "width", "learning_rate", "weight_decay",
-    "warmup", "params", "macs", "val_accuracy", "within_budget", "step_time_s", "train_time_s", "replicas",
-)
+_METRICS = ("params", "macs", "val_accuracy", "within_budget", "step_time_s", "train_time_s",
+            "replicas")
+_HYPERPARAMETERS = ("width", "learning_rate", "weight_decay", "warmup")
+CSV_COLUMNS = ("trial", "status", "depth", "block", "unit") + _HYPERPARAMETERS + _METRICS
 
 
 def _dist_role():
@@ -70,24 +61,23 @@ def _dist_role():
     return "chief" if dist_utils.is_chief_oracle() else "worker"
 
 
+def _check_tuner(tuner, max_trials):
+    if tuner not in TUNERS:
+        raise ValueError(f"Unknown tuner. Received: tuner={tuner!r}. Valid: {list(TUNERS)}")
+    check_int("max_trials", max_trials, minimum=1)
+
+
 def make_tuner(hypermodel, tuner="random", *, directory, project_name=PROJECT, max_trials=10,
                overwrite=False, distribution_strategy=None, seed=0, hyperband_factor=3):
     """A KerasTuner tuner for a `PreActResNetHyperModel`, maximising validation accuracy.
 
     Args:
-        hypermodel: a `PreActResNetHyperModel`.
-        tuner: "random" (default), "bayesian" or "hyperband" (its ``max_epochs`` is
-            the hypermodel's `epochs`; `max_trials` does not apply).
-        directory: KerasTuner's folder; project_name: its project, default "search".
-        max_trials: int >= 1, default 10.
-        overwrite: bool, start the project again (default False: continue it).
-        distribution_strategy: None, a `tf.distribute.Strategy` (single worker,
-            several devices) or a name of `keras_preact.training.STRATEGIES`.
-        seed: the oracle's seed, default 0.
-        hyperband_factor: Hyperband's reduction factor, default 3.
-
-    Returns:
-        a `keras_tuner.Tuner`.
+        tuner: "random", "bayesian" or "hyperband" (``max_epochs``: the hypermodel's
+            `epochs`; `max_trials` does not apply; `hyperband_factor`).
+        overwrite: start the project again (default False: continue it).
+        distribution_strategy: None, a `tf.distribute.Strategy` (one worker, several
+            devices) or a name of `keras_preact.training.STRATEGIES`.
+        seed: the oracle's seed.
 
     Raises:
         ValueError: for an unknown tuner or an invalid `max_trials`.
@@ -96,77 +86,58 @@ def make_tuner(hypermodel, tuner="random", *, directory, project_name=PROJECT, m
 
     from keras_preact.tuning.hypermodel import OBJECTIVE
 
-    if tuner not in TUNERS:
-        raise ValueError(f"Unknown tuner. Received: tuner={tuner!r}. Valid: {list(TUNERS)}")
-    if isinstance(max_trials, bool) or not isinstance(max_trials, int) or max_trials < 1:
-        raise ValueError(f"`max_trials` must be a positive integer. Received: max_trials={max_trials!r}")
+    _check_tuner(tuner, max_trials)
     if isinstance(distribution_strategy, str):
         from keras_preact.training.distribute import make_strategy
 
         distribution_strategy = make_strategy(distribution_strategy)
     hypermodel.distribution_strategy = distribution_strategy
-    objective = keras_tuner.Objective(OBJECTIVE, direction="max")
-    common = dict(
-        objective=objective, directory=directory, project_name=project_name,
-        overwrite=overwrite, distribution_strategy=distribution_strategy, seed=seed,
-    )
-    if tuner == "random":
-        return keras_tuner.RandomSearch(hypermodel, max_trials=max_trials, **common)
-    if tuner == "bayesian":
-        return keras_tuner.BayesianOptimization(hypermodel, max_trials=max_trials, **common)
-    return keras_tuner.Hyperband(
-        hypermodel, max_epochs=max(2, hypermodel.epochs), factor=hyperband_factor, **common
-    )
+    common = dict(objective=keras_tuner.Objective(OBJECTIVE, direction="max"), directory=directory,
+                  project_name=project_name, overwrite=overwrite,
+                  distribution_strategy=distribution_strategy, seed=seed)
+    if tuner == "hyperband":
+        return keras_tuner.Hyperband(
+            hypermodel, max_epochs=max(2, hypermodel.epochs), factor=hyperband_factor, **common
+        )
+    cls = keras_tuner.RandomSearch if tuner == "random" else keras_tuner.BayesianOptimization
+    return cls(hypermodel, max_trials=max_trials, **common)
 
 
 def study_document(spec, *, tuner, max_trials):
+    """The ``study.json`` content of a search space `spec` (`search_space_spec`)."""
     import keras_preact
 
-    return {
-        "format": STUDY_FORMAT,
-        "keras_preact_version": keras_preact.__version__,
-        "tuner": tuner,
-        "max_trials": max_trials,
-        "space": spec,
-    }
+    return {"format": STUDY_FORMAT, "keras_preact_version": keras_preact.__version__,
+            "tuner": tuner, "max_trials": max_trials, "space": spec}
 
 
 def check_study_workdir(workdir, document):
-    """Refuses a workdir holding anything but this study. Reads only.
-
-    Returns:
-        True if the workdir holds this study already, False if it is new or empty.
-
-    Raises:
-        ValueError: if it holds another study or files that are not a study.
-    """
+    """True if the workdir holds this study already, False if it is new or empty;
+    reads only. Raises ValueError if it holds another study or files that are not one."""
     path = os.path.join(workdir, STUDY_FILE)
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise ValueError(f"`workdir` must be a folder, but a file is there. Received: workdir={workdir!r}")
     if not os.path.exists(path):
         if os.path.isdir(workdir) and os.listdir(workdir):
-            raise ValueError(
-                f"The workdir {workdir} is not empty and holds no {STUDY_FILE}: it is not a "
-                "tuning study. Nothing was changed. Use an empty or new --workdir."
-            )
+            raise ValueError(f"The workdir {workdir} is not empty and holds no {STUDY_FILE}: it is not a "
+                             "tuning study. Nothing was changed. Use an empty or new --workdir.")
         return False
     stored = read_json(path)
     if not isinstance(stored, dict) or "space" not in stored:
         raise ValueError(f"{path} is not a keras-preact study. Nothing was changed. Use a new --workdir.")
-    a = {k: v for k, v in _normal(document).items() if k not in RUNTIME_KEYS + ("keras_preact_version",)}
-    b = {k: v for k, v in _normal(stored).items() if k not in RUNTIME_KEYS + ("keras_preact_version",)}
+    ignored = RUNTIME_KEYS + ("keras_preact_version",)
+    a, b = ({k: v for k, v in _normal(d).items() if k not in ignored} for d in (document, stored))
     if a != b:
-        diff = []
-        for key in sorted(set(a["space"]) | set(b.get("space", {}))):
-            if a["space"].get(key) != b.get("space", {}).get(key):
-                diff.append(f"{key}: stored {b.get('space', {}).get(key)!r}, requested {a['space'].get(key)!r}")
+        diff = [
+            f"{key}: stored {b['space'].get(key)!r}, requested {a['space'].get(key)!r}"
+            for key in sorted(set(a["space"]) | set(b["space"]))
+            if a["space"].get(key) != b["space"].get(key)
+        ]
         if a.get("tuner") != b.get("tuner"):
             diff.append(f"tuner: stored {b.get('tuner')!r}, requested {a.get('tuner')!r}")
-        raise ValueError(
-            f"The workdir {workdir} holds another study ({'; '.join(diff)}). Nothing was "
-            "changed, not even with --overwrite. Re-run with the same settings to resume, "
-            "or use a new --workdir."
-        )
+        raise ValueError(f"The workdir {workdir} holds another study ({'; '.join(diff)}). Nothing was "
+                         "changed, not even with --overwrite. Re-run with the same settings to resume, "
+                         "or use a new --workdir.")
     return True
 
 
@@ -176,20 +147,15 @@ def tune(workdir, *, tuner="random", max_trials=10, overwrite=False, export=True
 
     Args:
         workdir: the study's folder (see the module doc for its layout).
-        tuner: "random", "bayesian" or "hyperband".
-        max_trials: int, default 10 (may grow between runs to extend a search).
-        overwrite: bool, start this study again (never another study's workdir).
-        export: bool, default True: save the best trial as ``.keras`` and SavedModel.
-        distribution_strategy: see `make_tuner`.
-        verbose: KerasTuner and fit verbosity (0, 1, 2 or "auto").
-        **space: the `PreActResNetHyperModel` arguments (dataset, depths, blocks,
-            units, width_multipliers, learning_rates, weight_decays, warmups,
-            epochs, batch_size, validation_fraction, seed, budget, data_*).
+        tuner, distribution_strategy: see `make_tuner`.
+        max_trials: may grow between runs to extend a search.
+        overwrite: start this study again (never another study's workdir).
+        export: save the best trial as ``.keras`` and SavedModel.
+        **space: the `PreActResNetHyperModel` arguments.
 
     Returns:
-        dict: ``rows`` (the results table), ``best`` (the best row or None),
-        ``csv``, ``png``, ``best_model``, ``saved_model`` (paths or None),
-        ``role`` (None, "chief" or "worker") and ``workdir``.
+        dict: ``rows``, ``best`` (the best row or None), ``csv``, ``png``,
+        ``best_model``, ``saved_model`` (paths or None), ``role`` and ``workdir``.
 
     Raises:
         ValueError: for an invalid space, a budget no candidate fits, or a workdir
@@ -201,10 +167,7 @@ def tune(workdir, *, tuner="random", max_trials=10, overwrite=False, export=True
     if not isinstance(workdir, (str, os.PathLike)) or not os.fspath(workdir):
         raise ValueError(f"`workdir` must be a folder path. Received: workdir={workdir!r}")
     workdir = os.path.abspath(os.fspath(workdir))
-    if tuner not in TUNERS:
-        raise ValueError(f"Unknown tuner. Received: tuner={tuner!r}. Valid: {list(TUNERS)}")
-    if isinstance(max_trials, bool) or not isinstance(max_trials, int) or max_trials < 1:
-        raise ValueError(f"`max_trials` must be a positive integer. Received: max_trials={max_trials!r}")
+    _check_tuner(tuner, max_trials)
     role = _dist_role()
     spec = search_space_spec(**space)
     document = study_document(spec, tuner=tuner, max_trials=max_trials)
@@ -212,34 +175,26 @@ def tune(workdir, *, tuner="random", max_trials=10, overwrite=False, export=True
         # The chief owns the workdir: a worker writes nothing there before the
         # chief's study.json exists, and then only for that same study.
         _wait_for_study(workdir)
-        check_study_workdir(workdir, document)
-        overwrite = False
-    else:
-        exists = check_study_workdir(workdir, document)
-        if not exists:
-            overwrite = False
+    exists = check_study_workdir(workdir, document)
     hypermodel = PreActResNetHyperModel(**space)  # may refuse the budget
     if role != "worker":
-        if overwrite:
+        if overwrite and exists:
             for name in (PROJECT, BEST_DIR):
                 shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
             for name in (RESULTS_CSV, RESULTS_PNG):
                 if os.path.exists(os.path.join(workdir, name)):
                     os.remove(os.path.join(workdir, name))
         atomic_write_json(os.path.join(workdir, STUDY_FILE), document)
-    kt_tuner = make_tuner(
-        hypermodel, tuner, directory=workdir, max_trials=max_trials, overwrite=False,
-        distribution_strategy=distribution_strategy, seed=spec["seed"],
-    )
+    kt_tuner = make_tuner(hypermodel, tuner, directory=workdir, max_trials=max_trials, overwrite=False,
+                          distribution_strategy=distribution_strategy, seed=spec["seed"])
     if role == "chief":
         serve_chief(kt_tuner, verbose=verbose)
     else:
         kt_tuner.search(verbose=verbose)
-    result = {"role": role, "workdir": workdir, "rows": None, "best": None, "csv": None,
-              "png": None, "best_model": None, "saved_model": None}
-    if role == "worker":
-        return result
-    result.update(write_results(kt_tuner, hypermodel, workdir, export=export))
+    result = dict.fromkeys(("rows", "best", "csv", "png", "best_model", "saved_model"))
+    result.update(role=role, workdir=workdir)
+    if role != "worker":
+        result.update(write_results(kt_tuner, hypermodel, workdir, export=export))
     return result
 
 
@@ -248,19 +203,16 @@ def _wait_for_study(workdir, timeout_s=WORKER_WAIT_S):
     deadline = time.time() + timeout_s
     while not os.path.exists(path):
         if time.time() > deadline:
-            raise ValueError(
-                f"No {STUDY_FILE} appeared in {workdir} within {timeout_s} s: start the chief "
-                "(KERASTUNER_TUNER_ID=chief) with the same --workdir on a shared disk."
-            )
+            raise ValueError(f"No {STUDY_FILE} appeared in {workdir} within {timeout_s} s: start the chief "
+                             "(KERASTUNER_TUNER_ID=chief) with the same --workdir on a shared disk.")
         time.sleep(0.5)
 
 
 def serve_chief(kt_tuner, *, verbose=1, poll_s=0.5):
     """Runs the oracle for the workers until every trial is done and every worker left.
 
-    KerasTuner's own `search()` on the chief does the same but polls every 20 s
-    once the first worker is told to stop; this polls every `poll_s` seconds and
-    shuts the gRPC server down before returning.
+    KerasTuner's own `search()` on the chief polls every 20 s once the first worker is
+    told to stop; this polls every `poll_s` seconds and stops the gRPC server after.
     """
     from concurrent import futures
 
@@ -287,35 +239,19 @@ def serve_chief(kt_tuner, *, verbose=1, poll_s=0.5):
 
 def results_rows(oracle, hypermodel):
     """The results table: one dict per trial (`CSV_COLUMNS`), in trial order."""
+    from keras_preact.tuning.hypermodel import valid_blocks
+
     rows = []
     for trial_id in sorted(oracle.trials):
         trial = oracle.trials[trial_id]
         values = trial.hyperparameters.values
-        depth = values.get("depth")
-        block = values.get("block") if "block" in values else None
+        depth, block = values.get("depth"), values.get("block")
         if depth is not None and (block is None or not trial.hyperparameters.is_active("block")):
-            block = hypermodel._candidate_blocks(depth)[0]
-
-        def metric(name):
-            if trial.metrics.exists(name):
-                value = trial.metrics.get_last_value(name)
-                return value
-            return None
-
-        row = {
-            "trial": trial_id,
-            "status": trial.status,
-            "depth": depth,
-            "block": block,
-            "unit": values.get("unit", ""),
-            "width": values.get("width"),
-            "learning_rate": values.get("learning_rate"),
-            "weight_decay": values.get("weight_decay"),
-            "warmup": values.get("warmup"),
-        }
-        for name in ("params", "macs", "val_accuracy", "within_budget", "step_time_s",
-                     "train_time_s", "replicas"):
-            value = metric(name)
+            block = valid_blocks(depth, hypermodel.blocks)[0]
+        row = {"trial": trial_id, "status": trial.status, "depth": depth, "block": block,
+               "unit": values.get("unit", ""), **{k: values.get(k) for k in _HYPERPARAMETERS}}
+        for name in _METRICS:
+            value = trial.metrics.get_last_value(name) if trial.metrics.exists(name) else None
             if value is not None and name in ("params", "macs", "within_budget", "replicas"):
                 value = int(round(value))
             row[name] = value
@@ -327,9 +263,7 @@ def best_row(rows):
     """The completed, within-budget row with the highest validation accuracy (first on ties)."""
     done = [r for r in rows if r["status"] == "COMPLETED" and r["val_accuracy"] is not None
             and r["within_budget"] == 1]
-    if not done:
-        return None
-    return max(done, key=lambda r: (r["val_accuracy"], -int(r["trial"])))
+    return max(done, key=lambda r: (r["val_accuracy"], -int(r["trial"])), default=None)
 
 
 def write_results(kt_tuner, hypermodel, workdir, *, export=True):
@@ -338,8 +272,7 @@ def write_results(kt_tuner, hypermodel, workdir, *, export=True):
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
-    for row in rows:
-        writer.writerow({k: "" if row[k] is None else row[k] for k in CSV_COLUMNS})
+    writer.writerows({k: "" if row[k] is None else row[k] for k in CSV_COLUMNS} for row in rows)
     csv_path = os.path.join(workdir, RESULTS_CSV)
     atomic_write_text(csv_path, buf.getvalue())
     png_path = os.path.join(workdir, RESULTS_PNG)
@@ -361,11 +294,9 @@ def export_best(kt_tuner, row, workdir):
     os.makedirs(best_dir, exist_ok=True)
     keras_path = os.path.join(best_dir, "model.keras")
     atomic_save(keras_path, model.save)
-    saved = export_saved_model(
-        model, os.path.join(best_dir, "saved_model"), overwrite=True,
-        metrics={"val_accuracy": row["val_accuracy"]},
-        weights_info={"source": "keras-preact tune", "trial": row["trial"]},
-    )
+    saved = export_saved_model(model, os.path.join(best_dir, "saved_model"), overwrite=True,
+                               metrics={"val_accuracy": row["val_accuracy"]},
+                               weights_info={"source": "keras-preact tune", "trial": row["trial"]})
     atomic_write_json(os.path.join(best_dir, "best.json"), {
         "trial": row["trial"], "row": row, "hyperparameters": trial.hyperparameters.values,
     })
@@ -373,16 +304,11 @@ def export_best(kt_tuner, row, workdir):
 
 
 def retrain(workdir, trial=None, *, verbose=0):
-    """Trains a finished trial's hyperparameters again, with the study's seed.
-
-    Args:
-        workdir: a study's workdir.
-        trial: trial id; default the best trial.
-        verbose: fit verbosity.
+    """Trains a finished trial's hyperparameters again (default `trial`: the best), with
+    the study's seed.
 
     Returns:
-        dict: ``trial``, ``val_accuracy`` (this run), ``recorded`` (the search's)
-        and ``model``.
+        dict: ``trial``, ``val_accuracy`` (this run), ``recorded`` (the search's), ``model``.
 
     Raises:
         ValueError: if the workdir holds no study or the trial is unknown / unfinished.
@@ -414,30 +340,27 @@ def plot_results(rows, *, budget=None, title=""):
 
     fig = Figure(figsize=(10, 4), dpi=100)
     FigureCanvasAgg(fig)
-    ax_depth, ax_cost = fig.subplots(1, 2)
+    axes = dict(zip(("depth", "macs"), fig.subplots(1, 2)))
+    scale = {"depth": 1, "macs": 1e6}
     done = [r for r in rows if r["val_accuracy"] is not None and r["within_budget"] == 1]
-    for block, marker in (("basic", "o"), ("bottleneck", "s")):
-        pts = [r for r in done if r["block"] == block]
-        if not pts:
-            continue
-        ax_depth.scatter([r["depth"] for r in pts], [100 * r["val_accuracy"] for r in pts],
-                         marker=marker, label=block)
-        ax_cost.scatter([r["macs"] / 1e6 for r in pts], [100 * r["val_accuracy"] for r in pts],
-                        marker=marker, label=block)
     best = best_row(rows)
-    if best is not None:
-        ax_depth.scatter([best["depth"]], [100 * best["val_accuracy"]], s=160, facecolors="none",
-                         edgecolors="red", label="best")
-        ax_cost.scatter([best["macs"] / 1e6], [100 * best["val_accuracy"]], s=160,
-                        facecolors="none", edgecolors="red", label="best")
-    if budget and budget["kind"] == "macs":
-        ax_cost.axvline(budget["limit"] / 1e6, color="gray", linestyle="--", label="budget")
-    ax_depth.set_xlabel("depth")
-    ax_cost.set_xlabel("multiply-adds per image (M)")
-    if done and max(r["macs"] for r in done) > 10 * max(1, min(r["macs"] for r in done)):
-        ax_cost.set_xscale("log")
-    for ax in (ax_depth, ax_cost):
+    for key, ax in axes.items():
+        for block, marker in (("basic", "o"), ("bottleneck", "s")):
+            pts = [r for r in done if r["block"] == block]
+            if pts:
+                ax.scatter([r[key] / scale[key] for r in pts], [100 * r["val_accuracy"] for r in pts],
+                           marker=marker, label=block)
+        if best is not None:
+            ax.scatter([best[key] / scale[key]], [100 * best["val_accuracy"]], s=160,
+                       facecolors="none", edgecolors="red", label="best")
         ax.set_ylabel("validation accuracy (%)")
+    if budget and budget["kind"] == "macs":
+        axes["macs"].axvline(budget["limit"] / 1e6, color="gray", linestyle="--", label="budget")
+    axes["depth"].set_xlabel("depth")
+    axes["macs"].set_xlabel("multiply-adds per image (M)")
+    if done and max(r["macs"] for r in done) > 10 * max(1, min(r["macs"] for r in done)):
+        axes["macs"].set_xscale("log")
+    for ax in axes.values():
         ax.grid(True, alpha=0.3)
         if ax.collections:
             ax.legend()

@@ -1,12 +1,10 @@
 """Pretrained weights: the catalog, the verified download cache and weights files.
 
-- `list_entries`, `get_entry`: the catalog (``zoo/weights/*.json``);
-- `fetch_weights`: the verified cached `.weights.h5` of an entry (downloads,
-  checks the publisher's hash, converts into the model its `build` argument makes,
-  e.g. ``build=keras_preact.get_model``, caches with its SHA-256);
+- `list_entries`, `get_entry`: the catalog's typed entries (``zoo/weights/*.json``);
+- `fetch_weights`: the verified cached `.weights.h5` of an entry, converted into the
+  model its `build` argument makes (e.g. ``build=keras_preact.get_model``);
 - `save_weights_file`, `load_weights_file`: `.weights.h5` files that record the
-  model's variable layout, so another architecture (even the same shapes in another
-  order) fails loudly instead of loading silently wrong.
+  model's variable layout, so another architecture fails loudly instead of loading.
 """
 
 from keras_preact.weights.catalog import get_entry

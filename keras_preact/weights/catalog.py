@@ -1,325 +1,328 @@
-"""The pretrained-weights catalog: manifests in ``zoo/weights/*.json``, merged.
+"""The pretrained-weights catalog: typed entries parsed from ``zoo/weights/*.json``.
 
-Each manifest is ``{"_source": "...", "entries": {"<model>.<tag>": {...}}}`` and each
-entry describes one published artifact: where it is (``url``, optional
-``archive_member``), the publisher's hash of it, the converter that turns it into
-keras-preact weights and the ``architecture`` (factory keyword arguments) those
-weights load into, the dataset, classes and class names, the preprocessing, the
-published metrics with their source, the license and the converter's measured
-largest difference. Exactly one entry per model is its ``default``.
-
-Keys follow timm's ``arch.tag`` convention (e.g. ``preact_resnet110.cifar10``).
+A manifest is ``{"_source": str, "defaults": {...}, "entries": {"<model>.<tag>": {...}}}``;
+each entry is the manifest's ``defaults`` updated by its own fields (see `WeightsEntry`;
+``class_names`` names a list in ``zoo/classes/<name>.json``). Exactly one entry per
+model is its ``default``. Keys follow timm's ``arch.tag``.
 """
 
+import dataclasses
 import functools
 import json
+import numbers
 from importlib import resources
+from typing import Optional
 
 from keras_preact.files import atomic_write_text
+from keras_preact.weights.converters import CONVERTERS
 from keras_preact.zoo_catalog import load_json
 
-MANIFEST_FOLDER = "weights"
-HASH_ALGORITHMS = ("sha1", "md5", "sha256")
+HASH_LENGTHS = {"sha1": 40, "md5": 32, "sha256": 64}
 URL_SCHEMES = ("https://", "http://", "file://")
-#: Fields every catalog entry must have (the loader rejects a manifest without them).
+#: The fields every catalog entry has (`classes` may come from `architecture`).
 REQUIRED_FIELDS = (
     "model", "tag", "default", "url", "hash", "converter", "architecture", "dataset",
     "classes", "class_names", "preprocessing", "input_size", "metrics", "license",
     "params", "converter_max_abs_diff",
 )
-#: The fields `fetch_weights` needs; entry dicts passed to it directly (tests, a
-#: private catalog) may leave the descriptive ones out.
+#: The fields `fetch_weights` needs: entry dicts passed to it may leave the others out.
 FETCH_FIELDS = ("model", "tag", "url", "hash", "converter")
 
 
-def validate_entry(entry, *, key=None, strict=True):
-    """Checks one catalog entry and returns a normalised copy.
+@dataclasses.dataclass(frozen=True)
+class Hash:
+    """A publisher's hash: ``algorithm`` (sha1, md5 or sha256) and lower-case hex."""
 
-    Args:
-        entry: dict, the entry.
-        key: optional "model.tag" the entry is stored under (checked against it).
-        strict: bool, default True: require every catalog field; False requires
-            only what `fetch_weights` needs (`FETCH_FIELDS`).
+    algorithm: str
+    value: str
 
-    Returns:
-        dict: a copy with ``key`` set and the hash algorithm and value lower-cased.
+
+@dataclasses.dataclass(frozen=True)
+class Metrics:
+    """Published errors (%) and where they are stated."""
+
+    top1_error: Optional[float] = None
+    top5_error: Optional[float] = None
+    source: Optional[str] = None
+    source_file: Optional[str] = None
+
+
+_METRIC_FIELDS = [f.name for f in dataclasses.fields(Metrics)]
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightsEntry:
+    """One published artifact of the catalog: where the file is (``url``, optional
+    ``archive_member``), its publisher's hash, the converter and the ``architecture``
+    (factory arguments) the weights load into, and what describes them."""
+
+    model: str
+    tag: str
+    url: str
+    hash: Hash
+    converter: str
+    converter_args: dict = dataclasses.field(default_factory=dict)
+    archive_member: Optional[str] = None
+    architecture: dict = dataclasses.field(default_factory=dict)
+    classes: Optional[int] = None
+    default: bool = False
+    dataset: Optional[str] = None
+    class_names: Optional[tuple] = None
+    preprocessing: Optional[str] = None
+    input_size: Optional[tuple] = None
+    metrics: Metrics = Metrics()
+    license: Optional[str] = None
+    params: Optional[int] = None
+    params_keras_count_params: Optional[int] = None
+    converter_max_abs_diff: Optional[float] = None
+    upstream_name: Optional[str] = None
+    notes: dict = dataclasses.field(default_factory=dict)
+    manifest: Optional[str] = None
+    manifest_source: Optional[str] = None
+
+    @property
+    def key(self):
+        return f"{self.model}.{self.tag}"
+
+    def source_record(self):
+        """What a cached file is made from: another one makes the cached file stale."""
+        return {
+            "url": self.url, "hash": dataclasses.asdict(self.hash),
+            "archive_member": self.archive_member, "converter": self.converter,
+            "converter_args": self.converter_args, "architecture": self.architecture,
+        }
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _is_name(value):
+    return isinstance(value, str) and bool(value) and "." not in value
+
+
+def _optional(check):
+    return lambda value: value is None or check(value)
+
+
+def _is_str(value):
+    return isinstance(value, str) and bool(value)
+
+
+def _is_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _class_list(value):
+    if isinstance(value, list) and all(isinstance(n, str) for n in value):
+        return tuple(value)
+    if not _is_name(value) or not resources.files("keras_preact.zoo").joinpath(
+            f"classes/{value}.json").is_file():
+        return None
+    return tuple(load_json(f"classes/{value}.json"))
+
+
+def _preprocessing(value):
+    from keras_preact.layers.preprocessing import resolve_preprocessing
+
+    try:
+        resolve_preprocessing(value)
+    except ValueError:
+        return False
+    return True
+
+
+#: field -> (check, what is valid). The checks return False (or None) for a bad value.
+_CHECKS = {
+    "model": (_is_name, "a non-empty name without dots"),
+    "tag": (_is_name, "a non-empty name without dots"),
+    "url": (lambda v: isinstance(v, str) and v.startswith(URL_SCHEMES),
+            f"a URL starting with one of {list(URL_SCHEMES)}"),
+    "converter": (lambda v: v in CONVERTERS, f"one of {sorted(CONVERTERS)}"),
+    "converter_args": (lambda v: isinstance(v, dict), "a dict"),
+    "archive_member": (_optional(_is_str), "a file name in the archive"),
+    "architecture": (lambda v: isinstance(v, dict), "a dict of factory arguments"),
+    "classes": (_optional(_is_int), "an int >= 1"),
+    "default": (lambda v: isinstance(v, bool), "true or false"),
+    "dataset": (_optional(_is_str), "a dataset name"),
+    "class_names": (_optional(_class_list), "the name of a list in zoo/classes/"),
+    "preprocessing": (_optional(_preprocessing), "a preprocessing name"),
+    "input_size": (_optional(lambda v: isinstance(v, list) and len(v) == 3
+                             and all(_is_int(s) for s in v)), "[height, width, channels]"),
+    "metrics": (lambda v: isinstance(v, dict) and set(v) <= set(_METRIC_FIELDS),
+                f"a dict with the keys {_METRIC_FIELDS}"),
+    "license": (_optional(_is_str), "a license name"),
+    "params": (_optional(_is_int), "an int >= 1"),
+    "params_keras_count_params": (_optional(_is_int), "an int >= 1"),
+    "converter_max_abs_diff": (_optional(_is_number), "a number or null"),
+    "upstream_name": (_optional(_is_str), "the publisher's model name"),
+    "notes": (lambda v: isinstance(v, dict) and all(isinstance(n, str) for n in v.values()),
+              "a dict of strings"),
+}
+
+
+def validate_entry(entry, *, key=None, strict=True, manifest=None, manifest_source=None):
+    """Parses one catalog entry (a dict, the manifest's defaults merged in) into a
+    `WeightsEntry`; `key` ("model.tag") must agree with it. `strict` requires every
+    `REQUIRED_FIELDS`, else only `FETCH_FIELDS`.
 
     Raises:
-        ValueError: naming the entry, the field, the value received and what is valid.
+        ValueError: one bad field, naming the entry (and manifest), the field, the
+            value received and what is valid.
     """
-    label = key or (entry.get("model", "?") + "." + str(entry.get("tag", "?")) if isinstance(entry, dict) else "?")
     if not isinstance(entry, dict):
         raise ValueError(f"A weights entry must be a dict. Received: {entry!r}")
+    fields = dict(entry)
+    label = "The weights entry {!r}{}".format(
+        key or f"{fields.get('model')}.{fields.get('tag')}", f" of {manifest}" if manifest else "")
+    arch = fields.get("architecture")
+    if isinstance(arch, dict) and "classes" not in fields and "classes" in arch:
+        fields["classes"] = arch["classes"]
     required = REQUIRED_FIELDS if strict else FETCH_FIELDS
-    missing = [f for f in required if f not in entry]
+    missing = [f for f in required if f not in fields]
     if missing:
-        raise ValueError(
-            f"The weights entry {label!r} lacks the fields {missing}. "
-            f"Required: {list(required)}"
-        )
-    # Further descriptive fields (e.g. "upstream_name", notes) are kept as they are.
-    out = dict(entry)
-    for name in ("model", "tag"):
-        if not isinstance(out[name], str) or not out[name] or "." in out[name]:
-            raise ValueError(
-                f"The weights entry {label!r} needs a non-empty `{name}` without dots. "
-                f"Received: {name}={out[name]!r}"
-            )
-    if key is not None and key != f"{out['model']}.{out['tag']}":
-        raise ValueError(
-            f"A weights entry is stored under {key!r} but says model={out['model']!r}, "
-            f"tag={out['tag']!r}; the key must be 'model.tag'."
-        )
-    out["key"] = f"{out['model']}.{out['tag']}"
-    url = out["url"]
-    if not isinstance(url, str) or not url.startswith(URL_SCHEMES):
-        raise ValueError(
-            f"The weights entry {label!r} has an invalid `url`. Received: url={url!r}. "
-            f"Valid: a URL starting with one of {list(URL_SCHEMES)}"
-        )
-    out["hash"] = parse_hash(out["hash"], what=f"the weights entry {label!r}")
-    from keras_preact.weights.converters import CONVERTERS
-
-    if out["converter"] not in CONVERTERS:
-        raise ValueError(
-            f"The weights entry {label!r} names an unknown converter. Received: "
-            f"converter={out['converter']!r}. Valid: {sorted(CONVERTERS)}"
-        )
-    member = out.get("archive_member")
-    if member is not None and (not isinstance(member, str) or not member):
-        raise ValueError(
-            f"`archive_member` of {label!r} must be a file name. Received: {member!r}"
-        )
-    for name in ("architecture", "converter_args"):
-        if out.get(name) is not None and not isinstance(out[name], dict):
-            raise ValueError(
-                f"`{name}` of {label!r} must be a dict. Received: {name}={out[name]!r}"
-            )
-    out["architecture"] = dict(out.get("architecture") or {})
-    classes = out.get("classes", out["architecture"].get("classes"))
-    if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 1):
-        raise ValueError(f"`classes` of {label!r} must be an int >= 1. Received: {classes!r}")
-    arch_classes = out["architecture"].get("classes")
-    if classes is not None and arch_classes is not None and arch_classes != classes:
-        raise ValueError(
-            f"The weights entry {label!r} says classes={classes} but its architecture "
-            f"has classes={arch_classes}."
-        )
-    out["classes"] = classes
-    if strict:
-        if not isinstance(out["default"], bool):
-            raise ValueError(f"`default` of {label!r} must be true or false. Received: {out['default']!r}")
-        names = out["class_names"]
-        if not isinstance(names, list) or len(names) != classes or not all(isinstance(n, str) for n in names):
-            raise ValueError(
-                f"`class_names` of {label!r} must be a list of {classes} strings. "
-                f"Received: {names!r}"
-            )
-        size = out["input_size"]
-        if not isinstance(size, list) or len(size) != 3 or not all(isinstance(s, int) and s > 0 for s in size):
-            raise ValueError(
-                f"`input_size` of {label!r} must be [height, width, channels]. Received: {size!r}"
-            )
-        if not isinstance(out["metrics"], dict):
-            raise ValueError(f"`metrics` of {label!r} must be a dict. Received: {out['metrics']!r}")
-        diff = out["converter_max_abs_diff"]
-        if diff is not None and (isinstance(diff, bool) or not isinstance(diff, (int, float))):
-            raise ValueError(
-                f"`converter_max_abs_diff` of {label!r} must be a number or null. Received: {diff!r}"
-            )
-    if out.get("preprocessing") is not None:
-        from keras_preact.layers.preprocessing import resolve_preprocessing
-
-        try:
-            resolve_preprocessing(out["preprocessing"])
-        except ValueError as err:
-            raise ValueError(f"The weights entry {label!r} has bad `preprocessing`: {err}") from None
+        raise ValueError(f"{label} lacks the fields {missing}. Required: {list(required)}")
+    unknown = sorted(set(fields) - set(_CHECKS) - {"hash"})
+    if unknown:
+        raise ValueError(f"{label} has unknown fields {unknown}. Valid: {sorted(_CHECKS)}")
+    fields["hash"] = parse_hash(fields["hash"], what=label)
+    for name, (check, valid) in _CHECKS.items():
+        if name in fields and not check(fields[name]):
+            raise ValueError(f"{label}: `{name}` must be {valid}. Received: {name}={fields[name]!r}")
+    out = WeightsEntry(**{
+        **fields, "manifest": manifest, "manifest_source": manifest_source,
+        "metrics": Metrics(**fields.get("metrics", {})),
+        "class_names": _class_list(fields["class_names"]) if fields.get("class_names") else None,
+        "input_size": tuple(fields["input_size"]) if fields.get("input_size") else None,
+    })
+    if key is not None and key != out.key:
+        raise ValueError(f"{label} says model={out.model!r}, tag={out.tag!r}; the key must be 'model.tag'.")
+    arch_classes = out.architecture.get("classes")
+    if None not in (out.classes, arch_classes) and arch_classes != out.classes:
+        raise ValueError(f"{label} says classes={out.classes} but its architecture has classes={arch_classes}.")
+    if out.class_names is not None and len(out.class_names) != out.classes:
+        raise ValueError(f"{label}: `class_names` must name a list of {out.classes} names. Received: "
+                         f"class_names={fields['class_names']!r} ({len(out.class_names)} names)")
     return out
 
 
 def parse_hash(value, *, what="the weights"):
-    """Normalises a hash given as ``{"algorithm", "value"}`` or ``"algorithm:hex"``.
-
-    Returns:
-        ``{"algorithm": str, "value": lower-case hex str}``.
-
-    Raises:
-        ValueError: for an unknown algorithm or a value that is not hex of its length.
-    """
+    """A `Hash` from ``{"algorithm", "value"}``, ``"algorithm:hex"`` or a `Hash`
+    (ValueError for an unknown algorithm or a value that is not hex of its length)."""
+    if isinstance(value, Hash):
+        return value
     if isinstance(value, str) and ":" in value:
         algorithm, _, hexvalue = value.partition(":")
         value = {"algorithm": algorithm, "value": hexvalue}
     if not isinstance(value, dict) or set(value) != {"algorithm", "value"}:
-        raise ValueError(
-            f"The hash of {what} must be {{'algorithm': ..., 'value': ...}} or "
-            f"'algorithm:hex'. Received: hash={value!r}"
-        )
-    algorithm = str(value["algorithm"]).lower()
-    if algorithm not in HASH_ALGORITHMS:
-        raise ValueError(
-            f"Unknown hash algorithm for {what}. Received: algorithm={value['algorithm']!r}. "
-            f"Valid: {list(HASH_ALGORITHMS)}"
-        )
-    hexvalue = str(value["value"]).lower()
-    length = {"sha1": 40, "md5": 32, "sha256": 64}[algorithm]
+        raise ValueError(f"The hash of {what} must be {{'algorithm': ..., 'value': ...}} or "
+                         f"'algorithm:hex'. Received: hash={value!r}")
+    algorithm, hexvalue = str(value["algorithm"]).lower(), str(value["value"]).lower()
+    if algorithm not in HASH_LENGTHS:
+        raise ValueError(f"Unknown hash algorithm for {what}. Received: algorithm={value['algorithm']!r}. "
+                         f"Valid: {list(HASH_LENGTHS)}")
+    length = HASH_LENGTHS[algorithm]
     if len(hexvalue) != length or any(c not in "0123456789abcdef" for c in hexvalue):
-        raise ValueError(
-            f"The {algorithm} hash of {what} must be {length} hex digits. "
-            f"Received: value={value['value']!r}"
-        )
-    return {"algorithm": algorithm, "value": hexvalue}
-
-
-def _manifest_files():
-    folder = resources.files("keras_preact.zoo").joinpath(MANIFEST_FOLDER)
-    if not folder.is_dir():
-        return []
-    return sorted((f for f in folder.iterdir() if f.name.endswith(".json")), key=lambda f: f.name)
+        raise ValueError(f"The {algorithm} hash of {what} must be {length} hex digits. "
+                         f"Received: value={value['value']!r}")
+    return Hash(algorithm, hexvalue)
 
 
 def record_max_diffs(manifest_path, doc, diffs):
-    """Writes the converters' measured max differences into a manifest.
-
-    Args:
-        manifest_path: the manifest's JSON file (written to a temporary file and
-            renamed into place).
-        doc: the manifest as loaded (a dict with "entries").
-        diffs: dict catalog key -> measured max abs difference; stored with two
-            significant digits (the figure is a bound, not a fingerprint).
-    """
+    """Writes measured converter differences (catalog key -> float, kept to two
+    significant digits: a bound, not a fingerprint) into a loaded manifest `doc` and
+    saves it atomically to `manifest_path`."""
     for key, diff in diffs.items():
         doc["entries"][key]["converter_max_abs_diff"] = float(f"{diff:.2g}")
     atomic_write_text(manifest_path, json.dumps(doc, indent=1) + "\n")
 
 
+def _manifests():
+    folder = resources.files("keras_preact.zoo").joinpath("weights")
+    files = sorted(folder.iterdir(), key=lambda f: f.name) if folder.is_dir() else []
+    return [f for f in files if f.name.endswith(".json")]
+
+
 @functools.lru_cache(maxsize=1)
 def load_catalog():
-    """All catalog entries, merged from every manifest and validated.
-
-    Returns:
-        dict: "model.tag" -> entry (each with its ``key`` and ``manifest``).
+    """All catalog entries: dict "model.tag" -> `WeightsEntry`.
 
     Raises:
-        ValueError: for a malformed manifest, a key defined twice, or a model without
-            exactly one default entry.
+        ValueError: for a malformed manifest or entry, a key defined twice, or a model
+            without exactly one default entry.
     """
     catalog = {}
-    for ref in _manifest_files():
+    for ref in _manifests():
         try:
             doc = json.loads(ref.read_text(encoding="utf-8"))
         except json.JSONDecodeError as err:
             raise ValueError(f"The weights manifest {ref.name} is not valid JSON: {err}") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("entries"), dict):
-            raise ValueError(
-                f"The weights manifest {ref.name} must be an object with an 'entries' object."
-            )
+            raise ValueError(f"The weights manifest {ref.name} must be an object with an 'entries' object.")
         for key, entry in doc["entries"].items():
             if key in catalog:
                 raise ValueError(
-                    f"The weights entry {key!r} is defined in both "
-                    f"{catalog[key]['manifest']} and {ref.name}."
+                    f"The weights entry {key!r} is defined in both {catalog[key].manifest} and {ref.name}."
                 )
-            checked = validate_entry(entry, key=key)
-            checked["manifest"] = ref.name
-            checked["manifest_source"] = doc.get("_source")
-            catalog[key] = checked
-    defaults = {}
-    for key, entry in catalog.items():
-        defaults.setdefault(entry["model"], [])
-        if entry["default"]:
-            defaults[entry["model"]].append(key)
-    for model, keys in defaults.items():
-        if len(keys) != 1:
-            raise ValueError(
-                f"The model {model!r} must have exactly one default weights entry; it "
-                f"has {len(keys)}: {keys}"
-            )
+            catalog[key] = validate_entry({**doc.get("defaults", {}), **entry}, key=key,
+                                          manifest=ref.name, manifest_source=doc.get("_source"))
+    for model in {e.model for e in catalog.values()}:
+        defaults = [k for k, e in catalog.items() if e.model == model and e.default]
+        if len(defaults) != 1:
+            raise ValueError(f"The model {model!r} must have exactly one default weights entry; it has "
+                             f"{len(defaults)}: {defaults}")
     return catalog
 
 
 def list_entries(model=None):
-    """The catalog's entries, shallowest model first, then by tag.
-
-    Args:
-        model: optional registered model name to filter by.
-
-    Returns:
-        list of entry dicts.
-    """
-    catalog = load_catalog()
-    # models.json lists the models as the registry does (a test checks it): the
-    # catalog describes models without importing them.
+    """The catalog's `WeightsEntry`s (of `model`, default all), in the registry's
+    model order (``zoo/models.json``), then by tag."""
     order = {name: i for i, name in enumerate(load_json("models.json")["models"])}
-    keys = sorted(catalog, key=lambda k: (order.get(catalog[k]["model"], len(order)), catalog[k]["model"], catalog[k]["tag"]))
-    return [catalog[k] for k in keys if model is None or catalog[k]["model"] == model]
+    entries = sorted(load_catalog().values(), key=lambda e: (order.get(e.model, len(order)), e.model, e.tag))
+    return [e for e in entries if model is None or e.model == model]
 
 
 def get_entry(key):
-    """The catalog entry stored as `key` ("model.tag").
-
-    Raises:
-        ValueError: for an unknown key (the message lists the valid ones).
-    """
+    """The `WeightsEntry` stored as `key` ("model.tag"); ValueError (listing the
+    valid keys) for an unknown one."""
     catalog = load_catalog()
     if not isinstance(key, str) or key not in catalog:
         raise ValueError(
             f"Unknown weights. Received: weights={key!r}. Valid: {sorted(catalog) or 'none (the catalog is empty)'}"
         )
-    return dict(catalog[key])
+    return catalog[key]
 
 
 def tags_for(model):
     """The tags the catalog holds for `model` (plus "DEFAULT" when it has any)."""
-    tags = [e["tag"] for e in list_entries(model)]
+    tags = [e.tag for e in list_entries(model)]
     return tags + ["DEFAULT"] if tags else []
 
 
 def looks_like_tag(weights):
     """Whether a `weights` string names a catalog entry rather than a file or URL."""
     return (
-        isinstance(weights, str)
-        and "/" not in weights
-        and "\\" not in weights
-        and not weights.endswith((".h5", ".keras"))
-        and not weights.startswith(URL_SCHEMES)
+        isinstance(weights, str) and "/" not in weights and "\\" not in weights
+        and not weights.endswith((".h5", ".keras")) and not weights.startswith(URL_SCHEMES)
     )
 
 
 def resolve_tag(model, weights):
-    """The entry that `weights` names for the factory of `model`.
-
-    Args:
-        model: the registered model name, e.g. "preact_resnet110".
-        weights: a tag ("cifar10"), "DEFAULT", or a key ("preact_resnet110.cifar10").
-
-    Raises:
-        ValueError: for an unknown tag (listing the valid ones) or a key of another
-            model.
-    """
-    if "." in weights:
-        entry_model, _, tag = weights.partition(".")
-        if entry_model != model:
-            raise ValueError(
-                f"The weights {weights!r} are for {entry_model!r}, not {model!r}. "
-                f"Valid for {model}: {tags_for(model) or 'none'}"
-            )
-    else:
-        tag = weights
-    entries = list_entries(model)
-    if tag in ("DEFAULT", "default"):
-        chosen = [e for e in entries if e["default"]]
-    else:
-        chosen = [e for e in entries if e["tag"] == tag]
+    """The `WeightsEntry` that `weights` (a tag, "DEFAULT" or a "model.tag" key)
+    names for the factory of `model`; ValueError for an unknown tag (listing the
+    valid ones) or another model's key."""
+    entry_model, dot, tag = weights.rpartition(".")
+    if dot and entry_model != model:
+        raise ValueError(f"The weights {weights!r} are for {entry_model!r}, not {model!r}. "
+                         f"Valid for {model}: {tags_for(model) or 'none'}")
+    chosen = [e for e in list_entries(model)
+              if (e.default if tag in ("DEFAULT", "default") else e.tag == tag)]
     if not chosen:
-        raise ValueError(
-            f"Unknown weights tag for {model}. Received: weights={weights!r}. Valid: "
-            f"None, a path ending in '.weights.h5' or '.keras', a URL with its hash, or "
-            f"one of {tags_for(model) or '(no pretrained weights for this model)'}"
-        )
-    return dict(chosen[0])
+        raise ValueError(f"Unknown weights tag for {model}. Received: weights={weights!r}. Valid: "
+                         f"None, a path ending in '.weights.h5' or '.keras', a URL with its hash, or "
+                         f"one of {tags_for(model) or '(no pretrained weights for this model)'}")
+    return chosen[0]
 
-
-# --- zoo/README.md --------------------------------------------------------------------
 
 README_HEADER = """# The keras-preact zoo
 
@@ -335,40 +338,24 @@ publisher's model, measured by the converter tests ("-" when not measured).
 
 
 def render_zoo_readme(entries=None):
-    """The Markdown of `zoo/README.md`: one table row per weights entry.
-
-    Args:
-        entries: optional list of entries; default the whole catalog.
-
-    Returns:
-        str.
-    """
+    """The Markdown of `zoo/README.md`: one table row per entry (default: the catalog)."""
     entries = list_entries() if entries is None else entries
-    models = load_json("models.json").get("models", {})
+    models = load_json("models.json")["models"]
     lines = [
         README_HEADER,
         "| weights (`model.tag`) | default | params | paper error % | published error % | max diff | source | license |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for e in entries:
-        info = models.get(e["model"], {})
-        paper = info.get(f"paper_error_{e.get('dataset')}")
-        metrics = e.get("metrics") or {}
-        err = metrics.get("top1_error")
-        diff = e.get("converter_max_abs_diff")
-        params = e.get("params")
-        lines.append(
-            "| `{key}` | {default} | {params} | {paper} | {err} | {diff} | {source} | {license} |".format(
-                key=e["key"],
-                default="yes" if e.get("default") else "",
-                params=f"{params:,}" if isinstance(params, int) else "-",
-                paper="-" if paper is None else paper,
-                err="-" if err is None else err,
-                diff="-" if diff is None else f"{diff:.1e}",
-                source=str(metrics.get("source", e.get("manifest_source") or "-")).replace("|", "/"),
-                license=e.get("license", "-"),
-            )
+        cells = (
+            f"`{e.key}`", "yes" if e.default else "",
+            "-" if e.params is None else f"{e.params:,}",
+            models.get(e.model, {}).get(f"paper_error_{e.dataset}"),
+            e.metrics.top1_error,
+            None if e.converter_max_abs_diff is None else f"{e.converter_max_abs_diff:.1e}",
+            (e.metrics.source or e.manifest_source or "-").replace("|", "/"), e.license,
         )
+        lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
     if not entries:
         lines.append("| (no weights in the catalog yet) | | | | | | | |")
     return "\n".join(lines) + "\n"

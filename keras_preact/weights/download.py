@@ -1,42 +1,33 @@
 """Verified download and cache of pretrained weights.
 
-One chain for every catalog entry (or entry dict):
+`fetch_weights` holds a file lock per entry (concurrent processes download once),
+downloads into a private temporary folder of the cache, extracts the entry's
+``archive_member``, checks the publisher's hash (a mismatch deletes the file),
+converts it into the model the caller's `build` makes (weights/ never imports
+models/) and renames the `.weights.h5` and its sidecar ``<name>.weights.h5.json``
+(its SHA-256 and source) into the cache; every later use checks that SHA-256.
+`keras.utils.get_file` alone would keep a file whose hash failed, write straight to
+the final path and take no lock.
 
-1. take a file lock for the entry (`filelock`), so concurrent processes and workers
-   download once and the others wait, then find the verified result in the cache;
-2. download the published file into a private temporary folder of the cache with
-   `keras.utils.get_file` (its progress bar; partial files removed on errors);
-3. extract the named member when the published file is a zip;
-4. verify the publisher's hash (SHA-1, MD5 or SHA-256); a mismatch deletes the file;
-5. build the entry's architecture with the caller's `build` (e.g.
-   `keras_preact.get_model`: weights/ never imports models/) and run its converter;
-6. save a `.weights.h5` to a temporary path, record its SHA-256 in a sidecar
-   ``<name>.weights.h5.json`` and rename both into the cache;
-7. on every later use, verify that SHA-256 before returning the path.
-
-Offline mode (``offline=True`` or ``KERAS_PREACT_OFFLINE=1``) never opens a socket:
-it resolves only from ``$KERAS_PREACT_WEIGHTS_DIR`` (a folder a user or admin fills
-with converted ``<model>.<tag>.weights.h5`` files or the published files under their
-URL's file name) and from the cache. Online, that folder is also looked at before
-downloading. A published file found there is verified against the publisher's hash;
-a converted one is checked against the entry's architecture (its layout) and cached
-with its SHA-256.
-
-Keras' `get_file` alone keeps a file whose hash failed, writes straight to the final
-path and takes no lock, so it is used only for the transfer itself.
+Offline (``offline=True`` or ``KERAS_PREACT_OFFLINE=1``) no socket is opened: the
+file comes from the cache or ``$KERAS_PREACT_WEIGHTS_DIR``, a folder of converted
+``<model>.<tag>.weights.h5`` files or published files under their URL's file name,
+which is also looked at first online.
 """
 
-import contextlib
 import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 import urllib.parse
 import zipfile
 
+from keras_preact.files import atomic_write_json
 from keras_preact.files import file_hash
+from keras_preact.weights.catalog import WeightsEntry
 from keras_preact.weights.catalog import get_entry
 from keras_preact.weights.catalog import validate_entry
 
@@ -44,11 +35,10 @@ logger = logging.getLogger("keras_preact.weights")
 
 SIDECAR_SUFFIX = ".json"
 LOCK_TIMEOUT_S = 3600
-#: Sub-folders of the cache: lock files, and private folders of transfers in progress
-#: (on the cache's file system, so the final rename is atomic).
+#: Cache sub-folders: lock files, and transfers in progress (on the cache's file
+#: system, so the final rename is atomic).
 LOCK_FOLDER = ".locks"
 TMP_FOLDER = ".tmp"
-_TRUE = ("1", "true", "yes", "on")
 
 
 class WeightsDownloadError(OSError):
@@ -74,54 +64,26 @@ def is_offline(offline=None):
     """`offline` if given, else whether ``KERAS_PREACT_OFFLINE`` is set to a true value."""
     if offline is not None:
         return bool(offline)
-    return os.environ.get("KERAS_PREACT_OFFLINE", "").strip().lower() in _TRUE
-
-
-def _resolve_entry(key_or_entry):
-    if isinstance(key_or_entry, dict):
-        return validate_entry(key_or_entry, strict=False)
-    return get_entry(key_or_entry)
+    return os.environ.get("KERAS_PREACT_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def cached_paths(entry, cache=None):
     """(weights path, sidecar path) of an entry in the cache."""
-    name = entry["key"] + ".weights.h5"
-    path = os.path.join(resolve_cache_dir(cache), name)
+    path = os.path.join(resolve_cache_dir(cache), entry.key + ".weights.h5")
     return path, path + SIDECAR_SUFFIX
 
 
-def _source_record(entry):
-    # What the cached file was made from: a changed URL, hash, converter or
-    # architecture makes the cached file stale.
-    return {
-        "url": entry["url"],
-        "hash": entry["hash"],
-        "archive_member": entry.get("archive_member"),
-        "converter": entry["converter"],
-        "converter_args": entry.get("converter_args") or {},
-        "architecture": entry.get("architecture") or {},
-    }
-
-
 def verify_cached(path, sidecar):
-    """Checks a cached file against the SHA-256 in its sidecar.
-
-    Returns:
-        The sidecar dict.
-
-    Raises:
-        WeightsIntegrityError: if the file was altered on disk.
-        FileNotFoundError: if either file is missing.
-    """
+    """Checks a cached file against the SHA-256 in its sidecar; returns the sidecar.
+    Raises WeightsIntegrityError if the file was altered, FileNotFoundError if either
+    file is missing."""
     with open(sidecar) as f:
         record = json.load(f)
     actual = file_hash(path, "sha256")
     if actual != record.get("sha256"):
-        raise WeightsIntegrityError(
-            f"The cached weights file {path} was altered on disk: its SHA-256 is "
-            f"{actual}, the cache recorded {record.get('sha256')}. It was not loaded. "
-            "Delete it (`keras-preact weights clear`) and fetch it again."
-        )
+        raise WeightsIntegrityError(f"The cached weights file {path} was altered on disk: its SHA-256 is "
+                                    f"{actual}, the cache recorded {record.get('sha256')}. It was not loaded. "
+                                    "Delete it (`keras-preact weights clear`) and fetch it again.")
     return record
 
 
@@ -129,8 +91,7 @@ def _lookup_cache(entry, cache):
     path, sidecar = cached_paths(entry, cache)
     if not (os.path.isfile(path) and os.path.isfile(sidecar)):
         return None
-    record = verify_cached(path, sidecar)
-    if record.get("source") != _source_record(entry):
+    if verify_cached(path, sidecar).get("source") != entry.source_record():
         logger.info("The cached %s was made from another source; fetching it again.", path)
         return None
     return path
@@ -140,126 +101,90 @@ def fetch_weights(key_or_entry, *, build, cache_dir=None, offline=None, progress
     """The path of the verified cached `.weights.h5` for a catalog entry.
 
     Args:
-        key_or_entry: a catalog key ("preact_resnet110.cifar10") or an entry dict
-            (needs at least model, tag, url, hash, converter; see
-            `keras_preact.weights.catalog`).
+        key_or_entry: a catalog key ("preact_resnet110.cifar10"), a `WeightsEntry`,
+            or an entry dict (at least model, tag, url, hash, converter).
         build: ``build(model_name, **arguments)`` builds a registered model, e.g.
-            `keras_preact.get_model`: the entry's architecture, which a published
-            file is converted into (and a converted file is checked against).
-        cache_dir: the cache folder (default ``$KERAS_PREACT_HOME/weights`` or
-            ``~/.keras/keras_preact/weights``).
-        offline: None (``KERAS_PREACT_OFFLINE``), True or False. Offline, the file
-            comes only from ``$KERAS_PREACT_WEIGHTS_DIR`` or the cache, and no socket
-            is opened.
-        progress: bool, default True: progress bar while downloading.
-
-    Returns:
-        str, the path of a `.weights.h5` whose SHA-256 matches its record.
+            `keras_preact.get_model`; a published file is converted into the entry's
+            architecture built so (and a converted file is checked against it).
+        offline: None (``KERAS_PREACT_OFFLINE``), True or False.
+        progress: a progress bar while downloading (on a terminal only).
 
     Raises:
         ValueError: for an unknown key or a malformed entry.
         WeightsIntegrityError (a ValueError): the publisher's hash does not match
-            the downloaded file (which is deleted), or the cached file was altered.
+            (the download is deleted), or the cached file was altered.
         WeightsDownloadError (an OSError): no network, an HTTP error or a truncated
-            transfer (nothing is left in the cache), or offline mode without a local
-            copy.
+            transfer (nothing is cached), or offline without a local copy.
 
     Example:
         >>> path = fetch_weights("preact_resnet110.cifar10", build=keras_preact.get_model)
         >>> model = keras_preact.preact_resnet110(weights=path)
     """
-    entry = _resolve_entry(key_or_entry)
+    if isinstance(key_or_entry, WeightsEntry):
+        entry = key_or_entry
+    elif isinstance(key_or_entry, dict):
+        entry = validate_entry(key_or_entry, strict=False)
+    else:
+        entry = get_entry(key_or_entry)
     cache = resolve_cache_dir(cache_dir)
-    offline = is_offline(offline)
     found = _lookup_cache(entry, cache)
     if found is not None:
         return found
     import filelock
 
-    os.makedirs(cache, exist_ok=True)
-    os.makedirs(os.path.join(cache, LOCK_FOLDER), exist_ok=True)
-    lock = filelock.FileLock(
-        os.path.join(cache, LOCK_FOLDER, entry["key"] + ".lock"), timeout=LOCK_TIMEOUT_S
-    )
-    with lock:
+    for folder in (LOCK_FOLDER, TMP_FOLDER):
+        os.makedirs(os.path.join(cache, folder), exist_ok=True)
+    with filelock.FileLock(os.path.join(cache, LOCK_FOLDER, entry.key + ".lock"), timeout=LOCK_TIMEOUT_S):
         # Another process may have finished while this one waited for the lock.
         found = _lookup_cache(entry, cache)
         if found is not None:
             return found
-        return _fetch_locked(entry, cache, build=build, offline=offline, progress=progress)
+        work = tempfile.mkdtemp(prefix=entry.key + ".", dir=os.path.join(cache, TMP_FOLDER))
+        try:
+            return _fetch_locked(entry, cache, work, build=build, offline=is_offline(offline),
+                                 progress=progress and getattr(sys.stdout, "isatty", bool)())
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
 
-def _fetch_locked(entry, cache, *, build, offline, progress):
-    os.makedirs(os.path.join(cache, TMP_FOLDER), exist_ok=True)
-    work = tempfile.mkdtemp(prefix=entry["key"] + ".", dir=os.path.join(cache, TMP_FOLDER))
-    try:
-        # A folder filled by a user or admin is used first, online too.
-        local = _local_copy(entry, cache)
-        if offline and local is None:
-            folder = os.environ.get("KERAS_PREACT_WEIGHTS_DIR")
-            raise WeightsDownloadError(
-                f"Offline mode: no local copy of the weights {entry['key']!r}. Put "
-                f"{entry['key']}.weights.h5 or the published file "
-                f"{_url_filename(entry['url'])!r} into $KERAS_PREACT_WEIGHTS_DIR "
-                f"(now {folder!r}), or fetch it online first "
-                f"(`keras-preact weights fetch {entry['key']}`)."
-            )
-        if local is not None and local[1] == "converted":
-            return _install_converted(entry, local[0], cache, work, build)
-        published = local[0] if local is not None else _download(entry["url"], work, progress=progress)
+def _fetch_locked(entry, cache, work, *, build, offline, progress):
+    folder = os.environ.get("KERAS_PREACT_WEIGHTS_DIR")
+    converted = os.path.join(folder or "", entry.key + ".weights.h5")
+    published = os.path.join(folder or "", _url_filename(entry.url))
+    if folder and os.path.isfile(converted):
+        return _commit(entry, cache, *_convert(entry, converted, work, build, converted=True))
+    if folder and os.path.isfile(published):
         source = _extract_member(entry, published, work)
-        _verify_publisher_hash(entry, source, delete=local is None)
-        return _convert_and_cache(entry, source, cache, work, build)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        _verify_publisher_hash(entry, source, delete=False)
+    elif offline:
+        raise WeightsDownloadError(
+            f"Offline mode: no local copy of the weights {entry.key!r}. Put "
+            f"{entry.key}.weights.h5 or the published file {_url_filename(entry.url)!r} "
+            f"into $KERAS_PREACT_WEIGHTS_DIR (now {folder!r}), or fetch it online first "
+            f"(`keras-preact weights fetch {entry.key}`)."
+        )
+    else:
+        source = _extract_member(entry, _download(entry.url, work, progress=progress), work)
+        _verify_publisher_hash(entry, source, delete=True)
+    return _commit(entry, cache, *_convert(entry, source, work, build, converted=False))
 
 
 def _url_filename(url):
-    name = os.path.basename(urllib.parse.urlparse(url).path)
-    return name or "download"
-
-
-def _local_copy(entry, cache):
-    """(path, "converted" | "published") from the admin folder, or None."""
-    folder = os.environ.get("KERAS_PREACT_WEIGHTS_DIR")
-    if not folder:
-        return None
-    converted = os.path.join(folder, entry["key"] + ".weights.h5")
-    if os.path.isfile(converted):
-        return converted, "converted"
-    published = os.path.join(folder, _url_filename(entry["url"]))
-    if os.path.isfile(published):
-        return published, "published"
-    return None
-
-
-@contextlib.contextmanager
-def _quiet_keras(enabled):
-    import keras
-
-    was = keras.config.is_interactive_logging_enabled()
-    if not enabled:
-        keras.config.disable_interactive_logging()
-    try:
-        yield
-    finally:
-        if was:
-            keras.config.enable_interactive_logging()
+    return os.path.basename(urllib.parse.urlparse(url).path) or "download"
 
 
 def _download(url, work, *, progress):
-    """Downloads `url` into the private folder `work` with Keras' `get_file`."""
+    """Downloads `url` into the private folder `work` (`keras.utils.get_file` removes
+    a partial file on errors)."""
     import keras
 
-    name = _url_filename(url)
     logger.info("Downloading %s", url)
+    interactive = keras.config.is_interactive_logging_enabled()
+    if not progress:
+        keras.config.disable_interactive_logging()
     try:
-        with _quiet_keras(progress):
-            # Keras' helper does the transfer and the progress bar, and removes a
-            # partial file on errors; the hash, lock and rename are done here.
-            return keras.utils.get_file(
-                fname=name, origin=url, cache_dir=work, cache_subdir="download"
-            )
+        return keras.utils.get_file(fname=_url_filename(url), origin=url, cache_dir=work,
+                                    cache_subdir="download")
     except Exception as err:  # get_file turns URL errors into a bare Exception.
         text = str(err)
         if "incomplete" in text or "ContentTooShort" in type(err).__name__:
@@ -268,29 +193,26 @@ def _download(url, work, *, progress):
             reason = "the server answered with an HTTP error"
         else:
             reason = "the file could not be fetched (no network, or the host is unreachable)"
-        raise WeightsDownloadError(
-            f"Could not download the weights from {url}: {reason} ({text}). Nothing was "
-            "cached. Set KERAS_PREACT_OFFLINE=1 and KERAS_PREACT_WEIGHTS_DIR to use a "
-            "local copy."
-        ) from None
+        raise WeightsDownloadError(f"Could not download the weights from {url}: {reason} ({text}). Nothing was "
+                                   "cached. Set KERAS_PREACT_OFFLINE=1 and KERAS_PREACT_WEIGHTS_DIR to use a "
+                                   "local copy.") from None
+    finally:
+        if interactive:
+            keras.config.enable_interactive_logging()
 
 
 def _extract_member(entry, published, work):
-    member = entry.get("archive_member")
+    member = entry.archive_member
     if member is None:
         return published
     if not zipfile.is_zipfile(published):
-        raise WeightsIntegrityError(
-            f"The weights {entry['key']!r} should be a zip holding {member!r}, but "
-            f"{entry['url']} is not a zip file. Nothing was cached."
-        )
+        raise WeightsIntegrityError(f"The weights {entry.key!r} should be a zip holding {member!r}, but "
+                                    f"{entry.url} is not a zip file. Nothing was cached.")
     with zipfile.ZipFile(published) as archive:
         names = archive.namelist()
         if member not in names:
-            raise ValueError(
-                f"The archive {entry['url']} has no member {member!r} (it holds "
-                f"{names[:10]}). Nothing was cached."
-            )
+            raise ValueError(f"The archive {entry.url} has no member {member!r} (it holds "
+                             f"{names[:10]}). Nothing was cached.")
         target = os.path.join(work, "member", os.path.basename(member))
         os.makedirs(os.path.dirname(target), exist_ok=True)
         with archive.open(member) as src, open(target, "wb") as dst:
@@ -299,127 +221,90 @@ def _extract_member(entry, published, work):
 
 
 def _verify_publisher_hash(entry, path, *, delete):
-    expected = entry["hash"]
-    actual = file_hash(path, expected["algorithm"])
-    if actual != expected["value"]:
+    expected = entry.hash
+    actual = file_hash(path, expected.algorithm)
+    if actual != expected.value:
         if delete:
             os.remove(path)
         raise WeightsIntegrityError(
-            f"The {expected['algorithm']} hash of the weights {entry['key']!r} from "
-            f"{entry['url']} is {actual}, the catalog expects {expected['value']}. The "
-            "file was deleted and nothing was cached."
+            f"The {expected.algorithm} hash of the weights {entry.key!r} from {entry.url} "
+            f"is {actual}, the catalog expects {expected.value}. The file was deleted and "
+            "nothing was cached."
         )
 
 
-def _build_entry_model(entry, build):
-    architecture = dict(entry.get("architecture") or {})
-    if entry.get("classes") is not None:
-        architecture.setdefault("classes", entry["classes"])
-    # The preprocessing has no weights, but the saved file records it, so that a
-    # model built from the file alone (`weights=path`) normalises as the entry says.
-    architecture["preprocessing"] = entry.get("preprocessing")
-    return build(entry["model"], **architecture)
-
-
-def _convert_and_cache(entry, source, cache, work, build):
+def _convert(entry, source, work, build, *, converted):
+    """(path, facts): the keras-preact `.weights.h5` of a verified file, written into
+    `work`. A `converted` file (from $KERAS_PREACT_WEIGHTS_DIR) is loaded and saved
+    again, so it records the entry's architecture and preprocessing as a conversion
+    does; a ``verbatim`` entry (a URL-with-hash argument) is copied as published and
+    checked when loaded."""
     from keras_preact.weights.converters import get_converter
-    from keras_preact.weights.local import save_weights_file
-
-    if (entry.get("converter_args") or {}).get("verbatim"):
-        # A URL-with-hash `weights=` argument: the verified file is cached as
-        # published and checked against the model when it is loaded.
-        import h5py
-
-        if not h5py.is_hdf5(source):
-            raise ValueError(
-                f"The file at {entry['url']} is not a Keras .weights.h5 (HDF5) file."
-            )
-        tmp = os.path.join(work, "verbatim.weights.h5")
-        shutil.copyfile(source, tmp)
-        return _commit(entry, tmp, cache, {"verbatim": True})
-    model = _build_entry_model(entry, build)
-    facts = get_converter(entry["converter"])(source, model, entry) or {}
-    tmp = os.path.join(work, "converted.weights.h5")
-    save_weights_file(model, tmp)
-    return _commit(entry, tmp, cache, facts)
-
-
-def _install_converted(entry, path, cache, work, build):
-    """A converted file from the admin folder: checked against the architecture."""
     from keras_preact.weights.local import load_weights_file
     from keras_preact.weights.local import save_weights_file
 
-    model = _build_entry_model(entry, build)
-    load_weights_file(model, path)
-    tmp = os.path.join(work, "converted.weights.h5")
-    # Saved again (not copied) so that the cached file records the entry's
-    # architecture and preprocessing, as a converted download does.
-    save_weights_file(model, tmp)
-    return _commit(entry, tmp, cache, {"copied_from": path})
+    out = os.path.join(work, "converted.weights.h5")
+    if entry.converter_args.get("verbatim") and not converted:
+        import h5py
+
+        if not h5py.is_hdf5(source):
+            raise ValueError(f"The file at {entry.url} is not a Keras .weights.h5 (HDF5) file.")
+        shutil.copyfile(source, out)
+        return out, {"verbatim": True}
+    # The saved file records the preprocessing, so `weights=path` normalises as the entry.
+    architecture = {"classes": entry.classes, **entry.architecture, "preprocessing": entry.preprocessing}
+    if architecture["classes"] is None:
+        del architecture["classes"]
+    model = build(entry.model, **architecture)
+    if converted:
+        load_weights_file(model, source)
+        facts = {"copied_from": source}
+    else:
+        facts = get_converter(entry.converter)(source, model, entry) or {}
+    save_weights_file(model, out)
+    return out, facts
 
 
-def _commit(entry, tmp, cache, facts):
+def _commit(entry, cache, tmp, facts):
     path, sidecar = cached_paths(entry, cache)
     record = {
-        "key": entry["key"],
-        "sha256": file_hash(tmp, "sha256"),
-        "source": _source_record(entry),
-        "conversion": _plain(facts),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "key": entry.key, "sha256": file_hash(tmp, "sha256"), "source": entry.source_record(),
+        "conversion": facts, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    tmp_sidecar = tmp + SIDECAR_SUFFIX
-    with open(tmp_sidecar, "w") as f:
-        json.dump(record, f, indent=2)
     # The sidecar first: a weights file without its record is never trusted, and a
     # record without its file is ignored.
-    os.replace(tmp_sidecar, sidecar)
+    atomic_write_json(sidecar, record)
     os.replace(tmp, path)
     logger.info("Cached %s (sha256 %s)", path, record["sha256"])
     return path
 
 
-def _plain(value):
-    try:
-        json.dumps(value)
-        return value
-    except TypeError:
-        return {k: str(v) for k, v in dict(value).items()}
+def _cache_names(cache):
+    folder = resolve_cache_dir(cache)
+    return folder, sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 
 
 def cached_entries(cache=None):
     """The cache's files: list of dicts with key, path, size and recorded sha256."""
-    folder = resolve_cache_dir(cache)
-    if not os.path.isdir(folder):
-        return []
+    folder, names = _cache_names(cache)
     out = []
-    for name in sorted(os.listdir(folder)):
-        if not name.endswith(".weights.h5"):
-            continue
+    for name in (n for n in names if n.endswith(".weights.h5")):
         path = os.path.join(folder, name)
-        sidecar = path + SIDECAR_SUFFIX
         record = {}
-        if os.path.isfile(sidecar):
-            with open(sidecar) as f:
+        if os.path.isfile(path + SIDECAR_SUFFIX):
+            with open(path + SIDECAR_SUFFIX) as f:
                 record = json.load(f)
-        out.append({
-            "key": name[: -len(".weights.h5")],
-            "path": path,
-            "size": os.path.getsize(path),
-            "sha256": record.get("sha256"),
-        })
+        out.append({"key": name[: -len(".weights.h5")], "path": path,
+                    "size": os.path.getsize(path), "sha256": record.get("sha256")})
     return out
 
 
 def clear_cache(key=None, cache=None):
     """Deletes cached weights (all, or one key's); returns the paths removed."""
-    folder = resolve_cache_dir(cache)
+    folder, names = _cache_names(cache)
     removed = []
-    if not os.path.isdir(folder):
-        return removed
-    for name in sorted(os.listdir(folder)):
+    for name in (n for n in names if key is None or n.startswith(key + ".weights.h5")):
         full = os.path.join(folder, name)
-        if key is not None and not name.startswith(key + ".weights.h5"):
-            continue
         if os.path.isdir(full):
             shutil.rmtree(full, ignore_errors=True)
         else:
@@ -428,43 +313,19 @@ def clear_cache(key=None, cache=None):
     return removed
 
 
-def list_weights(model=None, cache=None):
-    """The catalog's entries (of `model`, default all), each with where it is cached.
-
-    Returns:
-        list of entry dicts (as `list_entries` orders them), each with ``cached``:
-        the cached file's path, or None.
-    """
-    from keras_preact.weights.catalog import list_entries
-
-    cached = {e["key"]: e["path"] for e in cached_entries(cache)}
-    return [{**e, "cached": cached.get(e["key"])} for e in list_entries(model)]
-
-
 def verify_cache(keys=None, cache=None):
-    """Checks cached weights files against the SHA-256 their sidecars recorded.
-
-    Args:
-        keys: catalog keys (default: every file in the cache).
-        cache: the cache folder (default `resolve_cache_dir()`).
-
-    Returns:
-        list of dicts, one per key: ``key``, ``path`` and ``status``: "ok" (then
-        ``sha256``), "not cached", "no record" (no sidecar: the file is not trusted)
-        or "altered" (then ``error``, what differs).
-
-    Raises:
-        ValueError: for a key the catalog does not have (before anything is read).
-    """
+    """Checks cached weights files (of `keys`, default all) against the SHA-256 their
+    sidecars recorded: one dict per key with ``key``, ``path`` and ``status``: "ok"
+    (then ``sha256``), "not cached", "no record" (no sidecar: not trusted) or
+    "altered" (then ``error``). Raises ValueError for a key the catalog does not
+    have, before anything is read."""
     cached = {e["key"]: e["path"] for e in cached_entries(cache)}
     keys = list(keys or sorted(cached))
     paths = {key: cached.get(key) or cached_paths(get_entry(key), cache)[0] for key in keys}
     out = []
     for key in keys:
-        row = {"key": key, "path": paths[key]}
-        if not os.path.isfile(row["path"]):
-            row["status"] = "not cached"
-        else:
+        row = {"key": key, "path": paths[key], "status": "not cached"}
+        if os.path.isfile(row["path"]):
             try:
                 row["sha256"] = verify_cached(row["path"], row["path"] + SIDECAR_SUFFIX)["sha256"]
                 row["status"] = "ok"

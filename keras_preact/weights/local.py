@@ -1,11 +1,10 @@
-"""Validation and loading of local Keras `.weights.h5` files.
+"""Local `.weights.h5` and `.keras` files, checked before anything loads.
 
-Keras matches `.weights.h5` variables by layer class and creation order, not by layer
-name, so a file from another architecture can load silently wrong when shapes agree.
-These helpers inspect the file before any layer is built and fail loudly instead:
-files written by `save_weights_file` record the model's variable paths and
-architecture arguments, compared on load (`load_weights_file`); `.keras` files are
-read with ``safe_mode=True`` after refusing Lambda layers (`load_keras_file`).
+Keras matches `.weights.h5` variables by layer class and creation order, so a file of
+another architecture with equal shapes would load silently wrong: `save_weights_file`
+records the model's variable paths and architecture arguments, which
+`load_weights_file` compares. `.keras` files load with ``safe_mode=True`` after
+refusing Lambda layers.
 """
 
 import json
@@ -17,13 +16,8 @@ WEIGHTS_SUFFIX = ".weights.h5"
 
 
 def resolve_weights_argument(weights):
-    """Validates a factory's `weights` argument.
-
-    Args:
-        weights: None or a path to an existing Keras `.weights.h5` file.
-
-    Returns:
-        None or the absolute path.
+    """A factory's `weights` argument (None or a path to an existing Keras
+    `.weights.h5` file) as None or the absolute path.
 
     Raises:
         ValueError: if the path does not exist, is not a `.weights.h5` or not HDF5.
@@ -31,36 +25,25 @@ def resolve_weights_argument(weights):
     if weights is None:
         return None
     if not isinstance(weights, (str, os.PathLike)):
-        raise ValueError(
-            "`weights` must be None or a path to a .weights.h5 file. "
-            f"Received: weights={weights!r}"
-        )
+        raise ValueError("`weights` must be None or a path to a .weights.h5 file. "
+                         f"Received: weights={weights!r}")
     path = os.path.abspath(os.fspath(weights))
     if not str(path).endswith(WEIGHTS_SUFFIX):
-        raise ValueError(
-            "`weights` must be None or a path to a Keras weights file ending in "
-            f"'{WEIGHTS_SUFFIX}'. Received: weights={weights!r}"
-        )
+        raise ValueError("`weights` must be None or a path to a Keras weights file ending in "
+                         f"'{WEIGHTS_SUFFIX}'. Received: weights={weights!r}")
     if not os.path.isfile(path):
-        raise ValueError(
-            f"The weights file does not exist. Received: weights={weights!r}"
-        )
+        raise ValueError(f"The weights file does not exist. Received: weights={weights!r}")
     import h5py
 
     if not h5py.is_hdf5(path):
-        raise ValueError(
-            "The weights file is not an HDF5 file (corrupt or of another format). "
-            f"Received: weights={weights!r}"
-        )
+        raise ValueError("The weights file is not an HDF5 file (corrupt or of another format). "
+                         f"Received: weights={weights!r}")
     return path
 
 
 def inspect_weights_file(path):
-    """Reads the stem and head shapes of a keras-preact `.weights.h5` file.
-
-    Returns:
-        dict with "in_channels", "stem_filters" and "kernel_size" (from the stem conv)
-        and "classes" (None when the file has no dense head).
+    """The stem and head shapes of a keras-preact `.weights.h5` file: dict with
+    "in_channels", "stem_filters", "kernel_size" and "classes" (None without a head).
 
     Raises:
         ValueError: if the file does not hold a keras-preact model's weights.
@@ -70,10 +53,8 @@ def inspect_weights_file(path):
     with h5py.File(path, "r") as f:
         stem = f.get("layers/conv2d/vars/0")
         if stem is None or len(stem.shape) != 4:
-            raise ValueError(
-                "The weights file does not hold a keras-preact model's weights (no "
-                f"stem convolution found). Received: weights={path!r}"
-            )
+            raise ValueError("The weights file does not hold a keras-preact model's weights (no "
+                             f"stem convolution found). Received: weights={path!r}")
         dense = f.get("layers/dense/vars/0")
         return {
             "kernel_size": int(stem.shape[0]),
@@ -83,45 +64,32 @@ def inspect_weights_file(path):
         }
 
 
-# --- layout records: reordered or mismatched layers fail loudly -----------------------
-
-#: Root attributes keras-preact writes into every `.weights.h5` it saves: the model's
-#: variables (path and shape) in creation order, and its architecture arguments.
+#: Root attributes of the `.weights.h5` files keras-preact saves: the variables (path
+#: and shape) in creation order, and the architecture arguments.
 LAYOUT_ATTR = "keras_preact_layout"
 ARCHITECTURE_ATTR = "keras_preact_architecture"
-#: The model's `preprocessing`, `input_shape` and `data_format`: the defaults of a
-#: model built for the file.
+#: The model's `preprocessing`, `input_shape` and `data_format`.
 DEFAULTS_ATTR = "keras_preact_defaults"
-#: `PreActResNet` arguments that change what the weights mean without always changing
-#: a shape (e.g. `first_unit_shared_preact`), so they are recorded and compared.
+#: `PreActResNet` arguments that change what the weights mean, even at equal shapes.
 ARCHITECTURE_KEYS = (
     "block", "stage_blocks", "stage_filters", "stage_strides", "stem_filters",
     "stem_kernel_size", "stem_strides", "bottleneck_stride", "bottleneck_expansion",
     "first_unit_shared_preact",
 )
-#: Arguments added later (the keras.applications layout) and their defaults. They are
-#: recorded only when not at the default, so the files of default models stay byte
-#: for byte as they were; a file without them had the defaults. ``stem`` is recorded
-#: only as "imagenet_preact" (the older stems differ in their variables anyway).
+#: Arguments of the keras.applications layout and their defaults, recorded only when
+#: not at the default (a file without them had the defaults); ``stem`` only as
+#: "imagenet_preact" (the other stems differ in their variables anyway).
 OPTIONAL_ARCHITECTURE_KEYS = {
     "stride_position": "first", "strided_shortcut": "projection", "conv_bias": False,
     "stem": None,
 }
-_RECORDED_STEMS = ("imagenet_preact",)
 #: Variables of the classifier head (the `logits` Dense layer of `PreActResNet`).
 HEAD_LAYER = "logits"
 
 
 def model_layout(model):
-    """``[[path, shape], ...]`` of the model's variables in creation order.
-
-    `.weights.h5` files are matched by layer class and creation order, so two models
-    whose layouts differ only in the order of equally shaped layers would load each
-    other's files silently wrong; the variable paths (built from the layer names)
-    tell them apart.
-    """
-    # Subclassed models prefix their variables with the model's (uniquified) name,
-    # which says nothing about the architecture.
+    """``[[path, shape], ...]`` of the model's variables in creation order (paths
+    without the model's own name prefix, which says nothing about the architecture)."""
     prefix = model.name + "/"
     return [
         [v.path[len(prefix):] if v.path.startswith(prefix) else v.path, [int(d) for d in v.shape]]
@@ -130,11 +98,8 @@ def model_layout(model):
 
 
 def model_architecture(model):
-    """The architecture arguments of a `PreActResNet` (None for other models).
-
-    Recognised by its config, which holds every `ARCHITECTURE_KEYS` argument, so that
-    this module needs no import of the models.
-    """
+    """The architecture arguments of a `PreActResNet` (recognised by its config, so
+    weights/ needs no import of models/), or None for other models."""
     try:
         config = model.get_config()
     except NotImplementedError:
@@ -157,7 +122,7 @@ def _optional_architecture(arch, *, only_set=False):
     out = {}
     for key, default in OPTIONAL_ARCHITECTURE_KEYS.items():
         value = arch.get(key, default)
-        if key == "stem" and value not in _RECORDED_STEMS:
+        if key == "stem" and value != "imagenet_preact":
             value = default
         if not only_set or value != default:
             out[key] = _jsonable(value)
@@ -173,21 +138,11 @@ def _has_head(model):
 
 
 def save_weights_file(model, path):
-    """Saves `model`'s weights to `path` with its layout recorded; atomic.
-
-    The file is a plain Keras `.weights.h5` (any Keras loads it) with two extra root
-    attributes, the variable layout and the architecture arguments, that
-    `load_weights_file` checks before loading. It is written to a temporary file
-    beside `path` and renamed into place, so `path` is never left half written.
-
-    Returns:
-        The absolute path.
-    """
+    """Saves `model`'s weights to `path` (atomically) as a plain Keras `.weights.h5`
+    with its layout recorded (see `record_model`); returns the absolute path."""
     path = os.path.abspath(os.fspath(path))
     if not path.endswith(WEIGHTS_SUFFIX):
-        raise ValueError(
-            f"A weights file name must end in '{WEIGHTS_SUFFIX}'. Received: path={path!r}"
-        )
+        raise ValueError(f"A weights file name must end in '{WEIGHTS_SUFFIX}'. Received: path={path!r}")
 
     def save(tmp):
         model.save_weights(tmp)
@@ -214,27 +169,22 @@ def record_model(model, path):
             )
 
 
-def read_recorded_layout(path):
-    """The (layout, architecture) recorded in a file by `save_weights_file`, or Nones."""
+def _root_attrs(path, *names):
     import h5py
 
     with h5py.File(path, "r") as f:
-        layout = f.attrs.get(LAYOUT_ATTR)
-        arch = f.attrs.get(ARCHITECTURE_ATTR)
-    return (
-        None if layout is None else json.loads(layout),
-        None if arch is None else json.loads(arch),
-    )
+        return [None if f.attrs.get(n) is None else json.loads(f.attrs[n]) for n in names]
+
+
+def read_recorded_layout(path):
+    """The (layout, architecture) recorded in a file by `save_weights_file`, or Nones."""
+    return tuple(_root_attrs(path, LAYOUT_ATTR, ARCHITECTURE_ATTR))
 
 
 def read_recorded_defaults(path):
     """The preprocessing, input shape and data format recorded by
     `save_weights_file` (an empty dict for other files)."""
-    import h5py
-
-    with h5py.File(path, "r") as f:
-        value = f.attrs.get(DEFAULTS_ATTR)
-    return {} if value is None else json.loads(value)
+    return _root_attrs(path, DEFAULTS_ATTR)[0] or {}
 
 
 def _h5_datasets(path):
@@ -258,18 +208,12 @@ def first_difference(expected, found):
         if a != b:
             return i, a, b
     n = min(len(expected), len(found))
-    return (
-        n,
-        expected[n] if n < len(expected) else None,
-        found[n] if n < len(found) else None,
-    )
+    return n, expected[n] if n < len(expected) else None, found[n] if n < len(found) else None
 
 
 def _mismatch(model, path, detail):
-    return ValueError(
-        f"The weights file does not match the architecture of {model.name!r}: "
-        f"{detail}. Nothing was loaded. Received: weights={path!r}"
-    )
+    return ValueError(f"The weights file does not match the architecture of {model.name!r}: "
+                      f"{detail}. Nothing was loaded. Received: weights={path!r}")
 
 
 def compare_layouts(model, stored_layout, stored_arch, *, source):
@@ -279,43 +223,32 @@ def compare_layouts(model, stored_layout, stored_arch, *, source):
     has one: the head's variables are the only ones it may skip.
     """
     expected = model_layout(model)
-    found = [list(x) for x in stored_layout]
-    found = [[p, list(s)] for p, s in found]
+    found = [[p, list(s)] for p, s in stored_layout]
     if not _has_head(model):
         found = [x for x in found if not x[0].startswith(HEAD_LAYER + "/")]
     if found != expected:
         i, want, got = first_difference(expected, found)
-        raise _mismatch(
-            model,
-            source,
-            f"the file holds {len(found)} variables, the model {len(expected)}; the "
-            f"first difference is variable {i} (model: {want}, file: {got})",
-        )
+        raise _mismatch(model, source, f"the file holds {len(found)} variables, the model "
+                        f"{len(expected)}; the first difference is variable {i} (model: {want}, file: {got})")
     arch = model_architecture(model)
     if arch is not None and stored_arch is not None:
-        diff = {
-            k: (stored_arch.get(k), arch[k])
-            for k in ARCHITECTURE_KEYS
-            if stored_arch.get(k) != arch[k]
-        }
+        diff = {k: (stored_arch.get(k), arch[k]) for k in ARCHITECTURE_KEYS if stored_arch.get(k) != arch[k]}
         stored_opt, model_opt = _optional_architecture(stored_arch), _optional_architecture(arch)
         diff.update({k: (stored_opt[k], model_opt[k]) for k in model_opt if stored_opt[k] != model_opt[k]})
         if diff:
-            raise _mismatch(
-                model,
-                source,
-                "architecture arguments differ (file, model): "
-                + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in sorted(diff.items())),
-            )
+            raise _mismatch(model, source, "architecture arguments differ (file, model): "
+                            + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in sorted(diff.items())))
 
 
 def check_weights_file_layout(model, path):
     """Raises ValueError unless the `.weights.h5` at `path` fits `model` exactly.
 
-    Files written by `save_weights_file` carry the model's variable paths, so even
-    equally shaped layers created in another order are detected. Other Keras files
-    are compared by their stored variables and shapes against what `model` itself
-    writes, which catches another depth, unit or head but not a reordering.
+    Files of `save_weights_file` are compared by variable paths (a reordering is
+    caught); other Keras files by their variables and shapes against what `model`
+    writes (another depth, unit or head is caught, a reordering is not).
+
+    Returns:
+        "recorded" or "structure": how the file was compared.
     """
     layout, arch = read_recorded_layout(path)
     if layout is not None:
@@ -335,13 +268,9 @@ def check_weights_file_layout(model, path):
         missing = sorted(set(expected) - set(found))[:3]
         extra = sorted(set(found) - set(expected))[:3]
         shapes = sorted(k for k in set(found) & set(expected) if found[k] != expected[k])[:3]
-        raise _mismatch(
-            model,
-            path,
-            f"the file holds {len(found)} variables, the model {len(expected)} "
-            f"(missing in the file: {missing}; not in the model: {extra}; other "
-            f"shapes: {[(k, found[k], expected[k]) for k in shapes]})",
-        )
+        raise _mismatch(model, path, f"the file holds {len(found)} variables, the model "
+                        f"{len(expected)} (missing in the file: {missing}; not in the model: {extra}; "
+                        f"other shapes: {[(k, found[k], expected[k]) for k in shapes]})")
     return "structure"
 
 
@@ -359,8 +288,6 @@ def load_weights_file(model, path):
         raise _mismatch(model, path, str(err)) from None
 
 
-# --- .keras files -----------------------------------------------------------------------
-
 KERAS_SUFFIX = ".keras"
 
 
@@ -377,10 +304,8 @@ def read_keras_file_config(path):
         with zipfile.ZipFile(path) as archive:
             config = json.loads(archive.read("config.json"))
     except (zipfile.BadZipFile, KeyError, json.JSONDecodeError):
-        raise ValueError(
-            "The file is not a Keras .keras archive (no readable config.json). "
-            f"Received: weights={path!r}"
-        ) from None
+        raise ValueError("The file is not a Keras .keras archive (no readable config.json). "
+                         f"Received: weights={path!r}") from None
     lambdas = list(_find_class(config, "Lambda"))
     if lambdas:
         raise ValueError(
@@ -404,12 +329,9 @@ def _find_class(node, class_name):
 
 
 def keras_file_info(path):
-    """Stem and head facts of a `.keras` file holding a `PreActResNet`, from its config.
-
-    Returns:
-        dict like `inspect_weights_file`'s ("classes" None without a head), or None
-        for a model that is not a `PreActResNet` (checked after loading instead).
-    """
+    """Stem and head facts of a `.keras` file holding a `PreActResNet`, from its
+    config: a dict like `inspect_weights_file`'s, or None for another model (checked
+    after loading instead)."""
     config = read_keras_file_config(path)
     if config.get("class_name") != "PreActResNet":
         return None
@@ -436,14 +358,8 @@ def load_keras_file(path):
     try:
         return keras.saving.load_model(path, compile=False, safe_mode=True)
     except Exception as err:  # Keras raises several types for a bad archive.
-        raise ValueError(
-            f"Cannot load the .keras file ({type(err).__name__}: {err}). "
-            f"Received: weights={path!r}"
-        ) from None
-
-
-def _keep(variable, target):
-    return _has_head(target) or not variable.path.startswith(HEAD_LAYER + "/")
+        raise ValueError(f"Cannot load the .keras file ({type(err).__name__}: {err}). "
+                         f"Received: weights={path!r}") from None
 
 
 def copy_weights_from_model(source, target, *, source_label):
@@ -455,5 +371,6 @@ def copy_weights_from_model(source, target, *, source_label):
     """
     compare_layouts(target, model_layout(source), model_architecture(source), source=source_label)
     # Equal layouts: the variables correspond one to one, in order.
-    for variable, value in zip(target.weights, [v for v in source.weights if _keep(v, target)]):
+    keep = [v for v in source.weights if _has_head(target) or not v.path.startswith(HEAD_LAYER + "/")]
+    for variable, value in zip(target.weights, keep):
         variable.assign(value)

@@ -4,34 +4,20 @@ weights (``resnet{50,101,152}v2_weights_tf_dim_ordering_tf_kernels[_notop].h5``)
 The published files are legacy Keras HDF5 weight files, as Keras 2's
 ``model.save_weights("....h5")`` wrote them: a root attribute ``layer_names`` and one
 group per layer whose ``weight_names`` attribute lists its arrays
-(``conv1_conv/kernel:0``, ...). They are read here with h5py by layer name (no
-pickled code, no Keras model of the publisher needed) and mapped one to one onto a
-keras-preact model built in the keras.applications layout (`KERAS_LAYOUT`):
-
-=========================================================  =============================
-keras.applications layer (weights)                         keras-preact variable
-=========================================================  =============================
-``conv1_conv`` (kernel, bias)                              ``stem_conv`` kernel, bias
-``conv{s+1}_block{u}_preact_bn``                           ``preact_bn_*`` of unit u of
-                                                           stage s
-``conv{s+1}_block{u}_{i}_conv`` (kernel[, bias for i=3])   ``conv{i}_kernel``
-                                                           [, ``conv3_bias``]
-``conv{s+1}_block{u}_{i}_bn`` (i = 1, 2)                   ``bn{i+1}_*``
-``conv{s+1}_block1_0_conv`` (kernel, bias)                 ``shortcut_kernel``, ``_bias``
-``post_bn``                                                ``post_bn``
-``predictions`` (kernel, bias; not in ``_notop`` files)    ``logits``
-=========================================================  =============================
-
-BatchNorm fields are gamma, beta, moving_mean, moving_variance. Unit 1 of a stage is
-its ``unit1`` sub-layer, units 2..n-1 the stacked variables (one row per unit), and
-the strided last unit (Keras strides the *last* block of each stage) is
-``unit_last``. Every array of the file must be used exactly once and every variable
-of the model assigned exactly once, with equal shapes; anything else (another depth,
-a missing layer, a head that is or is not there) raises ``ValueError`` naming the
-file, the layers and the shapes, before any variable is changed.
+(``conv1_conv/kernel:0``, ...). They are read with h5py by layer name (no pickled
+code, no Keras model of the publisher needed) and mapped one to one onto a
+keras-preact model built in the keras.applications layout (`KERAS_LAYOUT`; block u
+of stage s is ``conv{s+1}_block{u}``, see `assignments`). Keras strides the *last*
+block of each stage: it is ``unit_last``. Every array must be used exactly once and
+every variable assigned exactly once, with equal shapes; anything else raises
+``ValueError`` naming the file, the layers and the shapes, before any variable changes.
 """
 
 import numpy as np
+
+from keras_preact.weights.converters import assign_all
+from keras_preact.weights.converters import match_arrays
+from keras_preact.weights.converters import require_preact_resnet
 
 #: The `PreActResNet` arguments of the keras.applications ResNetV2 layout (with the
 #: depth's stages and widths of `preact_resnet50/101/152`): the 7x7 stride-2 stem
@@ -59,16 +45,12 @@ _BN_FIELDS = ("gamma", "beta", "moving_mean", "moving_variance")
 
 
 def read_legacy_h5(path):
-    """Reads a legacy Keras HDF5 weights file by layer name.
-
-    Args:
-        path: a file written by Keras 2's ``save_weights("....h5")`` (or the
-            ``model_weights`` group of a whole-model ``.h5``).
+    """Reads a legacy Keras HDF5 weights file (Keras 2's ``save_weights("....h5")``,
+    or the ``model_weights`` group of a whole-model ``.h5``) by layer name.
 
     Returns:
-        dict layer name -> dict weight name -> numpy array, for the layers that hold
-        weights; weight names are the last part of Keras' names without ``:0``
-        (``"kernel"``, ``"bias"``, ``"gamma"``, ...).
+        dict layer name -> dict weight name (``"kernel"``, ``"gamma"``, ...: Keras'
+        names without the layer and ``:0``) -> numpy array, for layers with weights.
 
     Raises:
         ValueError: when the file is not HDF5 or not a legacy Keras weights file.
@@ -76,24 +58,18 @@ def read_legacy_h5(path):
     import h5py
 
     if not h5py.is_hdf5(path):
-        raise ValueError(
-            f"The keras.applications weights file is not an HDF5 file. Received: {path!r}"
-        )
+        raise ValueError(f"The keras.applications weights file is not an HDF5 file. Received: {path!r}")
     out = {}
     with h5py.File(path, "r") as f:
         group = f["model_weights"] if "model_weights" in f and "layer_names" not in f.attrs else f
         layer_names = _string_list_attr(group, "layer_names")
         if layer_names is None:
-            raise ValueError(
-                "The file is not a legacy Keras HDF5 weights file (no 'layer_names' "
-                f"attribute; a Keras 3 '.weights.h5' has another format). Received: {path!r}"
-            )
+            raise ValueError("The file is not a legacy Keras HDF5 weights file (no 'layer_names' "
+                             f"attribute; a Keras 3 '.weights.h5' has another format). Received: {path!r}")
         for name in layer_names:
             if name not in group:
-                raise ValueError(
-                    f"The weights file lists the layer {name!r} but holds no group for it. "
-                    f"Received: {path!r}"
-                )
+                raise ValueError(f"The weights file lists the layer {name!r} but holds no group for it. "
+                                 f"Received: {path!r}")
             layer = group[name]
             weights = {}
             for weight_name in _string_list_attr(layer, "weight_names") or []:
@@ -121,12 +97,7 @@ def _string_list_attr(group, name):
 
 def check_layout(model):
     """Raises ValueError unless `model` is a `PreActResNet` in `KERAS_LAYOUT`."""
-    # Told apart by its stages, not its class: weights/ never imports models/.
-    if not hasattr(model, "stage_blocks"):
-        raise ValueError(
-            "The keras_applications converter loads into a keras_preact PreActResNet. "
-            f"Received: {type(model).__name__}"
-        )
+    require_preact_resnet(model, "keras_applications")
     config = model.get_config()
     wrong = []
     for key, want in {**KERAS_LAYOUT, **_FIXED}.items():
@@ -146,7 +117,7 @@ def check_layout(model):
 
 
 def _unit_targets(layer_prefix, variables):
-    """(variable, (keras layer, weight name)) for the variables of one unit."""
+    """Yields (variable, (keras layer, weight name)) for the variables of one unit."""
     for name, var in variables.items():
         if name.startswith("preact_bn_"):
             yield var, (f"{layer_prefix}_preact_bn", name[len("preact_bn_"):])
@@ -156,10 +127,8 @@ def _unit_targets(layer_prefix, variables):
             yield var, (f"{layer_prefix}_0_conv", field)
         elif head.startswith("bn"):
             yield var, (f"{layer_prefix}_{int(head[2:]) - 1}_bn", field)
-        elif head.startswith("conv"):
+        else:  # the full pre-activation unit has only conv{i} variables left
             yield var, (f"{layer_prefix}_{int(head[4:])}_conv", field)
-        else:  # pragma: no cover - the full pre-activation unit has no other kinds
-            raise ValueError(f"No keras.applications counterpart for the unit variable {name!r}")
 
 
 def assignments(model):
@@ -189,22 +158,10 @@ def assignments(model):
         yield dense.bias, [("predictions", "bias")], False
 
 
-def _describe(model):
-    depth = model.depth
-    upstream = UPSTREAM_NAMES.get(depth, f"depth {depth}")
-    head = f"{model.classes} classes" if model.include_top else "no head (include_top=False)"
-    return f"{model.name!r} ({upstream} layout, stages {list(model.stage_blocks)}, {head})"
-
-
 def load_weights(model, weights, *, source="weights"):
-    """Loads keras.applications ResNetV2 weights into a model in `KERAS_LAYOUT`.
-
-    Args:
-        model: a `PreActResNet` built with `KERAS_LAYOUT` (e.g.
-            ``preact_resnet50(**KERAS_LAYOUT)``); include_top=False for a
-            ``_notop`` file.
-        weights: dict layer name -> weight name -> array (see `read_legacy_h5`).
-        source: how to name the file in error messages.
+    """Loads keras.applications ResNetV2 weights (layer -> weight name -> array, see
+    `read_legacy_h5`) into a `PreActResNet` built with `KERAS_LAYOUT` (e.g.
+    ``preact_resnet50(**KERAS_LAYOUT)``; include_top=False for a ``_notop`` file).
 
     Returns:
         dict with "converted_tensors" (int).
@@ -215,65 +172,37 @@ def load_weights(model, weights, *, source="weights"):
             that is or is not there, another shape); nothing is changed then.
     """
     check_layout(model)
-    used, missing, mismatched, plan = set(), [], [], []
-    for var, sources, stacked in assignments(model):
-        arrays = []
-        for layer, field in sources:
-            value = weights.get(layer, {}).get(field)
-            if value is None:
-                missing.append(f"{layer}/{field}")
-                continue
-            used.add((layer, field))
-            arrays.append(value)
-        if len(arrays) != len(sources):
-            continue
-        value = np.stack(arrays) if stacked else arrays[0]
-        if tuple(value.shape) != tuple(var.shape):
-            first = "/".join(sources[0])
-            extra = f" (+{len(sources) - 1} blocks)" if stacked else ""
-            mismatched.append(
-                f"{first}{extra}: file {tuple(value.shape)}, model {tuple(var.shape)} ({var.path})"
-            )
-            continue
-        plan.append((var, value))
-    # In the file's order (Keras' layer order), so the first deeper block comes first.
-    unexpected = [
-        f"{layer}/{field}" for layer, fields in weights.items() for field in fields
-        if (layer, field) not in used
-    ]
+    arrays = {(layer, field): v for layer, fields in weights.items() for field, v in fields.items()}
+    plan, missing, mismatched, unexpected = match_arrays(
+        ((var, [(k, None) for k in keys], stacked) for var, keys, stacked in assignments(model)),
+        arrays)
     if missing or mismatched or unexpected:
-        problems = []
-        if mismatched:
-            problems.append(f"{len(mismatched)} shape mismatches, e.g. {mismatched[:3]}")
-        if missing:
-            layers = list(dict.fromkeys(m.split("/")[0] for m in missing))
-            problems.append(
-                f"{len(missing)} weights missing from the file, in the layers {layers[:5]}"
-                + (f" and {len(layers) - 5} more" if len(layers) > 5 else "")
-            )
-        if unexpected:
-            layers = list(dict.fromkeys(u.split("/")[0] for u in unexpected))
-            problems.append(
-                f"{len(unexpected)} weights of the file have no place in the model, in "
-                f"the layers {layers[:5]}" + (f" and {len(layers) - 5} more" if len(layers) > 5 else "")
-            )
-        expected_layers = len({layer for _, sources, _ in assignments(model) for layer, _ in sources})
+        problems = [f"{len(mismatched)} shape mismatches, e.g. " + str([
+            f"{'/'.join(keys[0])}{f' (+{len(keys) - 1} blocks)' if len(keys) > 1 else ''}: "
+            f"file {shape}, model {tuple(var.shape)} ({var.path})" for keys, shape, var in mismatched[:3]
+        ])] if mismatched else []
+        for keys, what in ((missing, "weights missing from the file"),
+                           (unexpected, "weights of the file have no place in the model")):
+            layers = list(dict.fromkeys(layer for layer, _ in keys))
+            if keys:
+                problems.append(f"{len(keys)} {what}, in the layers {layers[:5]}"
+                                + (f" and {len(layers) - 5} more" if len(layers) > 5 else ""))
+        expected_layers = len({layer for _, keys, _ in assignments(model) for layer, _ in keys})
+        upstream = UPSTREAM_NAMES.get(model.depth, f"depth {model.depth}")
+        head = f"{model.classes} classes" if model.include_top else "no head (include_top=False)"
         raise ValueError(
             f"The keras.applications weights file does not match the architecture of "
-            f"{_describe(model)}: the file has {len(weights)} layers with weights, the "
-            f"model expects {expected_layers}; " + "; ".join(problems)
+            f"{model.name!r} ({upstream} layout, stages {list(model.stage_blocks)}, {head}): "
+            f"the file has {len(weights)} layers with weights, the model expects "
+            f"{expected_layers}; " + "; ".join(problems)
             + f". Nothing was loaded. Received: {source}"
         )
-    for var, value in plan:
-        var.assign(value.astype(var.dtype))
-    return {"converted_tensors": len(used)}
+    assign_all(plan)
+    return {"converted_tensors": len(arrays)}
 
 
 def convert(source_path, model, entry):
-    """Catalog converter: loads the legacy `.h5` at `source_path` into `model`.
-
-    See `keras_preact.weights.converters` for the interface.
-    """
+    """Catalog converter (see `keras_preact.weights.converters`)."""
     return load_weights(model, read_legacy_h5(source_path), source=repr(source_path))
 
 
@@ -281,17 +210,8 @@ def convert(source_path, model, entry):
 
 
 def keras_reference(depth, *, include_top=True, input_shape=None, seed=0):
-    """keras.applications' ResNet{depth}V2 with random weights, BN statistics included.
-
-    Args:
-        depth: 50, 101 or 152.
-        include_top: bool, default True.
-        input_shape: optional (height, width, 3); default 224x224.
-        seed: int, for the random BatchNorm parameters and statistics.
-
-    Returns:
-        the keras.applications model (``classifier_activation=None``: logits).
-    """
+    """keras.applications' ResNet{depth}V2 (depth 50, 101 or 152; logits, default
+    224x224 input) with random weights, BatchNorm statistics included."""
     import keras
 
     if depth not in UPSTREAM_NAMES:
@@ -320,12 +240,9 @@ def keras_reference(depth, *, include_top=True, input_shape=None, seed=0):
 
 def save_legacy_h5(net, path, *, keras_version="2.2.4", backend="tensorflow"):
     """Writes a Keras model's weights as Keras 2's ``save_weights("....h5")`` did,
-    the format of the published keras.applications files (for tests and benchmarks).
-
-    The root holds ``layer_names`` (every layer, weights or not), ``backend`` and
-    ``keras_version``; each layer's group lists ``weight_names`` such as
-    ``conv1_conv/kernel:0`` in Keras' legacy order (trainable, then non-trainable)
-    and stores each array under that name.
+    the format of the published keras.applications files (for tests and benchmarks):
+    ``layer_names`` lists every layer, weights or not, and each layer's arrays are in
+    Keras' legacy order (trainable, then non-trainable).
     """
     import h5py
 
@@ -340,6 +257,5 @@ def save_legacy_h5(net, path, *, keras_version="2.2.4", backend="tensorflow"):
             names = [f"{layer.name}/{w.name}:0".encode("utf8") for w in weights]
             group.attrs["weight_names"] = np.asarray(names)
             for name, w in zip(names, weights):
-                value = np.asarray(w)
-                group.create_dataset(name.decode("utf8"), data=value)
+                group.create_dataset(name.decode("utf8"), data=np.asarray(w))
     return path

@@ -1,0 +1,186 @@
+"""Model cards (``model_card.json`` / ``.md``), class names, and finding an export's files."""
+
+import datetime
+import json
+import os
+import platform
+
+import numpy as np
+
+import keras
+import tensorflow as tf
+
+from keras_preact.files import atomic_write_text
+
+MODEL_CARD_JSON = "model_card.json"
+MODEL_CARD_MD = "model_card.md"
+CLASS_NAMES_FILE = "class_names.txt"
+LITERT_FILE = "model.tflite"
+ONNX_FILE = "model.onnx"
+PAPER = "He, Zhang, Ren, Sun. Identity Mappings in Deep Residual Networks. ECCV 2016 (arXiv:1603.05027)"
+
+
+def _versions(extra=()):
+    import keras_preact
+
+    out = {"keras_preact": keras_preact.__version__, "keras": keras.__version__, "tensorflow": tf.__version__,
+           "numpy": np.__version__, "python": platform.python_version()}
+    for module in extra:
+        try:
+            out[module] = getattr(__import__(module), "__version__", "unknown")
+        except ImportError:
+            pass
+    return out
+
+
+def _architecture(model):
+    from keras_preact.models.costs import count_macs
+    from keras_preact.models.costs import count_params
+
+    try:
+        macs = count_macs(model)
+    except ValueError:
+        macs = None  # free input size
+    arch = {"name": model.name, "class": type(model).__name__, "parameters": count_params(model),
+            "parameters_total": count_params(model, trainable_only=False), "multiply_adds": macs,
+            "input_shape": list(model.inputs[0].shape[1:]), "classes": int(model.outputs[0].shape[-1])}
+    arch.update({key: getattr(model, key) for key in ("depth", "block") if hasattr(model, key)})
+    try:
+        arch["config"] = json.loads(json.dumps(model.get_config(), default=str))
+    except (NotImplementedError, TypeError, ValueError):
+        pass  # a subclassed model without a serialisable config
+    return arch
+
+
+def make_model_card(model, parts, *, export_format, class_names, weights_info, metrics, serving,
+                    extra_versions=()):
+    """The model card dict of an export (its "parity" is filled in after the check)."""
+    return {
+        "model_card_version": 1, "format": export_format,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "architecture": _architecture(model), "paper": PAPER, "weights": weights_info,
+        "preprocessing": parts.preprocessing,
+        "input": {"name": "images", "dtype": "uint8", "shape": [None, *parts.input_shape],
+                  "layout": "NHWC (batch, height, width, channels)", "range": "0..255"},
+        "outputs": parts.describe_outputs(class_names if export_format == "saved_model" else None),
+        "top_k": parts.top_k, "class_names": class_names, "metrics": metrics, "serving": serving,
+        "parity": None, "versions": _versions(extra_versions),
+    }
+
+
+def _fmt(value):
+    if value is None:
+        return "not given"
+    return f"{value:.6g}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _section(title, items, *, empty="not given", fmt=_fmt):
+    """A Markdown section listing ``- key: value`` (or ``- <empty>`` when there is nothing)."""
+    body = [f"- {k}: {fmt(v)}" for k, v in (items or {}).items()]
+    return ["", f"## {title}", "", *(body or ([f"- {empty}"] if empty else []))]
+
+
+def render_model_card(card):
+    """Renders a model card dict (as in ``model_card.json``) as Markdown (``model_card.md``)."""
+    arch = card["architecture"]
+    lines = [f"# Model card: {arch['name']} ({card['format']})", "", f"Pre-activation ResNet; {card['paper']}.",
+             "", "## Architecture", "", "| | |", "|---|---|", f"| class | {arch['class']} |"]
+    lines += [f"| {key} | {_fmt(arch[key])} |" for key in ("depth", "block") if key in arch]
+    lines += [f"| parameters (trainable) | {_fmt(arch['parameters'])} |",
+              f"| parameters (all) | {_fmt(arch['parameters_total'])} |",
+              f"| multiply-adds per image | {_fmt(arch['multiply_adds'])} |",
+              f"| input shape | {arch['input_shape']} |", f"| classes | {arch['classes']} |"]
+    lines += _section("Weights", card.get("weights"))
+    lines += _section("Preprocessing (inside the export)", card["preprocessing"])
+    inp = card["input"]
+    lines += ["", "## Input and outputs", "",
+              f"- input `{inp['name']}`: {inp['dtype']} {inp['shape']}, {inp['layout']}, {inp['range']}"]
+    lines += [f"- output `{name}`: {spec['dtype']} {spec['shape']}" for name, spec in card["outputs"].items()]
+    if names := card.get("class_names"):
+        lines.append(f"- class names ({len(names)}): {', '.join(names[:20])}{' ...' if len(names) > 20 else ''}")
+    lines += _section("Metrics", card.get("metrics"))
+    lines += _section("Serving", card.get("serving"), empty=None, fmt=json.dumps)
+    lines += _section("Parity with the Keras model", card.get("parity"), empty="not checked")
+    lines += _section("Versions", card["versions"], fmt=str)
+    return "\n".join(lines + ["", f"Created {card['created']}.", ""])
+
+
+def write_model_card(folder, card):
+    atomic_write_text(os.path.join(folder, MODEL_CARD_JSON), json.dumps(card, indent=2) + "\n")
+    atomic_write_text(os.path.join(folder, MODEL_CARD_MD), render_model_card(card))
+
+
+def write_class_names(folder, class_names):
+    """Writes ``class_names.txt`` (one a line) into `folder`, made if needed; None: nothing."""
+    if class_names is not None:
+        os.makedirs(folder, exist_ok=True)
+        atomic_write_text(os.path.join(folder, CLASS_NAMES_FILE), "\n".join(class_names) + "\n")
+
+
+def read_model_card(path):
+    """The ``model_card.json`` of an export (any path `load_export` takes) as a dict, or None."""
+    folder = locate_export(path, must_exist=False)[1]
+    card_path = folder and os.path.join(folder, MODEL_CARD_JSON)
+    if not (card_path and os.path.isfile(card_path)):
+        return None
+    with open(card_path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def read_class_names(path):
+    """Class names from a file: one a line, or a JSON list of strings (``.json``).
+
+    Raises:
+        OSError: if the file cannot be read; ValueError: for a ``.json`` file that
+        does not hold a list of strings.
+    """
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if not str(path).endswith(".json"):
+        return [line.strip() for line in text.splitlines() if line.strip()]
+    try:
+        names = json.loads(text)
+    except ValueError as err:
+        raise ValueError(f"The class names file {path!r} is not valid JSON ({err})") from None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"The class names file {path!r} must hold a JSON list of strings")
+    return names
+
+
+def _latest_version(folder):
+    versions = [int(name) for name in os.listdir(folder)
+                if name.isdigit() and os.path.isfile(os.path.join(folder, name, "saved_model.pb"))]
+    return max(versions) if versions else None
+
+
+def locate_export(path, *, must_exist=True):
+    """(kind, folder holding the card, file or folder to load) of an export path.
+
+    Kinds: "saved_model" (a version folder, or the latest version under a base
+    folder), "litert", "onnx" (an export folder or the file itself) and "keras".
+    Without `must_exist`, ``(None, None, None)`` for anything else.
+
+    Raises:
+        ValueError: for a path that is none of these (with `must_exist`).
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"`path` must be a path. Received: path={path!r}")
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path):
+        pb = os.path.join(path, "saved_model.pb")
+        if not os.path.isfile(pb) and (version := _latest_version(path)) is not None:
+            pb = os.path.join(path, str(version), "saved_model.pb")
+        if os.path.isfile(pb):
+            return "saved_model", os.path.dirname(pb), os.path.dirname(pb)
+        for kind, name in (("litert", LITERT_FILE), ("onnx", ONNX_FILE)):
+            if os.path.isfile(os.path.join(path, name)):
+                return kind, path, os.path.join(path, name)
+    elif os.path.isfile(path):
+        for suffix, kind in ((".tflite", "litert"), (".onnx", "onnx"), (".keras", "keras")):
+            if path.endswith(suffix):
+                return kind, os.path.dirname(path), path
+    if not must_exist:
+        return None, None, None
+    what = "does not exist" if not os.path.exists(path) else "is not an export"
+    raise ValueError(f"The path {what}. Received: path={path!r}. Valid: a SavedModel export (its base folder or a "
+                     "version folder), a LiteRT or ONNX export folder, a .tflite or .onnx file, or a .keras model file")

@@ -1,0 +1,265 @@
+"""Running exports: `load_export`, the model `keras-preact export` takes, images from files."""
+
+import dataclasses
+import json
+import logging
+import os
+import zipfile
+
+import numpy as np
+import tensorflow as tf
+
+from keras_preact.export.card import locate_export
+from keras_preact.export.card import read_model_card
+from keras_preact.export.saved_model import SIGNATURE_METADATA
+from keras_preact.export.serving import AUTO
+from keras_preact.export.serving import ServingParts
+from keras_preact.export.serving import validate_images
+from keras_preact.export.single_file import RUNTIMES
+from keras_preact.files import file_hash
+
+logger = logging.getLogger("keras_preact.export")
+
+
+@dataclasses.dataclass
+class ExportedModel:
+    """A loaded export (or `.keras` model) that predicts from raw uint8 images; see `load_export`.
+
+    `kind` is "saved_model", "litert", "onnx" or "keras"; `input_shape` is
+    (height, width, channels); `class_names` and `model_card` may be None.
+    """
+
+    kind: str
+    path: str
+    input_shape: tuple
+    class_names: list
+    model_card: dict
+    runner: object = dataclasses.field(repr=False)
+
+    def predict(self, images):
+        """Runs the export on uint8 images ``[batch, H, W, C]`` (or one ``[H, W, C]``),
+        checked first (`validate_images`); returns a dict of numpy arrays: "probabilities",
+        "top_k_classes", "top_k_scores" (and "features" when exported with them)."""
+        out = self.runner(validate_images(images, self.input_shape))
+        return {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v) for k, v in out.items() if k != "top_k_labels"}
+
+
+def _keras_input_shape(path):
+    """A `.keras` file's input shape from its config, without building the model."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            config = json.loads(zf.read("config.json")).get("config", {})
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError) as err:
+        raise ValueError(f"Not a readable .keras model file ({err}). Received: path={path!r}") from None
+    shape = config.get("input_shape")
+    if shape is None:
+        inputs = [layer for layer in config.get("layers", []) if layer.get("class_name") == "InputLayer"]
+        shape = (inputs[0].get("config", {}).get("batch_shape") or [None])[1:] if inputs else None
+    if not shape or len(shape) != 3:
+        return None
+    if config.get("data_format") == "channels_first":
+        shape = [shape[1], shape[2], shape[0]]
+    return tuple(shape)
+
+
+def expected_input_shape(path):
+    """(height, width, channels) an export or `.keras` file takes, read without loading it.
+
+    Returns None when it cannot be known without loading the model.
+    """
+    kind, folder, target = locate_export(path)
+    if kind == "keras":
+        return _keras_input_shape(target)
+    card = read_model_card(folder)
+    return None if card is None else tuple(card["input"]["shape"][1:])
+
+
+def load_export(path, *, preprocessing=AUTO, top_k=None):
+    """Loads an export (or a `.keras` model) as an `ExportedModel` predicting from raw uint8 images.
+
+    `path`: a SavedModel base folder (the latest version is used) or version folder,
+    a LiteRT or ONNX export folder, a ``.tflite`` / ``.onnx`` file, or a ``.keras``
+    model file. `preprocessing` and `top_k` apply to ``.keras`` files only (see
+    `build_serving_model`).
+
+    Raises:
+        ValueError: if `path` is none of these.
+        ImportError: if the runtime for a LiteRT or ONNX file is not installed.
+    """
+    kind, folder, target = locate_export(path)
+    if kind == "keras":
+        from keras_preact.weights.local import load_keras_file
+
+        parts = ServingParts(load_keras_file(target), preprocessing=preprocessing, top_k=top_k, include_features=False)
+        return ExportedModel(kind, target, parts.input_shape, None, None, lambda x: parts.raw(x, training=False))
+    card = read_model_card(folder)
+    class_names = (card or {}).get("class_names")
+    shape, runner = RUNTIMES[kind](target)
+    if card is None and kind == "saved_model":  # no card beside it: ask the export
+        signatures = tf.saved_model.load(target).signatures
+        names = signatures[SIGNATURE_METADATA]()["class_names"].numpy() if SIGNATURE_METADATA in signatures else []
+        class_names = [n.decode("utf-8") for n in names] or None
+    return ExportedModel(kind, target, shape, class_names, card, runner)
+
+
+def load_model_to_export(name_or_path, *, classes=10, preprocessing=AUTO):
+    """A model to export, by registered name (random initialisation) or `.keras` file.
+
+    `classes` applies to a model built by name, which also gets `preprocessing` as its
+    own layer ("auto": "cifar10" for the CIFAR family, else "imagenet"); for a `.keras`
+    file `preprocessing` goes to the exporter.
+
+    Returns:
+        ``(model, described)``: the model and its `export_model` arguments
+        ``preprocessing``, ``weights_info`` and ``metrics`` (a run's, or None).
+
+    Raises:
+        ValueError: for an unknown name or a `.keras` file that does not exist.
+    """
+    import keras_preact as kp
+
+    if name_or_path in kp.list_models():
+        if preprocessing == AUTO:
+            preprocessing = "cifar10" if kp.model_info(name_or_path)["family"] == "cifar" else "imagenet"
+        logger.warning("Building %s with random initialisation (no weights loaded) and preprocessing=%r.",
+                       name_or_path, preprocessing)
+        model = kp.get_model(name_or_path, classes=classes, preprocessing=preprocessing)
+        weights_info = {"tag": None, "initialization": "random (He normal), no weights loaded"}
+        return model, {"preprocessing": AUTO, "weights_info": weights_info, "metrics": None}
+    if not str(name_or_path).endswith(".keras"):
+        raise ValueError("`name_or_path` must be a registered model name or a .keras file. Received: "
+                         f"name_or_path={name_or_path!r}. Models: {', '.join(kp.list_models())}")
+    if not os.path.isfile(name_or_path):
+        raise ValueError(f"The model file does not exist. Received: name_or_path={name_or_path!r}")
+    from keras_preact.training.demo import run_metrics
+    from keras_preact.weights.local import load_keras_file
+
+    weights_info = {"file": os.path.basename(name_or_path), "sha256": file_hash(name_or_path)}
+    return load_keras_file(name_or_path), {
+        "preprocessing": preprocessing, "weights_info": weights_info, "metrics": run_metrics(name_or_path),
+    }
+
+
+#: Channels of the Pillow modes read as they are.
+_MODE_CHANNELS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4, "CMYK": 4}
+#: Pillow modes converted on reading (palette images: to RGB, or RGBA if transparent).
+_CONVERTED_MODES = {"1": "L", "YCbCr": "RGB", "LAB": "RGB", "HSV": "RGB"}
+#: The Pillow mode of each channel count, for ``resize=True``.
+_CHANNEL_MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
+
+
+def read_image_file(path, input_shape, *, resize=False):
+    """The images of one file, in the model's ``(height, width, channels)`` (`fit_image`).
+
+    `path` is an image file Pillow reads (PNG, JPEG, BMP, GIF, ...) or a ``.npy`` file
+    holding a uint8 array ``[H, W]``, ``[H, W, C]`` or ``[N, H, W, C]``.
+
+    Returns:
+        list of ``(name, uint8 [H, W, C] array)``: one for an image, ``N`` for a
+        ``.npy`` batch, named ``path[i]``.
+
+    Raises:
+        ValueError: naming the file: missing, unreadable, not 8-bit, or not fitting.
+    """
+    if not os.path.exists(path):
+        raise ValueError(f"image {path!r} does not exist")
+    if not os.path.isfile(path):
+        raise ValueError(f"image {path!r} is not a file")
+    if path.endswith(".npy"):
+        try:
+            array = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as err:
+            raise ValueError(f"image {path!r} is not a readable .npy array ({err})") from None
+        if array.dtype != np.uint8:
+            raise ValueError(f"image {path!r} has dtype {array.dtype}; the model takes uint8 pixels (0..255)")
+    else:
+        array = _read_with_pillow(path)
+    if array.ndim == 2:
+        array = array[..., None]
+    if array.ndim not in (3, 4):
+        raise ValueError(f"image {path!r} has shape {array.shape}; expected [H, W], [H, W, C] or [N, H, W, C]")
+    if array.ndim == 3:
+        return [(path, fit_image(array, input_shape, resize=resize, name=path))]
+    names = [f"{path}[{i}]" for i in range(len(array))]
+    return [(n, fit_image(a, input_shape, resize=resize, name=n)) for n, a in zip(names, array)]
+
+
+def _read_with_pillow(path):
+    from PIL import Image
+    from PIL import UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            image.load()
+            if image.mode == "P":
+                image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+            elif image.mode in _CONVERTED_MODES:
+                image = image.convert(_CONVERTED_MODES[image.mode])
+            mode = image.mode
+            # Read inside the block: closing the file releases the pixels.
+            array = np.asarray(image, dtype=np.uint8) if mode in _MODE_CHANNELS else None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        raise ValueError(f"image {path!r} cannot be read as an image ({err})") from None
+    if array is None:
+        raise ValueError(f"image {path!r} has {mode!r} pixels (not 8-bit); the model takes 8-bit (uint8) images")
+    return array
+
+
+def fit_image(array, input_shape, *, resize=False, name="image"):
+    """One uint8 ``[H, W, C]`` image in the model's ``(height, width, channels)`` (None: any size).
+
+    With `resize`, a mismatch is converted (Pillow's grey / RGB / RGBA conversions)
+    and resized (bilinear) instead of refused; `name` names the image in messages.
+
+    Raises:
+        ValueError: naming the image, for a mismatch without `resize` or channels
+            that cannot be converted.
+    """
+    height, width, channels = input_shape
+    h, w, c = array.shape
+    if c == channels and height in (None, h) and width in (None, w):
+        return array
+    if not resize:
+        if c != channels:
+            layout = "RGB" if channels == 3 else "channels last"
+            raise ValueError(f"image {name!r} has {c} channel(s); the model takes {channels} ({layout}): "
+                             "pass resize=True (--resize) to convert it")
+        raise ValueError(f"image {name!r} is {h}x{w} (height x width); the model takes {height}x{width}: "
+                         "pass resize=True (--resize) to resize it")
+    if c not in _CHANNEL_MODES or channels not in (1, 3, 4):
+        raise ValueError(f"image {name!r} has {c} channel(s) and the model takes {channels}; resizing "
+                         "converts 1 to 4 channels into 1, 3 or 4")
+    from PIL import Image
+
+    image = Image.fromarray(array[..., 0] if c == 1 else array).convert(_CHANNEL_MODES[channels])
+    image = image.resize((width or w, height or h), Image.Resampling.BILINEAR)
+    out = np.asarray(image, dtype=np.uint8)
+    return out[..., None] if out.ndim == 2 else out
+
+
+def top_k_predictions(outputs, *, top_k=None, class_names=None):
+    """Each image's top classes from `ExportedModel.predict` outputs.
+
+    `top_k` is 1 to the export's top-k (None: the export's); `class_names`, one per
+    class, adds ``"label"`` entries.
+
+    Returns:
+        list, one per image, of ``{"class": int, "score": float[, "label": str]}``
+        lists, best first.
+
+    Raises:
+        ValueError: for a `top_k` out of range or class names not one per class.
+    """
+    exported_k = outputs["top_k_classes"].shape[-1]
+    k = exported_k if top_k is None else top_k
+    if not 1 <= k <= exported_k:
+        raise ValueError(f"`top_k` must be 1 to the export's top-k ({exported_k}). Received: top_k={top_k}")
+    classes = outputs["probabilities"].shape[-1]
+    if class_names is not None and len(class_names) != classes:
+        raise ValueError(f"`class_names` has {len(class_names)} names; the model has {classes} classes. "
+                         f"Received: class_names={class_names!r}")
+    return [
+        [{"class": int(i), "score": float(s), **({} if class_names is None else {"label": class_names[i]})}
+         for i, s in zip(classes_k, scores_k)]
+        for classes_k, scores_k in zip(outputs["top_k_classes"][:, :k], outputs["top_k_scores"][:, :k])
+    ]

@@ -1,0 +1,295 @@
+"""The serving model every export is made from, argument checks and the parity check."""
+
+import json
+import os
+
+import numpy as np
+
+import keras
+from keras import ops
+
+from keras_preact.layers.utils import check_positive_int
+
+#: The export formats.
+FORMATS = ("saved_model", "litert", "onnx")
+#: LiteRT quantisation modes: None (float32 weights), "float16" (float16 weights) and
+#: "dynamic_range" (int8 weights, activations quantised on the fly).
+QUANTIZATIONS = (None, "float16", "dynamic_range")
+#: Largest absolute difference of `probabilities` allowed between an export and the
+#: Keras model. Float32 conversions only reorder arithmetic (below 1e-6 up to
+#: ResNet-110); float16 keeps about 3 digits; int8 weights move a few hundredths.
+PARITY_TOLERANCES = {"saved_model": 1e-5, "onnx": 1e-5, "litert": 1e-5, "litert_float16": 1e-2,
+                     "litert_dynamic_range": 0.1}
+#: Layer names the serving model looks for (those of `keras_preact.PreActResNet`).
+PREPROCESSING_LAYER = "preprocessing"
+FEATURES_LAYER = "pool"
+AUTO = "auto"
+#: `top_k` when none is given (fewer for models with fewer classes).
+DEFAULT_TOP_K = 5
+#: Images the parity check runs when none are given (seeded, so repeatable).
+PARITY_BATCH = 8
+#: How to install the optional exporters and runtimes.
+EXPORT_EXTRA = 'pip install "keras-preact[export]"'
+
+
+class ExportParityError(RuntimeError):
+    """An export's outputs differ from the Keras model's beyond the tolerance."""
+
+
+def check_bool(name, value):
+    if not isinstance(value, bool):
+        raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}")
+
+
+def check_path(name, path):
+    """The absolute path of a folder argument."""
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise ValueError(f"`{name}` must be a folder path. Received: {name}={path!r}")
+    return os.path.abspath(os.fspath(path))
+
+
+def check_json(name, value):
+    """A copy of an optional JSON-serialisable dict argument."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"`{name}` must be a dict or None. Received: {name}={value!r}")
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"`{name}` must be JSON-serialisable ({err}). Received: {name}={value!r}") from None
+    return dict(value)
+
+
+def check_class_names(class_names, classes):
+    """`class_names` as a list of `classes` strings, or None."""
+    if class_names is None:
+        return None
+    names = None if isinstance(class_names, str) or not hasattr(class_names, "__len__") else list(class_names)
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"`class_names` must be a list of strings, one per class. Received: class_names={class_names!r}")
+    if len(names) != classes:
+        raise ValueError(f"`class_names` must have one name per class ({classes}). Received "
+                         f"{len(names)} names: {names[:5]}{'...' if len(names) > 5 else ''}")
+    return names
+
+
+def _model_input_shape(model):
+    """(height, width, channels) of a classifier's single 4D image input (NHWC view)."""
+    if not isinstance(model, keras.Model):
+        raise ValueError("`model` must be a keras.Model (e.g. a keras_preact.PreActResNet). "
+                         f"Received: model={type(model).__name__}")
+    if not model.built or not getattr(model, "inputs", None):
+        raise ValueError("`model` must be a built functional model with a known input shape. "
+                         f"Received: model={model.name!r} (built={model.built})")
+    if len(model.inputs) != 1 or len(model.inputs[0].shape) != 4:
+        raise ValueError("`model` must have one 4D image input [batch, height, width, channels]. "
+                         f"Received inputs: {[tuple(t.shape) for t in model.inputs]}")
+    if len(model.outputs) != 1 or len(model.outputs[0].shape) != 2:
+        raise ValueError("`model` must output class scores [batch, classes] (a classifier, e.g. "
+                         f"include_top=True). Received outputs: {[tuple(t.shape) for t in model.outputs]}")
+    shape = tuple(model.inputs[0].shape[1:])
+    if _data_format(model) == "channels_first":
+        shape = (shape[1], shape[2], shape[0])
+    if shape[-1] is None:
+        raise ValueError(f"`model` must have a known channel count. Received input shape {shape}")
+    return tuple(None if d is None else int(d) for d in shape)
+
+
+def _find_layer(model, name):
+    return next((layer for layer in model.layers if layer.name == name), None)
+
+
+def _data_format(model):
+    fmt = getattr(model, "data_format", None) or getattr(_find_layer(model, PREPROCESSING_LAYER), "data_format", None)
+    return fmt or "channels_last"
+
+
+def validate_images(images, input_shape, *, name="images"):
+    """`images` (uint8 ``[batch, H, W, C]`` or one ``[H, W, C]``) as a 4D uint8 array.
+
+    `input_shape` is the export's ``(height, width, channels)`` (None: any size);
+    `name` names the argument in messages.
+
+    Raises:
+        ValueError: for a wrong dtype, rank, channel count or image size.
+    """
+    height, width, channels = input_shape
+    images = np.asarray(images.numpy() if hasattr(images, "numpy") else images)
+    if images.dtype != np.uint8:
+        raise ValueError(f"`{name}` must be uint8 pixels in 0..255 (.astype('uint8')). Received: dtype={images.dtype}")
+    if images.ndim == 3:
+        images = images[None]
+    if images.ndim != 4:
+        raise ValueError(f"`{name}` must be [batch, height, width, channels] or one image "
+                         f"[height, width, channels]. Received: shape={images.shape}")
+    if images.shape[-1] != channels:
+        raise ValueError(f"`{name}` must have {channels} channels (channels last). Received: "
+                         f"shape={images.shape} ({images.shape[-1]} channels)")
+    if height not in (None, images.shape[1]) or width not in (None, images.shape[2]):
+        raise ValueError(f"`{name}` must be {height}x{width} (height x width), the model's input "
+                         f"size. Received: shape={images.shape} ({images.shape[1]}x{images.shape[2]})")
+    if images.shape[0] == 0:
+        raise ValueError(f"`{name}` is an empty batch. Received: shape={images.shape}")
+    return images
+
+
+def _resolve_preprocessing(model, preprocessing):
+    """(layer or None, description for the model card) of the raw-image path."""
+    from keras_preact.layers.preprocessing import ImageNormalization
+    from keras_preact.layers.preprocessing import resolve_preprocessing
+
+    own = _find_layer(model, PREPROCESSING_LAYER)
+    if own is not None:
+        if preprocessing != AUTO:
+            raise ValueError(
+                f"The model already has its own preprocessing layer ({PREPROCESSING_LAYER!r}); giving `preprocessing` "
+                f"too would normalise twice. Received: preprocessing={preprocessing!r}. Leave it 'auto'."
+            )
+        source, layer = f"the model's {PREPROCESSING_LAYER!r} layer", own
+    elif preprocessing == AUTO:
+        raise ValueError(
+            f"The model has no preprocessing layer (named {PREPROCESSING_LAYER!r}), so the export cannot know "
+            "how to turn raw pixels into its inputs. Pass `preprocessing`: a preset name ('symmetric', 'unit', "
+            "'cifar10', 'cifar100', 'imagenet'), a dict with 'mean' and 'std', or None to feed the raw 0..255 "
+            "values as floats. Received: preprocessing='auto'"
+        )
+    elif (resolved := resolve_preprocessing(preprocessing)) is None:
+        return None, {"source": "none: raw 0..255 values as float32"}
+    else:
+        scale, mean, std = resolved
+        source = f"export argument {preprocessing!r}"
+        layer = ImageNormalization(scale=scale, mean=mean, std=std, data_format=_data_format(model),
+                                   name="serving_preprocessing")
+    return layer, {"source": source, "scale": getattr(layer, "scale", None),
+                   "mean": list(getattr(layer, "mean", ()) or ()), "std": list(getattr(layer, "std", ()) or ())}
+
+
+class ServingParts:
+    """The Keras pieces every exporter shares: `raw` (the serving model, uint8 NHWC
+    images -> named outputs), `preprocessed` (the same from preprocessed float32
+    inputs), the checked arguments and the model card's `preprocessing`."""
+
+    def __init__(self, model, *, preprocessing, top_k, include_features):
+        self.input_shape = _model_input_shape(model)
+        self.classes = int(model.outputs[0].shape[-1])
+        top_k = min(DEFAULT_TOP_K, self.classes) if top_k is None else top_k
+        check_positive_int("top_k", top_k)
+        if top_k > self.classes:
+            raise ValueError(f"`top_k` must be at most the number of classes ({self.classes}). Received: top_k={top_k}")
+        check_bool("include_features", include_features)
+        self.top_k, self.include_features = top_k, include_features
+        self.data_format = _data_format(model)
+        # classifier_activation=None gives logits; serving clients expect probabilities.
+        self.softmax = getattr(model, "classifier_activation", "softmax") in (None, "linear")
+        self.preprocessing_layer, self.preprocessing = _resolve_preprocessing(model, preprocessing)
+        outputs = {"probabilities": model.outputs[0]}
+        if include_features:
+            pool = _find_layer(model, FEATURES_LAYER)
+            if pool is None or len(pool.output.shape) != 2:
+                raise ValueError(
+                    f"`include_features=True` needs a layer named {FEATURES_LAYER!r} with a pooled [batch, width] "
+                    f"output (as in PreActResNet). Model {model.name!r} has none."
+                )
+            outputs["features"] = pool.output
+        # The float endpoint starts after the model's own preprocessing layer.
+        own = _find_layer(model, PREPROCESSING_LAYER)
+        self.core = keras.Model(own.output if own is not None else model.inputs[0], outputs, name=f"{model.name}_core")
+
+        inputs = keras.Input(self.input_shape, dtype="float32", name="inputs")
+        # Serving clients send channels-last images whatever the model's layout.
+        out = self.core(ops.transpose(inputs, (0, 3, 1, 2)) if self.data_format == "channels_first" else inputs)
+        probabilities = ops.softmax(out["probabilities"], axis=-1) if self.softmax else out["probabilities"]
+        scores, classes = ops.top_k(probabilities, self.top_k)
+        result = {"probabilities": probabilities, "top_k_classes": classes, "top_k_scores": scores}
+        if include_features:
+            # float32 whatever the model's dtype policy (e.g. mixed_bfloat16).
+            result["features"] = ops.cast(out["features"], "float32")
+        self.preprocessed = keras.Model(inputs, result, name=f"{model.name}_preprocessed")
+        images = keras.Input(self.input_shape, dtype="uint8", name="images")
+        self.raw = keras.Model(images, self.preprocessed(self.normalize(images)), name=f"{model.name}_serving")
+
+    def normalize(self, images):
+        """uint8 NHWC images -> the float NHWC input of `self.preprocessed`."""
+        x = ops.cast(images, "float32")
+        if self.preprocessing_layer is None:
+            return x
+        if self.data_format == "channels_first":
+            return ops.transpose(self.preprocessing_layer(ops.transpose(x, (0, 3, 1, 2))), (0, 2, 3, 1))
+        return self.preprocessing_layer(x)
+
+    def describe_outputs(self, class_names=None):
+        """Output name -> {"dtype", "shape"}, for the model card."""
+        k = self.top_k
+        out = {"probabilities": {"dtype": "float32", "shape": [None, self.classes]},
+               "top_k_classes": {"dtype": "int32", "shape": [None, k]},
+               "top_k_scores": {"dtype": "float32", "shape": [None, k]}}
+        if self.include_features:
+            out["features"] = {"dtype": "float32", "shape": [None, int(self.core.output["features"].shape[-1])]}
+        if class_names is not None:
+            out["top_k_labels"] = {"dtype": "string", "shape": [None, k]}
+        return out
+
+    def parity_images(self, images):
+        """`images` checked, or `PARITY_BATCH` seeded random ones."""
+        if images is not None:
+            return validate_images(images, self.input_shape, name="parity_images")
+        height, width, channels = self.input_shape
+        size = (PARITY_BATCH, height or 32, width or 32, channels)
+        return np.random.default_rng(0).integers(0, 256, size=size, dtype=np.uint8)
+
+    def reference_probabilities(self, model, images):
+        """The Keras model's probabilities, computed without the serving model."""
+        x = images.astype("float32")
+        layer = self.preprocessing_layer
+        if _find_layer(model, PREPROCESSING_LAYER) is None and layer is not None:
+            mean, std = np.asarray(layer.mean).astype("float32"), np.asarray(layer.std).astype("float32")
+            x = ((x * np.float32(layer.scale) - mean) / std).astype("float32")
+        if self.data_format == "channels_first":
+            x = np.transpose(x, (0, 3, 1, 2))
+        out = np.asarray(model.predict(x, verbose=0, batch_size=len(x)))
+        return np.asarray(ops.convert_to_numpy(ops.softmax(out, axis=-1))) if self.softmax else out
+
+
+def compare(name, reference, outputs, tolerance):
+    """The parity record of an export's outputs against the Keras probabilities.
+
+    Raises:
+        ExportParityError: for another shape or a difference beyond `tolerance`.
+    """
+    got = np.asarray(outputs["probabilities"])
+    if got.shape != reference.shape:
+        raise ExportParityError(
+            f"The {name} export returns probabilities of shape {got.shape}; the Keras model {reference.shape}."
+        )
+    diff = float(np.max(np.abs(got - reference)))
+    if not diff <= tolerance:
+        raise ExportParityError(
+            f"The {name} export differs from the Keras model: max |difference| of probabilities {diff:.3g} > "
+            f"tolerance {tolerance:.3g} on {len(reference)} images. Nothing was written."
+        )
+    return {"max_abs_diff": diff, "tolerance": tolerance,
+            "top1_agreement": float(np.mean(np.argmax(got, -1) == np.argmax(reference, -1))),
+            "images": int(len(reference))}
+
+
+def build_serving_model(model, *, preprocessing=AUTO, top_k=None, include_features=False):
+    """The Keras model every export is made from: raw uint8 images -> named outputs.
+
+    Args:
+        model: a built classifier with one image input, e.g. a `PreActResNet`.
+        preprocessing: "auto" (default): the model's own layer named "preprocessing";
+            a model without one needs a preset name, a dict with "mean"/"std"/"scale"
+            (see `keras_preact.layers.preprocessing`) or None (raw 0..255 as floats).
+        top_k: at most the number of classes; None (default): 5, or fewer classes.
+        include_features: also return the pooled features (the layer named "pool").
+
+    Returns:
+        A `keras.Model` sharing `model`'s weights: uint8 ``[batch, H, W, C]`` -> dict
+        of "probabilities", "top_k_classes", "top_k_scores" (and "features").
+
+    Raises:
+        ValueError: for a model that is not a single-input classifier, a bad `top_k`,
+            a `preprocessing` that is missing or given twice.
+    """
+    return ServingParts(model, preprocessing=preprocessing, top_k=top_k, include_features=include_features).raw

@@ -1,0 +1,94 @@
+"""What the model families' factories share."""
+
+import inspect
+
+from keras_preact.layers.utils import check_known_arguments
+from keras_preact.layers.utils import normalize_data_format
+from keras_preact.models.preact_resnet import MODEL_ARGUMENTS
+from keras_preact.models.preact_resnet import PreActResNet
+from keras_preact.models.preact_resnet import validate_config
+from keras_preact.models.registry import get_model
+from keras_preact.models.registry import register_model
+from keras_preact.weights import hooks as weights_hooks
+
+
+def default_input_shape(size, input_shape, input_tensor, kwargs):
+    """(size, size, 3) in `kwargs`' data format, None when the caller gave an input."""
+    if input_shape is not None or input_tensor is not None:
+        return None
+    last = normalize_data_format(kwargs.get("data_format")) == "channels_last"
+    return (size, size, 3) if last else (3, size, size)
+
+
+def check_reserved(kwargs, reserved):
+    for name in reserved:
+        if name in kwargs:
+            raise ValueError(
+                f"`{name}` is set by the depth; use PreActResNet directly to change it. "
+                f"Received: {name}={kwargs[name]!r}"
+            )
+
+
+def build_with_weights(model_name, architecture, *, weights, include_top, input_tensor,
+                       input_shape, default_input_shape, pooling, classes, default_classes,
+                       classifier_activation, name, kwargs, defaults=None):
+    """Builds a registered model's `PreActResNet` and loads its `weights`, validated
+    (and fetched) before any layer is built; they may set architecture arguments, the
+    preprocessing and the input size (`weights.hooks`).
+
+    `architecture` holds the arguments the model's name fixes; `defaults` the family's,
+    which the weights' recorded architecture and the caller's `kwargs` override.
+    """
+    check_known_arguments(kwargs, MODEL_ARGUMENTS, where=model_name)
+    if weights is None and classes is None:
+        classes = default_classes
+    request = weights_hooks.WeightsRequest(
+        weights=weights, model=model_name, include_top=include_top, classes=classes,
+        input_shape=tuple(input_tensor.shape[1:]) if input_tensor is not None else input_shape,
+        channels_last=normalize_data_format(kwargs.get("data_format")) == "channels_last",
+        kwargs=kwargs, fixed=architecture)
+    plan = weights_hooks.plan_weights(request)
+    overrides = dict(plan["overrides"])
+    recorded_shape = overrides.pop("input_shape", None)
+    if input_shape is None and input_tensor is None:
+        input_shape = recorded_shape or default_input_shape
+    config = {**(defaults or {}), **architecture, "include_top": include_top,
+              "pooling": pooling, "classes": plan["classes"],
+              "classifier_activation": classifier_activation, "input_shape": input_shape,
+              "input_tensor": input_tensor, "name": name, **overrides, **kwargs}
+    if plan["kind"] in ("entry", "url"):
+        # Bad arguments must not cost a download (a URL's classes come with its file).
+        known = 1 if config["classes"] is None else config["classes"]
+        _check_model_arguments({**config, "classes": known})
+    weights_hooks.materialize(plan, request, build=get_model)
+    if plan["kind"] == "url":
+        # The verified file decided the classes and may record the input size.
+        config["classes"] = plan["classes"]
+        recorded = plan["overrides"]
+        if input_tensor is None and request.input_shape is None and "input_shape" in recorded:
+            config["input_shape"] = recorded["input_shape"]
+        config.update({k: v for k, v in recorded.items() if k != "input_shape" and k not in kwargs})
+    return weights_hooks.load_planned_weights(PreActResNet(**config), plan)
+
+
+def _check_model_arguments(config):
+    """`validate_config` of a factory's `config` with `PreActResNet`'s defaults."""
+    wanted = set(inspect.signature(validate_config).parameters)
+    defaults = {name: p.default for name, p in inspect.signature(PreActResNet.__init__).parameters.items()
+                if name in wanted}
+    validate_config(**{**defaults, **{k: v for k, v in config.items() if k in wanted}})
+
+
+def register_factory(build, depth, block, family, doc, fixed=None):
+    """Registers ``preact_resnet{depth}``, `build(depth, **fixed, ...)` with
+    keras.applications' keyword-only arguments."""
+
+    def factory(*, include_top=True, weights=None, input_tensor=None, input_shape=None,
+                pooling=None, classes=None, classifier_activation="softmax", **kwargs):
+        return build(depth, include_top=include_top, weights=weights, input_tensor=input_tensor,
+                     input_shape=input_shape, pooling=pooling, classes=classes,
+                     classifier_activation=classifier_activation, **(fixed or {}), **kwargs)
+
+    factory.__name__ = factory.__qualname__ = f"preact_resnet{depth}"
+    factory.__doc__ = doc
+    return register_model(depth=depth, block=block, family=family)(factory)
