@@ -323,7 +323,7 @@ class Run:
             return self.stored_results(state)
         self.stepper.start(self)
         self.num_train, self.num_test = self.stepper.load_data(self)
-        self._plan(state)
+        self._plan()
         if refused is None and state is not None and state["epoch"] > self.epochs:
             refused = ValueError(
                 f"The workdir's checkpoint is at epoch {state['epoch']}, past this run's "
@@ -416,7 +416,7 @@ class Run:
         self.train_data = functools.partial(make, "train", augment=c.augment, drop_remainder=True)
         return int(self.train_data(batch_size=1).cardinality()), int(test(batch_size=1).cardinality())
 
-    def _plan(self, state):
+    def _plan(self):
         """Steps per epoch and the schedule for the training split's size."""
         c, n = self.config, self.num_train
         self.spe, dropped = divmod(n, c.batch_size)
