@@ -26,7 +26,7 @@ from keras_preact.data.augment import ALG
 from keras_preact.data.augment import stateless_key
 from keras_preact.data.folder import class_folders
 from keras_preact.data.registry import MAX_SEED
-from keras_preact.data.registry import check_bool
+from keras_preact.layers.utils import check_bool
 from keras_preact.layers.utils import check_choice
 from keras_preact.data.registry import check_int
 from keras_preact.data.registry import check_split

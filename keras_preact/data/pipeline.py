@@ -19,7 +19,7 @@ from keras_preact.data.augment import apply_augmentation
 from keras_preact.data.augment import stateless_key
 from keras_preact.data.registry import AUGMENTATIONS
 from keras_preact.data.registry import MAX_SEED
-from keras_preact.data.registry import check_bool
+from keras_preact.layers.utils import check_bool
 from keras_preact.data.registry import check_dataset_name
 from keras_preact.data.registry import check_int
 from keras_preact.data.registry import check_split

@@ -99,13 +99,6 @@ def check_int(name, value, *, minimum=None, maximum=None, extra=""):
         raise ValueError(f"`{name}` must be {extra}an int {bounds}. Received: {name}={value!r}")
 
 
-def check_bool(name, value, *, allow_none=False):
-    """Raises ValueError unless `value` is a bool (or None with `allow_none`)."""
-    if not (isinstance(value, (bool, np.bool_)) or (allow_none and value is None)):
-        either = "None, True or False" if allow_none else "True or False"
-        raise ValueError(f"`{name}` must be {either}. Received: {name}={value!r}")
-
-
 def channel_stats(images):
     """Per-channel ``(mean, std)`` of uint8 NHWC images in [0, 1] units, tuples of C floats
     (a channel with zero spread gets std 1 so normalisation stays finite)."""

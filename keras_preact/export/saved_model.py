@@ -10,7 +10,7 @@ import os
 import keras
 import tensorflow as tf
 
-from keras_preact.export.serving import check_bool
+from keras_preact.layers.utils import check_bool
 from keras_preact.export.serving import check_path
 from keras_preact.export.staging import export_folder
 from keras_preact.layers.utils import check_positive_int

@@ -8,6 +8,7 @@ import numpy as np
 import keras
 from keras import ops
 
+from keras_preact.layers.utils import check_bool
 from keras_preact.layers.utils import check_positive_int
 
 #: The export formats.
@@ -34,11 +35,6 @@ EXPORT_EXTRA = 'pip install "keras-preact[export]"'
 
 class ExportParityError(RuntimeError):
     """An export's outputs differ from the Keras model's beyond the tolerance."""
-
-
-def check_bool(name, value):
-    if not isinstance(value, bool):
-        raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}")
 
 
 def check_path(name, path):

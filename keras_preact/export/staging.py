@@ -22,7 +22,7 @@ from keras_preact.export.card import write_model_card
 from keras_preact.export.serving import AUTO
 from keras_preact.export.serving import PARITY_TOLERANCES
 from keras_preact.export.serving import ServingParts
-from keras_preact.export.serving import check_bool
+from keras_preact.layers.utils import check_bool
 from keras_preact.export.serving import check_class_names
 from keras_preact.export.serving import check_json
 from keras_preact.export.serving import compare

@@ -3,6 +3,7 @@
 import difflib
 
 import keras
+import numpy as np
 
 DATA_FORMATS = ("channels_last", "channels_first")
 
@@ -30,6 +31,13 @@ def check_positive_int(name, value):
     """Raises ValueError unless `value` is an int >= 1 (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+
+
+def check_bool(name, value, *, allow_none=False):
+    """Raises ValueError unless `value` is a bool (or None with `allow_none`)."""
+    if not (isinstance(value, (bool, np.bool_)) or (allow_none and value is None)):
+        either = "None, True or False" if allow_none else "True or False"
+        raise ValueError(f"`{name}` must be {either}. Received: {name}={value!r}")
 
 
 def check_known_arguments(given, valid, *, where):

@@ -227,7 +227,9 @@ class TrainConfig:
             >>> TrainConfig().resolve_schedule(390)["boundaries"]
             [32000, 48000]
         """
-        _positive_int("steps_per_epoch", steps_per_epoch)
+        from keras_preact.layers.utils import check_positive_int
+
+        check_positive_int("steps_per_epoch", steps_per_epoch)
         if self.schedule_unit == "iterations":
             per_step = self.base_batch_size / self.batch_size  # steps per base step
         else:
@@ -306,11 +308,6 @@ def paper_imagenet_recipe(**overrides):
 
 def _is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _positive_int(name, value):
-    if not (_is_int(value) and value >= 1):
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
 
 
 #: `TrainConfig.validate`'s per-field checks: (field names, test, what is valid).
