@@ -31,15 +31,17 @@ def measure(key, entry, *, seed=0, batch_size=2):
 
     import keras_preact as kp
     from keras_preact.weights.converters import keras_applications as conv
+    from references import keras_reference
+    from references import save_legacy_h5
 
     depth = int(entry["model"][len("preact_resnet"):])
     include_top = entry["architecture"].get("include_top", True)
-    net = conv.keras_reference(depth, include_top=include_top, seed=seed)
+    net = keras_reference(depth, include_top=include_top, seed=seed)
     with tempfile.TemporaryDirectory() as tmp:
-        path = conv.save_legacy_h5(net, os.path.join(tmp, os.path.basename(entry["url"])))
+        path = save_legacy_h5(net, os.path.join(tmp, os.path.basename(entry["url"])))
         model = kp.get_model(entry["model"], **entry["architecture"], classifier_activation=None)
         conv.convert(path, model, entry)
-    x = np.random.RandomState(seed).uniform(-1, 1, (batch_size, *entry["input_size"])).astype("float32")
+    x = np.random.RandomState(seed).uniform(-1, 1, (batch_size, *entry["input_shape"])).astype("float32")
     ref = np.asarray(net(x, training=False))
     out = np.asarray(model(x, training=False))
     row = {

@@ -30,13 +30,16 @@ MANIFESTS = sorted(glob.glob(os.path.join(REPO, "zoo", "weights", "pytorchcv_*.j
 def measure(key, entry, *, seed=0, batch_size=2):
     import keras_preact as kp
     from keras_preact.weights.converters import pytorchcv as conv
+    from references import pytorchcv_reference
+    from references import reference_logits
+    from references import state_dict_arrays
 
-    net = conv.pytorchcv_reference(entry["upstream_name"], seed=seed)
+    net = pytorchcv_reference(entry["upstream_name"], seed=seed)
     torch_params = sum(p.numel() for p in net.parameters())
     model = kp.get_model(entry["model"], **entry["architecture"], classifier_activation=None)
-    conv.load_state_dict(model, conv.state_dict_arrays(net), source=key)
-    x = np.random.RandomState(seed).randn(batch_size, *entry["input_size"]).astype("float32")
-    ref = conv.reference_logits(net, x)
+    conv.load_state_dict(model, state_dict_arrays(net), source=key)
+    x = np.random.RandomState(seed).randn(batch_size, *entry["input_shape"]).astype("float32")
+    ref = reference_logits(net, x)
     out = np.asarray(model(x, training=False))
     return {
         "key": key,

@@ -47,10 +47,10 @@ def main(argv=None):
 
     info = data.dataset_info("folder", path=args.folder)
     # The pretrained network, its preprocessing built in (it takes raw pixels).
-    base = kp.get_model(args.model, weights=args.weights, input_shape=tuple(info["image_shape"]),
+    base = kp.get_model(args.model, weights=args.weights, input_shape=tuple(info["input_shape"]),
                         include_top=True, classes=None)
-    model = finetune.replace_head(base, classes=info["num_classes"])
-    print(f"{args.model} from {args.weights!r}: {info['num_classes']} classes "
+    model = finetune.replace_head(base, classes=info["classes"])
+    print(f"{args.model} from {args.weights!r}: {info['classes']} classes "
           f"{list(info['class_names'])}, {info['num_train']} training images")
 
     def dataset(split):

@@ -3,11 +3,8 @@
 He et al. 2016, "Identity Mappings in Deep Residual Networks": batch 128 (the paper:
 two GPUs, 64 each), SGD momentum 0.9, weight decay 1e-4, lr 0.1 (0.01 for the first
 400 iterations), divided by 10 at 32k and 48k iterations, 64k iterations; 4-pixel
-pad, random crop and horizontal flip. Test error (%, median of 5 runs) in the paper:
-
-    pre-act ResNet-110  CIFAR-10  6.37
-    pre-act ResNet-164  CIFAR-10  5.46    CIFAR-100  24.33
-    pre-act ResNet-1001 CIFAR-10  4.92    CIFAR-100  22.71
+pad, random crop and horizontal flip. The paper's test error (%, median of 5 runs) for
+ResNet-110, 164 and 1001 is printed beside ours (from the catalog, zoo/models.json).
 
 Examples:
 
@@ -36,16 +33,6 @@ import argparse
 import logging
 import os
 import sys
-
-#: Test error (%) of the paper's pre-activation networks (median of 5 runs).
-PAPER_ERROR = {
-    ("preact_resnet110", "cifar10"): 6.37,
-    ("preact_resnet164", "cifar10"): 5.46,
-    ("preact_resnet164", "cifar100"): 24.33,
-    ("preact_resnet1001", "cifar10"): 4.92,
-    ("preact_resnet1001", "cifar100"): 22.71,
-}
-
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
@@ -98,7 +85,10 @@ def main(argv=None):
     print(f"workdir: {result['workdir']}")
     print(f"model:   {result['model_path']}")
     print(f"replicas: {result['num_replicas']}")
-    paper = PAPER_ERROR.get((args.model, args.dataset))
+    from keras_preact.zoo_catalog import load_json
+
+    entry = load_json("models.json")["models"].get(args.model, {})
+    paper = entry.get(f"paper_error_{args.dataset}")
     if paper is not None:
         ours = 100.0 * (1.0 - result["test_accuracy"])
         print(f"test error {ours:.2f}% (paper: {paper:.2f}%, median of 5 runs)")

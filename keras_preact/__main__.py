@@ -1,5 +1,3 @@
-import sys
-
 from keras_preact.cli import main
 
-sys.exit(main())
+raise SystemExit(main())

@@ -1,42 +1,32 @@
-"""Gradient-flow diagnostics: the paper's argument, measured.
-
-He et al. 2016 (Sec. 3, Eq. 5): with identity shortcuts and nothing after the addition,
-``dL/dx_l = dL/dx_L * (1 + d/dx_l sum F)``, so the gradient reaches every unit directly.
-`gradient_flow` measures on one fixed batch, with BatchNorm in training mode and the
-model's own weights, the per-element RMS of ``dL/dx_l`` at the input ``x_l`` of every
-residual unit, and the mean, std and RMS of ``x_l``. The summary is the first-to-last
-ratio ``rms(dL/dx_1) / rms(dL/dx_L)``. At initialisation it exceeds 1 for every unit;
-the claim is that full pre-activation keeps it much smaller than the original unit does
-(about 10x for ResNet-164; see the README).
-
-TensorFlow only (`tf.GradientTape` on the unit inputs that `PreActStage.call(...,
-return_unit_inputs=True)` returns). Measuring does not change the model.
-
-Example:
-    >>> import keras_preact as kp
-    >>> from keras_preact import diagnostics
-    >>> report = diagnostics.gradient_flow(kp.preact_resnet164(input_shape=(16, 16, 3)))
-    >>> report.first_to_last  # about 2e3 at initialisation
-"""
+"""Gradient-flow diagnostics (He et al. 2016, Sec. 3): on one batch with BatchNorm in
+training mode, the RMS of ``dL/dx_l`` at every residual unit's input ``x_l`` and the
+statistics of ``x_l``. TensorFlow only."""
 
 import csv
 import dataclasses
+import io
 import math
 
+import keras
 import numpy as np
 
 from keras_preact.data.registry import check_int
 from keras_preact.files import atomic_save
+from keras_preact.files import atomic_write_text
+from keras_preact.layers.blocks import PreActStage
+from keras_preact.layers.utils import pop_deprecated
+from keras_preact.layers.variants import check_unit_name
+from keras_preact.models.registry import get_model
+from keras_preact.models.registry import model_info
 
 CSV_FIELDS = ("unit", "stage", "index_in_stage", "grad_rms", "act_mean", "act_std", "act_rms")
 
 
 @dataclasses.dataclass
 class GradientFlowReport:
-    """Per-unit measurements of one model on one batch: `rows` holds one dict per
-    residual unit in depth order with `CSV_FIELDS` (``unit`` is 1-based over the
-    network, ``grad_rms`` the per-element RMS of dL/dx at the unit's input); `loss` is
-    the batch's mean cross-entropy."""
+    """Per-unit measurements of one model on one batch: `rows` holds one dict per unit in
+    depth order with `CSV_FIELDS` (``unit`` counts from 1 over the network, ``grad_rms``
+    is the per-element RMS of dL/dx at its input); `loss` is the mean cross-entropy."""
 
     label: str
     rows: list
@@ -44,27 +34,24 @@ class GradientFlowReport:
 
     @property
     def grad_rms(self):
+        """The rows' ``grad_rms`` as a NumPy array."""
         return np.array([r["grad_rms"] for r in self.rows])
 
     @property
     def first_to_last(self):
         """RMS of dL/dx at the first unit's input over that at the last unit's input."""
-        g = self.grad_rms
-        return float(g[0] / g[-1])
+        return float(self.rows[0]["grad_rms"] / self.rows[-1]["grad_rms"])
 
     def stage_ratios(self):
         """{stage: first-to-last ratio within that stage} (stages with >= 2 units)."""
-        out = {}
-        for stage in sorted({r["stage"] for r in self.rows}):
-            g = [r["grad_rms"] for r in self.rows if r["stage"] == stage]
-            if len(g) > 1:
-                out[stage] = float(g[0] / g[-1])
-        return out
+        by_stage = {}
+        for r in self.rows:
+            by_stage.setdefault(r["stage"], []).append(r["grad_rms"])
+        return {s: float(g[0] / g[-1]) for s, g in sorted(by_stage.items()) if len(g) > 1}
 
 
 def _check_batch(batch_size, seed):
-    # BatchNorm in training mode needs a batch of two or more.
-    check_int("batch_size", batch_size, minimum=2)
+    check_int("batch_size", batch_size, minimum=2)  # BatchNorm in training mode needs 2+
     check_int("seed", seed, minimum=0)
 
 
@@ -74,127 +61,114 @@ def _as_reports(reports):
 
 def random_batch(model, batch_size=16, seed=0):
     """A fixed random batch ``(float32 images, int32 labels)`` for `model`: standard normal
-    values, or uniform 0..255 when the model has a preprocessing layer (raw pixels)."""
+    values, or uniform 0..255 when the model has a preprocessing layer (raw pixels).
+    ValueError for a bad batch size or seed, or a model with a free input size."""
     _check_batch(batch_size, seed)
     shape = tuple(model.inputs[0].shape[1:])
-    if any(d is None for d in shape):
+    if None in shape:
         raise ValueError("The model has a free input size; build it with a fixed `input_shape` or "
                          f"pass `images`. Received: input shape {shape}")
     rng = np.random.RandomState(seed)
-    if any(layer.name == "preprocessing" for layer in model.layers):
-        images = rng.uniform(0.0, 255.0, (batch_size,) + shape)
-    else:
-        images = rng.standard_normal((batch_size,) + shape)
+    size = (batch_size,) + shape
+    raw_pixels = any(layer.name == "preprocessing" for layer in model.layers)
+    images = rng.uniform(0.0, 255.0, size) if raw_pixels else rng.standard_normal(size)
     labels = rng.randint(0, int(model.outputs[0].shape[-1]), batch_size)
     return images.astype("float32"), labels.astype("int32")
 
 
 def gradient_flow(model, images=None, labels=None, *, batch_size=16, seed=0, label=None):
-    """The `GradientFlowReport` of a `PreActResNet` with ``include_top=True`` (any unit)
-    on `images`, `labels` (None: `random_batch(model, batch_size, seed)`).
+    """The `GradientFlowReport`, labelled `label` (default: the model's name), of a
+    `PreActResNet` with ``include_top=True`` on `images`, `labels` (None:
+    `random_batch(model, batch_size, seed)`). The model's variables are left unchanged.
 
     Raises:
-        ValueError: for a model without residual stages or classifier, or a bad batch.
+        ValueError: on another backend than TensorFlow, for a model without residual
+            stages or classifier, or a bad batch.
     """
-    import keras
-
-    from keras_preact.layers.blocks import PreActStage
+    import tensorflow as tf
 
     if keras.backend.backend() != "tensorflow":
         raise ValueError("gradient_flow uses tf.GradientTape and needs the TensorFlow backend. "
                          f"Received: KERAS_BACKEND={keras.backend.backend()!r}")
     layers = [l for l in model.layers if not isinstance(l, keras.layers.InputLayer)]
     if not any(isinstance(l, PreActStage) for l in layers):
-        raise ValueError(f"`model` must be a PreActResNet (it has no PreActStage). Received: {model.name!r}")
+        raise ValueError("`model` must be a PreActResNet (it has no PreActStage). "
+                         f"Received: {model.name!r}")
     names = [l.name for l in layers]
     if "logits" not in names:
-        raise ValueError("`model` needs its classifier (include_top=True): the loss is the "
-                         f"cross-entropy of its logits. Received: model {model.name!r} without 'logits'")
+        raise ValueError("`model` needs its classifier (include_top=True): the loss is the cross-"
+                         f"entropy of its logits. Received: model {model.name!r} without 'logits'")
     if images is None:
         images, labels = random_batch(model, batch_size, seed)
     elif labels is None or len(labels) != len(images):
         raise ValueError("`labels` must be given with `images`, one per image. "
                          f"Received: {len(images)} images and labels={labels!r}")
-    else:
-        _check_batch(len(images), seed)
-    # Training-mode BN updates the moving statistics (and dropout advances its seeds):
-    # keep them and put them back.
-    saved = [(v, np.array(keras.ops.convert_to_numpy(v))) for v in model.variables if not v.trainable]
+    _check_batch(len(images), seed)
+    # Training-mode BN updates the moving statistics (and dropout advances its seeds).
+    saved = [(v, np.array(keras.ops.convert_to_numpy(v)))
+             for v in model.variables if not v.trainable]
+    h = tf.convert_to_tensor(np.asarray(images, dtype="float32"))
+    y = tf.convert_to_tensor(np.asarray(labels, dtype="int32"))
+    positions, unit_inputs, stage = [], [], 0
     try:
-        loss, rows = _measure(layers[: names.index("logits") + 1], images, labels)
+        with tf.GradientTape() as tape:
+            tape.watch(h)
+            for layer in layers[: names.index("logits") + 1]:
+                if isinstance(layer, PreActStage):
+                    h, inputs = layer(h, training=True, return_unit_inputs=True)
+                    stage += 1
+                    unit_inputs.extend(inputs)
+                    positions.extend((stage, i + 1) for i in range(len(inputs)))
+                else:
+                    h = layer(h, training=True)
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                y, tf.cast(h, "float32"), from_logits=True))
+        grads = tape.gradient(loss, unit_inputs)
     finally:
         for v, value in saved:
             v.assign(value)
-    return GradientFlowReport(label=label or model.name, rows=rows, loss=loss)
 
+    def rms(t):
+        return float(tf.sqrt(tf.reduce_mean(tf.square(t))))
 
-def _measure(layers, images, labels):
-    """Runs `layers` in training mode; returns the loss and the rows of every unit."""
-    import keras
-    import tensorflow as tf
-
-    from keras_preact.layers.blocks import PreActStage
-
-    x = tf.convert_to_tensor(np.asarray(images, dtype="float32"))
-    y = tf.convert_to_tensor(np.asarray(labels, dtype="int32"))
-    positions, unit_inputs, stage = [], [], 0
-    with tf.GradientTape() as tape:
-        tape.watch(x)
-        h = x
-        for layer in layers:
-            if isinstance(layer, PreActStage):
-                h, inputs = layer(h, training=True, return_unit_inputs=True)
-                stage += 1
-                unit_inputs.extend(inputs)
-                positions.extend((stage, i + 1) for i in range(len(inputs)))
-            else:
-                h = layer(h, training=True)
-        loss = tf.reduce_mean(
-            keras.losses.sparse_categorical_crossentropy(y, tf.cast(h, "float32"), from_logits=True)
-        )
-    grads = tape.gradient(loss, unit_inputs)
-    rms = lambda t: float(tf.sqrt(tf.reduce_mean(tf.square(t))))  # noqa: E731
     rows = []
     for n, ((stage, index), g, a) in enumerate(zip(positions, grads, unit_inputs), start=1):
         g, a = tf.cast(g, "float32"), tf.cast(a, "float32")
         rows.append({"unit": n, "stage": stage, "index_in_stage": index, "grad_rms": rms(g),
                      "act_mean": float(tf.reduce_mean(a)), "act_std": float(tf.math.reduce_std(a)),
                      "act_rms": rms(a)})
-    return float(loss), rows
+    return GradientFlowReport(label=label or model.name, rows=rows, loss=float(loss))
 
 
 def compare_units(model_name, units=("original", "full_preact"), *, batch_size=16, seed=0,
-                  input_size=32, classes=10, **model_kwargs):
+                  input_shape=(32, 32, 3), classes=10, **model_kwargs):
     """`gradient_flow` reports (labelled by unit) of one registered network built with
-    each of `units`, after ``keras.utils.set_random_seed(seed)`` (a reproducible He
-    initialisation), on the same random batch of `input_size` squared images.
+    each of `units` after ``keras.utils.set_random_seed(seed)`` (a reproducible He
+    initialisation), on the same random batch of images of `input_shape`
+    (``input_size=n``, a deprecated alias, means ``(n, n, 3)``).
 
     Raises:
         ValueError: for an unknown model or unit, or a bad size, batch or seed; before
             any model is built.
     """
-    import keras
-
-    import keras_preact
-    from keras_preact.layers.variants import check_unit_name
-
-    keras_preact.model_info(model_name)  # raises for an unknown name, listing the valid ones
+    size = pop_deprecated(model_kwargs, "input_size", "input_shape", "compare_units")
+    input_shape = input_shape if size is None else (size, size, 3)
+    model_info(model_name)  # raises for an unknown name, listing the valid ones
     units = [units] if isinstance(units, str) else list(units)
     if not units:
         raise ValueError(f"`units` must name at least one unit. Received: units={units!r}")
     for unit in units:
         check_unit_name(unit)
     _check_batch(batch_size, seed)
-    check_int("input_size", input_size, minimum=8)
     reports = []
     for unit in units:
         keras.utils.set_random_seed(seed)
-        model = keras_preact.get_model(
-            model_name, unit=unit, classes=classes, input_shape=(input_size, input_size, 3),
+        model = get_model(
+            model_name, unit=unit, classes=classes, input_shape=input_shape,
             classifier_activation=None, **model_kwargs,
         )
         reports.append(gradient_flow(model, batch_size=batch_size, seed=seed, label=unit))
-        del model
+        del model  # freed before the next one is built
     return reports
 
 
@@ -204,18 +178,20 @@ def format_table(reports, *, every=None):
     reports = _as_reports(reports)
     n = len(reports[0].rows)
     every = every or max(1, n // 20)
-    header = ["unit", "stage"] + [f"{k}[{r.label}]" for r in reports for k in ("grad_rms", "act_std")]
+    header = ["unit", "stage"]
+    header += [f"{k}[{r.label}]" for r in reports for k in ("grad_rms", "act_std")]
     lines = []
-    for i in range(n):
-        if i % every and i != n - 1:
-            continue
+    for i in sorted({*range(0, n, every), n - 1}):
         cells = [str(reports[0].rows[i]["unit"]), str(reports[0].rows[i]["stage"])]
         for r in reports:
             cells += [f"{r.rows[i]['grad_rms']:.3e}", f"{r.rows[i]['act_std']:.3g}"]
         lines.append(cells)
     footer = ["first/last", ""] + [c for r in reports for c in (f"{r.first_to_last:.3g}", "")]
     widths = [max(len(x) for x in col) for col in zip(header, footer, *lines)]
-    fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+
+    def fmt(cells):
+        return "  ".join(c.rjust(w) for c, w in zip(cells, widths))
+
     rule = "-" * len(fmt(header))
     return "\n".join([fmt(header), rule] + [fmt(c) for c in lines] + [rule, fmt(footer)])
 
@@ -223,15 +199,11 @@ def format_table(reports, *, every=None):
 def write_csv(reports, path):
     """Writes the per-unit rows of one or more reports as CSV (a "model" column first),
     atomically; returns `path`."""
-    reports = _as_reports(reports)
-
-    def write(tmp):
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=("model",) + CSV_FIELDS)
-            writer.writeheader()
-            writer.writerows({"model": r.label, **row} for r in reports for row in r.rows)
-
-    atomic_save(path, write)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=("model",) + CSV_FIELDS)
+    writer.writeheader()
+    writer.writerows({"model": r.label, **row} for r in _as_reports(reports) for row in r.rows)
+    atomic_write_text(path, buf.getvalue())
     return path
 
 
@@ -249,14 +221,11 @@ def read_csv(path):
 
 def plot_gradient_flow(reports, path, *, title=None):
     """Saves a PNG (atomically) of RMS of dL/dx_l (top) and std of x_l (bottom) against
-    depth for one or more reports; returns `path`. An Agg canvas: `matplotlib.pyplot`'s
-    backend is left alone."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    depth for one or more reports; returns `path`. `matplotlib.pyplot` is not touched."""
     from matplotlib.figure import Figure
 
     reports = _as_reports(reports)
     fig = Figure(figsize=(8, 7))
-    FigureCanvasAgg(fig)
     ax_g, ax_a = fig.subplots(2, 1, sharex=True)
     for r in reports:
         units = [row["unit"] for row in r.rows]

@@ -1,33 +1,28 @@
-"""Files written whole or not at all, and file hashes: the package's one helper for each.
-
-A crash or a full disk half-way through a write leaves the previous file (or none),
-never a truncated one: the content goes to a temporary file beside the target, which
-is flushed to disk and renamed over it (`os.replace` is atomic on POSIX and Windows).
-"""
+"""Files written whole or not at all (a crash half-way leaves the previous file or none,
+never a truncated one), and file hashes: the package's one helper for each."""
 
 import hashlib
 import json
 import os
-import tempfile
+import pathlib
+import uuid
 
 
 def atomic_save(path, save_fn):
-    """Calls ``save_fn(temporary_path)`` and renames the result to `path`.
-
-    The temporary name is beside `path` and keeps its suffix (Keras picks a format
-    from it: ``.keras``, ``.weights.h5``); it does not exist when `save_fn` runs.
+    """Calls ``save_fn(temporary_path)``, flushes the file to disk and renames it to
+    `path` (`os.replace` is atomic on POSIX and Windows).
 
     Args:
         path: the file to write; its folder is created.
-        save_fn: callable writing a complete file at the path it is given.
+        save_fn: callable writing a complete file at the path it is given: a path
+            beside `path` with its suffix (Keras picks a format from it) and no file.
     """
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     base = os.path.basename(path)
     suffix = ".weights.h5" if base.endswith(".weights.h5") else os.path.splitext(base)[1]
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=suffix)
-    os.close(fd)
-    os.remove(tmp)  # Keras refuses to overwrite without asking on some paths.
+    # A name no file has: Keras refuses to overwrite without asking on some paths.
+    tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}{suffix}")
     try:
         save_fn(tmp)
         with open(tmp, "rb+") as f:
@@ -41,12 +36,7 @@ def atomic_save(path, save_fn):
 
 def atomic_write_bytes(path, data):
     """Writes `data` (bytes) to `path` with `atomic_save`."""
-
-    def write(tmp):
-        with open(tmp, "wb") as f:
-            f.write(data)
-
-    atomic_save(path, write)
+    atomic_save(path, lambda tmp: pathlib.Path(tmp).write_bytes(data))
 
 
 def atomic_write_text(path, text):
@@ -55,16 +45,14 @@ def atomic_write_text(path, text):
 
 
 def atomic_write_json(path, value, *, indent=2):
-    """Writes `value` as JSON (sorted keys, a final newline) with `atomic_save`."""
+    """Writes `value` as JSON (sorted keys, a final newline; NumPy values as lists and
+    numbers) with `atomic_save`."""
     atomic_write_text(path, json.dumps(value, indent=indent, sort_keys=True, default=_plain) + "\n")
 
 
 def _plain(value):
-    """JSON for what `json` does not know: NumPy scalars and arrays, tuples' kin."""
-    if hasattr(value, "tolist"):
+    if hasattr(value, "tolist"):  # NumPy scalars and arrays
         return value.tolist()
-    if hasattr(value, "item"):
-        return value.item()
     raise TypeError(f"Not JSON serialisable: {type(value).__name__}")
 
 

@@ -1,18 +1,11 @@
-"""Every private Keras and TensorFlow API keras-preact uses, each in one function.
-
-Private APIs change without notice, so they live here and nowhere else (a test
-checks it): when Keras or TensorFlow moves one, this is the file to fix. Each was
-checked on Keras 3.15.1 and TensorFlow 2.21; the reason for each is given where it is
-used.
-"""
+"""Every private Keras and TensorFlow API keras-preact uses, each in one function and
+nowhere else (a test checks it): when one moves, this is the file to fix. Checked on
+Keras 3.15.1 and TensorFlow 2.21."""
 
 
 def flatten_layers(model):
-    """Every layer inside `model`, nested ones included (`Layer._flatten_layers`).
-
-    `model.layers` lists only the top level; our stages hold their units as
-    attributes, which Keras tracks but lists publicly nowhere else.
-    """
+    """Every layer inside `model`, nested ones included (`Layer._flatten_layers`):
+    `model.layers` lists only the top level, not our stages' units."""
     return list(model._flatten_layers(include_self=False, recursive=True))
 
 
@@ -23,9 +16,8 @@ def is_functional(model):
 
 
 def initializer_seed(initializer):
-    """The seed an initializer was created with (`_init_seed`): an int, a
-    `SeedGenerator` or None. Its config holds only a serialised copy, which would not
-    share a generator's state."""
+    """The seed an initializer was created with (`_init_seed`): an int, a `SeedGenerator`
+    or None (its config holds a copy, which would not share a generator's state)."""
     return initializer._init_seed
 
 
@@ -39,9 +31,8 @@ def onednn_enabled():
 
 def configure_coordination_service(*, leader, job_counts, register_timeout_ms,
                                    heartbeat_timeout_ms):
-    """Configures TensorFlow's coordination service with timeouts, before a
-    multi-worker strategy would configure it without them (TensorFlow's defaults let
-    a chief wait for a missing worker without end); there is no public API for it.
+    """Configures TensorFlow's coordination service with timeouts, before a multi-worker
+    strategy configures it without them (a chief would wait for a missing worker forever).
 
     Args:
         leader: the service leader's task, e.g. "/job:worker/replica:0/task:0".
@@ -49,8 +40,8 @@ def configure_coordination_service(*, leader, job_counts, register_timeout_ms,
         register_timeout_ms, heartbeat_timeout_ms: int.
 
     Returns:
-        True when configured, False when already configured, None when this
-        TensorFlow has no importable coordination config.
+        True when configured, False when already configured, None when this TensorFlow
+        has no importable coordination config.
     """
     from tensorflow.python.eager import context
 

@@ -57,14 +57,14 @@ def _digest(batches):
 def test_registry_lists_datasets_and_describes_them():
     assert data.list_datasets() == ["cifar10", "cifar100", "digits", "folder"]
     c10 = data.dataset_info("cifar10")
-    assert (c10["num_classes"], c10["image_shape"], c10["num_train"], c10["num_test"]) == (
+    assert (c10["classes"], c10["input_shape"], c10["num_train"], c10["num_test"]) == (
         10, (32, 32, 3), 50000, 10000,
     )
     assert c10["class_names"][0] == "airplane" and len(c10["class_names"]) == 10
     assert c10["mean"] == PRESETS["cifar10"][1] and c10["std"] == PRESETS["cifar10"][2]
     assert c10["augmentation"] == "pad_crop_flip"
     c100 = data.dataset_info("cifar100")
-    assert c100["num_classes"] == 100
+    assert c100["classes"] == 100
     assert len(set(c100["class_names"])) == 100
     assert list(c100["class_names"]) == sorted(c100["class_names"])
     digits = data.dataset_info("digits")
@@ -395,7 +395,7 @@ def test_image_folder_flat_and_split_layouts(tmp_path):
         source = written[["cat", "dog"][label]]
         assert any(np.array_equal(img, w) for w in source)
     info = data.dataset_info("folder", path=str(flat))
-    assert info["class_names"] == ("cat", "dog") and info["num_classes"] == 2
+    assert info["class_names"] == ("cat", "dog") and info["classes"] == 2
     assert (info["num_train"], info["num_test"]) == (8, 2)
     np.testing.assert_allclose(info["mean"], x.reshape(-1, 3).mean(0) / 255, rtol=1e-6)
 

@@ -25,7 +25,7 @@ def test_preactivation_keeps_gradients_flatter_than_the_original_unit_resnet164(
     """
     for seed in (0, 1, 2):
         pre, orig = diagnostics.compare_units(
-            "preact_resnet164", ("full_preact", "original"), batch_size=8, seed=seed, input_size=8
+            "preact_resnet164", ("full_preact", "original"), batch_size=8, seed=seed, input_shape=(8, 8, 3)
         )
         assert len(pre.rows) == len(orig.rows) == 54
         assert pre.first_to_last > 1 and orig.first_to_last > 1
@@ -78,8 +78,8 @@ def test_bad_input_is_a_clear_error(tiny_model_kwargs):
         diagnostics.gradient_flow(kp.PreActResNet(**tiny_model_kwargs, include_top=False))
     with pytest.raises(ValueError, match=r"Unknown `unit`.*Valid"):
         diagnostics.compare_units("preact_resnet20", ["preact"])
-    with pytest.raises(ValueError, match="input_size"):
-        diagnostics.compare_units("preact_resnet20", input_size=4)
+    with pytest.raises(ValueError, match=r"`input_shape` is too small.*at least 8"):
+        diagnostics.compare_units("preact_resnet20", input_shape=(4, 4, 3))
 
 
 def test_diagnose_command_prints_table_and_writes_csv_and_png(tmp_path, capsys):

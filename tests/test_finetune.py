@@ -78,8 +78,8 @@ def test_load_pretrained_copies_the_backbone_and_a_fitting_head(tiny_model_kwarg
     deeper = _tiny({**tiny_model_kwargs, "stage_blocks": (1, 2, 1)}, classes=4)
     with pytest.raises(ValueError, match="does not match the architecture"):
         finetune.load_pretrained(deeper, path)
-    other = _tiny(tiny_model_kwargs, classes=4, first_unit_shared_preact=False)
-    with pytest.raises(ValueError, match="first_unit_shared_preact"):
+    other = _tiny(tiny_model_kwargs, classes=4, first_shared_preact=False)
+    with pytest.raises(ValueError, match="first_shared_preact"):
         finetune.load_pretrained(other, path)
 
 

@@ -34,7 +34,7 @@ CASES = {
                    stage_strides=(1, 2, 2), preprocessing="cifar10"), dict(remat="unit")),
     "bottleneck": (BOTTLENECK, dict(remat=1)),
     "bottleneck_imagenet": (dict(IMAGENET, bottleneck_stride="first",
-                                 first_unit_shared_preact=False), {}),
+                                 first_shared_preact=False), {}),
     "bottleneck_keras_layout": (dict(IMAGENET, stem="imagenet_preact", stride_position="last",
                                      strided_shortcut="subsample", conv_bias=True), {}),
     **{f"unit_{u}": (dict(SMALL, unit=u), {}) for u in UNIT_TYPES if u != "full_preact"},

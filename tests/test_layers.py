@@ -91,7 +91,7 @@ def test_forward_matches_numpy_equation(cls, kwargs):
 def test_identity_unit_keeps_raw_shortcut_and_has_no_projection():
     layer = PreActBasicBlock(8)
     layer.build((None, 8, 8, 8))
-    assert not layer.has_projection and not layer.shares_preact
+    assert not layer.has_projection and not layer.spec.shared_preact
     assert "shortcut_kernel" not in [w.name for w in layer.weights]
     # With the residual branch zeroed, y == x exactly: the identity path is clean.
     layer.get_variable("conv2_kernel").assign(np.zeros((3, 3, 8, 8), "float32"))
@@ -102,14 +102,14 @@ def test_identity_unit_keeps_raw_shortcut_and_has_no_projection():
 def test_shape_change_uses_projection_fed_by_preactivation():
     layer = PreActBasicBlock(16, strides=2)
     layer.build((None, 8, 8, 8))
-    assert layer.has_projection and layer.shares_preact
+    assert layer.has_projection and layer.spec.shared_preact
     assert tuple(layer.get_variable("shortcut_kernel").shape) == (1, 1, 8, 16)
 
 
 def test_shared_preact_can_be_forced_on_identity_units():
     layer = PreActBasicBlock(8, shared_preact=True)
     layer.build((None, 8, 8, 8))
-    assert not layer.has_projection and layer.shares_preact
+    assert not layer.has_projection and layer.spec.shared_preact
     # Zero residual: y = relu(bn(x)), not x.
     layer.get_variable("conv2_kernel").assign(np.zeros((3, 3, 8, 8), "float32"))
     x = np.random.RandomState(2).randn(1, 8, 8, 8).astype("float32")
@@ -133,7 +133,7 @@ def test_bottleneck_stride_placement():
 def test_stage_equals_chain_of_unit_layers(block, filters, training):
     """A stage with stacked variables computes what its units would, one by one."""
     x = np.random.RandomState(8).randn(2, 8, 8, 8).astype("float32")
-    stage = PreActStage(block, filters, units=4, strides=2)
+    stage = PreActStage(block, filters, num_blocks=4, strides=2)
     stage.build(x.shape)
     _randomize_bn(stage)
     initial = to_numpy(stage.get_variable("bn2_moving_mean")).copy()
@@ -162,7 +162,7 @@ def test_stage_equals_chain_of_unit_layers(block, filters, training):
 
 def test_stage_stacked_kernels_have_single_unit_he_statistics():
     keras.utils.set_random_seed(0)
-    stage = PreActStage("basic", 64, units=40)
+    stage = PreActStage("basic", 64, num_blocks=40)
     stage.build((None, 8, 8, 64))
     k = to_numpy(stage.get_variable("conv1_kernel"))
     assert k.shape == (39, 3, 3, 64, 64)
@@ -173,7 +173,7 @@ def test_stage_stacked_kernels_have_single_unit_he_statistics():
 
 def test_frozen_stage_runs_batchnorm_in_inference_mode():
     x = np.random.RandomState(9).randn(2, 8, 8, 8).astype("float32") + 2.0
-    stage = PreActStage("basic", 8, units=3)
+    stage = PreActStage("basic", 8, num_blocks=3)
     stage.build(x.shape)
     stage.trainable = False
     before = [to_numpy(w).copy() for w in stage.non_trainable_weights]
@@ -302,7 +302,7 @@ def test_image_normalization():
 @pytest.mark.parametrize("block,filters", [("basic", 16), ("bottleneck", 32)])
 def test_stage_config_round_trip_and_costs(block, filters):
     x = np.random.RandomState(10).randn(2, 8, 8, 8).astype("float32")
-    stage = PreActStage(block, filters, units=3, strides=2, name="stage")
+    stage = PreActStage(block, filters, num_blocks=3, strides=2, name="stage")
     stage.build(x.shape)
     _randomize_bn(stage)
     config = stage.get_config()
@@ -321,7 +321,7 @@ def test_stage_config_round_trip_and_costs(block, filters):
 
 
 def test_stage_bad_arguments():
-    with pytest.raises(ValueError, match="units"):
-        PreActStage("basic", 16, units=0)
+    with pytest.raises(ValueError, match="num_blocks"):
+        PreActStage("basic", 16, num_blocks=0)
     with pytest.raises(ValueError, match="block='wide'"):
-        PreActStage("wide", 16, units=2)
+        PreActStage("wide", 16, num_blocks=2)

@@ -251,7 +251,7 @@ def test_stage_moving_statistics_updated_once_per_step(block, remat):
     x = _images(n=6, size=8, channels=filters, seed=3)
 
     def make(r):
-        stage = PreActStage(block, filters, units=5, bn_momentum=m, remat=r, name="stage")
+        stage = PreActStage(block, filters, num_blocks=5, bn_momentum=m, remat=r, name="stage")
         stage.build(x.shape)
         return stage
 
@@ -313,7 +313,7 @@ def test_looped_segments_equal_unrolled_segments(block):
     w = np.random.RandomState(8).randn(4, 6, 6, filters).astype("float32")
     for remat in (3, "unit"):
         def make(loop):
-            stage = PreActStage(block, filters, units=8, bn_momentum=0.6, remat=remat,
+            stage = PreActStage(block, filters, num_blocks=8, bn_momentum=0.6, remat=remat,
                                 name="stage")
             stage.remat_loop = loop
             stage.build(x.shape)
@@ -327,7 +327,7 @@ def _train_step_graph_nodes(units, loop, remat=2):
     calls (the loop body, the recomputed segment)."""
     import tensorflow as tf
 
-    stage = PreActStage("basic", 8, units=units, remat=remat)
+    stage = PreActStage("basic", 8, num_blocks=units, remat=remat)
     stage.remat_loop = loop
     stage.plain_loop_min_units = 2
     stage.build((2, 4, 4, 8))
@@ -372,7 +372,7 @@ def test_plain_training_loop_equals_unrolled_units(block):
     w = np.random.RandomState(11).randn(4, 6, 6, filters).astype("float32")
 
     def make(loop):
-        stage = PreActStage(block, filters, units=6, bn_momentum=0.6, name="stage")
+        stage = PreActStage(block, filters, num_blocks=6, bn_momentum=0.6, name="stage")
         stage.remat_loop = loop
         stage.plain_loop_min_units = 2
         stage.build(x.shape)
@@ -389,7 +389,7 @@ def test_looped_stage_gradients_under_xla():
     w = np.random.RandomState(14).randn(4, 6, 6, 8).astype("float32")
     for remat in (2, None):
         def make(loop):
-            stage = PreActStage("basic", 8, units=6, bn_momentum=0.6, remat=remat,
+            stage = PreActStage("basic", 8, num_blocks=6, bn_momentum=0.6, remat=remat,
                                 name="stage")
             stage.remat_loop = loop
             stage.plain_loop_min_units = 2
@@ -417,7 +417,7 @@ def test_no_loop_with_synchronized_bn_or_dropout(monkeypatch):
     x = _images(n=4, size=6, channels=8, seed=15)
 
     def train_call(**kwargs):
-        stage = PreActStage("basic", 8, units=5, **kwargs)
+        stage = PreActStage("basic", 8, num_blocks=5, **kwargs)
         stage.plain_loop_min_units = 2
         stage.build(x.shape)
         del calls[:]
@@ -545,7 +545,7 @@ def test_models_and_stages_refuse_invalid_remat():
         with pytest.raises(ValueError, match=pattern):
             _model("basic", value)
         with pytest.raises(ValueError, match=pattern):
-            PreActStage("basic", 8, units=3, remat=value)
+            PreActStage("basic", 8, num_blocks=3, remat=value)
         with pytest.raises(ValueError, match=pattern):
             kp.get_model("preact_resnet20", remat=value)
 
@@ -557,10 +557,10 @@ def test_remat_refuses_dropout_shortcut():
         with pytest.raises(ValueError, match=pattern):
             _model("basic", remat, unit="dropout_shortcut")
         with pytest.raises(ValueError, match=pattern):
-            PreActStage("basic", 8, units=3, unit="dropout_shortcut", remat=remat)
+            PreActStage("basic", 8, num_blocks=3, unit="dropout_shortcut", remat=remat)
     # Without remat the unit is accepted.
     _model("basic", None, unit="dropout_shortcut")
-    PreActStage("basic", 8, units=3, unit="dropout_shortcut", remat=False)
+    PreActStage("basic", 8, num_blocks=3, unit="dropout_shortcut", remat=False)
 
 
 def test_remat_turns_model_pruning_off_only_while_its_train_step_runs(monkeypatch):

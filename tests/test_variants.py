@@ -175,7 +175,7 @@ def test_stage_equals_chain_of_unit_layers(unit):
     """Stacked variables (units 2..n) compute what separate unit layers compute."""
     x = np.random.RandomState(8).randn(2, 8, 8, 8).astype("float32")
     params = PARAMS.get(unit, {})
-    stage = PreActStage("basic", 16, units=3, strides=2, unit=unit, **params)
+    stage = PreActStage("basic", 16, num_blocks=3, strides=2, unit=unit, **params)
     stage.build(x.shape)
     _randomize(stage)
     units = [stage.unit1] + [PreActBasicBlock(16, unit=unit, **params) for _ in range(2)]
@@ -295,7 +295,7 @@ def test_gate_bias_initialiser_and_dropout_are_real_options():
 def test_bad_unit_arguments_are_clear_errors(kwargs, match):
     for build in (
         lambda: PreActBasicBlock(8, **kwargs),
-        lambda: PreActStage("basic", 8, units=2, **kwargs),
+        lambda: PreActStage("basic", 8, num_blocks=2, **kwargs),
         lambda: kp.PreActResNet(**kwargs),
         lambda: kp.preact_resnet_cifar(20, **kwargs),
     ):

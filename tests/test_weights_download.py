@@ -301,7 +301,7 @@ def test_catalog_entry_is_consistent_with_the_registry(key):
     assert e.model in kp.list_models()
     assert e.key == f"{e.model}.{e.tag}" == key
     assert len(e.class_names) == e.classes == e.architecture["classes"]
-    assert e.manifest and e.license and e.params and e.input_size
+    assert e.manifest and e.license and e.params and e.input_shape
 
 
 @pytest.mark.slow
@@ -343,7 +343,7 @@ def test_entries_are_validated():
         ({"classes": 0}, "`classes` must be an int >= 1"),
         ({"class_names": "nope"}, "`class_names` must be the name of a list in zoo/classes/"),
         ({"class_names": "cifar100"}, "a list of 10 names"),
-        ({"input_size": [32, 32]}, r"`input_size` must be \[height, width, channels\]"),
+        ({"input_shape": [32, 32]}, r"`input_shape` must be \[height, width, channels\]"),
         ({"metrics": {"top9_error": 1}}, "`metrics` must be a dict with the keys"),
         ({"architecture": {"classes": 100}}, "classes=10 but its architecture has classes=100"),
         ({"colour": "red"}, r"unknown fields \['colour'\]"),

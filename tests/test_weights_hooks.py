@@ -48,7 +48,7 @@ def offline_catalog(tmp_path, monkeypatch):
 def test_catalog_tag_loads_with_its_architecture_and_preprocessing(offline_catalog, no_network):
     entry, source = offline_catalog
     model = kp.preact_resnet20(weights="cifar10")
-    assert model.first_unit_shared_preact is entry.architecture["first_unit_shared_preact"]
+    assert model.first_shared_preact is entry.architecture["first_shared_preact"]
     assert model.preprocessing == entry.preprocessing == "cifar10"
     assert model.classes == 10 and model.input_shape == (None, 32, 32, 3)
     # The source had no preprocessing: normalise by hand to compare.
@@ -67,27 +67,27 @@ def test_catalog_tag_loads_with_its_architecture_and_preprocessing(offline_catal
 
 def test_a_fetched_file_loads_as_its_tag_does(offline_catalog, no_network):
     """`weights=fetch_weights(key)` builds the entry's architecture and preprocessing
-    from the file alone (it used to raise for first_unit_shared_preact, or to load
+    from the file alone (it used to raise for first_shared_preact, or to load
     without the normalisation)."""
     entry, _ = offline_catalog
     path = W.fetch_weights("preact_resnet20.cifar10", build=kp.get_model)
     by_tag = kp.preact_resnet20(weights="cifar10")
     by_path = kp.preact_resnet20(weights=path)
-    assert by_path.first_unit_shared_preact is False
+    assert by_path.first_shared_preact is False
     assert by_path.preprocessing == entry.preprocessing
     x = _x((32, 32, 3))
     np.testing.assert_array_equal(to_numpy(by_path(x)), to_numpy(by_tag(x)))
     # The caller's preprocessing wins; a conflicting architecture argument says what to pass.
     assert kp.preact_resnet20(weights=path, preprocessing=None).preprocessing is None
-    with pytest.raises(ValueError, match=r"made for first_unit_shared_preact=False\. Received: "
-                                         r"first_unit_shared_preact=True.*Pass first_unit_shared_preact=False"):
-        kp.preact_resnet20(weights=path, first_unit_shared_preact=True)
+    with pytest.raises(ValueError, match=r"made for first_shared_preact=False\. Received: "
+                                         r"first_shared_preact=True.*Pass first_shared_preact=False"):
+        kp.preact_resnet20(weights=path, first_shared_preact=True)
     with pytest.raises(ValueError, match=r"made for stage_blocks=\[3, 3, 3\], the model has"):
         kp.preact_resnet56(weights=path)
 
 
 def test_a_saved_file_rebuilds_its_model_in_python_and_from_keras_files(tmp_path):
-    source = kp.preact_resnet20(first_unit_shared_preact=False, preprocessing="cifar10",
+    source = kp.preact_resnet20(first_shared_preact=False, preprocessing="cifar10",
                                 bottleneck_stride="first", input_shape=(16, 16, 3), classes=3)
     x = _x()
     source.save_weights(str(tmp_path / "plain_api.weights.h5"))  # Keras' own API records too
@@ -96,7 +96,7 @@ def test_a_saved_file_rebuilds_its_model_in_python_and_from_keras_files(tmp_path
         if path.endswith(".keras"):
             source.save(path)
         model = kp.preact_resnet20(weights=path)
-        assert (model.first_unit_shared_preact, model.preprocessing, model.classes) == (False, "cifar10", 3)
+        assert (model.first_shared_preact, model.preprocessing, model.classes) == (False, "cifar10", 3)
         assert model.input_shape == (None, 16, 16, 3)
         np.testing.assert_array_equal(to_numpy(model(x)), to_numpy(source(x)))
 
@@ -108,8 +108,8 @@ def test_tag_errors_come_before_any_layer_or_download(built_convs, no_network):
         kp.preact_resnet20(weights="cifar10", classes=100)
     with pytest.raises(ValueError, match="are for 'preact_resnet110', not 'preact_resnet20'"):
         kp.preact_resnet20(weights="preact_resnet110.cifar10")
-    with pytest.raises(ValueError, match="made for first_unit_shared_preact=False"):
-        kp.preact_resnet20(weights="cifar10", first_unit_shared_preact=True)
+    with pytest.raises(ValueError, match="made for first_shared_preact=False"):
+        kp.preact_resnet20(weights="cifar10", first_shared_preact=True)
     with pytest.raises(ValueError, match="3-channel input"):
         kp.preact_resnet20(weights="cifar10", input_shape=(32, 32, 1))
     with pytest.raises(ValueError, match="needs its hash"):
@@ -154,11 +154,11 @@ def test_wrong_depth_unit_and_head_fail_loudly(tmp_path):
             kp.preact_resnet20(weights=weights, classes=5)  # another head
     # Same shapes, other meaning: recorded architecture arguments are compared, by the
     # factory (which says what to pass) and by the loader itself.
-    with pytest.raises(ValueError, match="made for first_unit_shared_preact=True. Received: "
-                                         "first_unit_shared_preact=False"):
-        kp.preact_resnet20(weights=path, first_unit_shared_preact=False)
-    other = kp.preact_resnet20(first_unit_shared_preact=False, input_shape=(16, 16, 3))
-    with pytest.raises(ValueError, match="first_unit_shared_preact=True vs False"):
+    with pytest.raises(ValueError, match="made for first_shared_preact=True. Received: "
+                                         "first_shared_preact=False"):
+        kp.preact_resnet20(weights=path, first_shared_preact=False)
+    other = kp.preact_resnet20(first_shared_preact=False, input_shape=(16, 16, 3))
+    with pytest.raises(ValueError, match="first_shared_preact=True vs False"):
         W.load_weights_file(other, path)
     # A headless file into a model with a head.
     headless = W.save_weights_file(kp.preact_resnet20(include_top=False, input_shape=(16, 16, 3)),

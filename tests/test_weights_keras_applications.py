@@ -24,6 +24,7 @@ from keras_preact.weights import catalog
 from keras_preact.weights import fetch_weights
 from keras_preact.weights.converters import keras_applications as conv
 from keras_preact.weights.download import WeightsIntegrityError
+from benchmarks import references as ref
 from tests.helpers import serve_directory
 from tests.helpers import to_numpy
 
@@ -43,7 +44,7 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def resnet50v2():
     """keras.applications' ResNet50V2 (64x64, logits) with random weights."""
-    return conv.keras_reference(50, input_shape=SIZE, seed=0)
+    return ref.keras_reference(50, input_shape=SIZE, seed=0)
 
 
 def _md5(path):
@@ -58,7 +59,7 @@ def _served_entry(key, server, net, *, wrong_hash=False, subfolder="ok"):
     name = os.path.basename(entry.url)  # the publisher's file name
     folder = root / subfolder
     folder.mkdir(exist_ok=True)
-    path = conv.save_legacy_h5(net, str(folder / name))
+    path = ref.save_legacy_h5(net, str(folder / name))
     digest = "0" * 32 if wrong_hash else _md5(path)
     return dataclasses.replace(entry, url=f"{base}/{subfolder}/{name}",
                                hash=catalog.Hash("md5", digest)), path
@@ -72,7 +73,7 @@ def _patch_catalog(monkeypatch, entry):
 
 
 def test_published_format_loads_in_keras_itself(resnet50v2, tmp_path):
-    path = conv.save_legacy_h5(resnet50v2, str(tmp_path / "r50.h5"))
+    path = ref.save_legacy_h5(resnet50v2, str(tmp_path / "r50.h5"))
     with h5py.File(path, "r") as f:
         assert f.attrs["keras_version"] == b"2.2.4"
         assert f["conv1_conv"].attrs["weight_names"].tolist() == [b"conv1_conv/kernel:0", b"conv1_conv/bias:0"]
@@ -125,7 +126,7 @@ def test_notop_file_loads_without_head(server, tmp_path, monkeypatch):
     monkeypatch.setenv("KERAS_PREACT_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("KERAS_PREACT_OFFLINE", raising=False)
     monkeypatch.delenv("KERAS_PREACT_WEIGHTS_DIR", raising=False)
-    net = conv.keras_reference(50, include_top=False, input_shape=SIZE, seed=3)
+    net = ref.keras_reference(50, include_top=False, input_shape=SIZE, seed=3)
     entry, _ = _served_entry("preact_resnet50.keras_imagenet_notop", server, net, subfolder="notop")
     _patch_catalog(monkeypatch, entry)
     with pytest.raises(ValueError, match="no classifier head.*include_top=False"):
@@ -142,7 +143,7 @@ def test_another_depth_a_missing_layer_and_a_wrong_hash_are_refused(
     cache = tmp_path / "cache"
     # A ResNet101V2 file published under the ResNet50V2 entry: the hash is right,
     # the depth is not.
-    deeper = conv.keras_reference(101, input_shape=SIZE, seed=0)
+    deeper = ref.keras_reference(101, input_shape=SIZE, seed=0)
     entry, path101 = _served_entry("preact_resnet50.keras_imagenet", server, deeper, subfolder="r101")
     with pytest.raises(ValueError, match="does not match the architecture") as err:
         fetch_weights(entry, cache_dir=str(cache), progress=False, build=kp.get_model)
@@ -158,7 +159,7 @@ def test_another_depth_a_missing_layer_and_a_wrong_hash_are_refused(
 
     # A file without one layer: named, with nothing loaded.
     broken = tmp_path / "broken.h5"
-    conv.save_legacy_h5(resnet50v2, str(broken))
+    ref.save_legacy_h5(resnet50v2, str(broken))
     with h5py.File(broken, "a") as f:
         names = [n for n in f.attrs["layer_names"] if n != b"conv3_block2_1_bn"]
         f.attrs["layer_names"] = names
@@ -182,7 +183,7 @@ def test_another_depth_a_missing_layer_and_a_wrong_hash_are_refused(
 
 
 def test_converter_refuses_other_layouts_and_formats(resnet50v2, tmp_path):
-    path = conv.save_legacy_h5(resnet50v2, str(tmp_path / "r50.h5"))
+    path = ref.save_legacy_h5(resnet50v2, str(tmp_path / "r50.h5"))
     weights = conv.read_legacy_h5(path)
     with pytest.raises(ValueError, match=r"not built in the keras.applications ResNetV2 layout.*stem='imagenet'"):
         conv.load_weights(kp.preact_resnet50(input_shape=SIZE), weights)

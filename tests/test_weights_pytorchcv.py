@@ -29,6 +29,7 @@ except ImportError:  # pragma: no cover - the README's test command installs it
         "pip install --no-deps pytorchcv==0.0.74", pytrace=False
     )
 
+from benchmarks import references as ref  # noqa: E402
 from keras_preact.weights.converters import pytorchcv as conv  # noqa: E402
 
 BOUND = 1e-4  # the largest allowed logit difference
@@ -60,7 +61,7 @@ def _served_entry(key, server, *, net=None, upstream_name=None):
     root, base = server
     entry = catalog.get_entry(key)
     upstream_name = upstream_name or entry.upstream_name
-    net = net if net is not None else conv.pytorchcv_reference(upstream_name, seed=0)
+    net = net if net is not None else ref.pytorchcv_reference(upstream_name, seed=0)
     metric = "top5_error" if entry.dataset == "imagenet2012" else "top1_error"
     error = f"{int(round(getattr(entry.metrics, metric) * 100)):04d}"
     zip_name, member, sha1 = _publish(net, upstream_name, error, str(root))
@@ -78,8 +79,8 @@ def test_served_checkpoint_resolves_and_matches_logits(key, server, tmp_path):
     model = kp.get_model(entry.model, **entry.architecture, classifier_activation=None)
     model.load_weights(path)
     # The published models take normalised images; compare on the same ones.
-    x = np.random.RandomState(1).randn(2, *entry.input_size).astype("float32")
-    diff = float(np.abs(np.asarray(model(x, training=False)) - conv.reference_logits(net, x)).max())
+    x = np.random.RandomState(1).randn(2, *entry.input_shape).astype("float32")
+    diff = float(np.abs(np.asarray(model(x, training=False)) - ref.reference_logits(net, x)).max())
     assert diff <= BOUND
     # The manifest records a measured figure for this entry, within the same bound.
     recorded = entry.converter_max_abs_diff
@@ -97,14 +98,14 @@ def test_factory_with_preprocessing_matches_raw_pixels(server, tmp_path):
     raw = np.random.RandomState(2).randint(0, 256, (2, 32, 32, 3)).astype("float32")
     mean, std = np.array([0.4914, 0.4822, 0.4465]), np.array([0.2023, 0.1994, 0.2010])
     normalised = ((raw / 255.0 - mean) / std).astype("float32")
-    diff = np.abs(np.asarray(model(raw, training=False)) - conv.reference_logits(net, normalised))
+    diff = np.abs(np.asarray(model(raw, training=False)) - ref.reference_logits(net, normalised))
     assert float(diff.max()) <= BOUND
 
 
 def test_checkpoint_of_another_depth_or_block_is_refused(server, tmp_path):
     # A ResNet-56 checkpoint published under the ResNet-20 entry: the hash is right,
     # the architecture is not.
-    other = conv.pytorchcv_reference("preresnet56_cifar10", seed=0)
+    other = ref.pytorchcv_reference("preresnet56_cifar10", seed=0)
     entry, _ = _served_entry("preact_resnet20.cifar10", server, net=other,
                              upstream_name="preresnet20_cifar10")
     cache = tmp_path / "cache"
@@ -113,22 +114,22 @@ def test_checkpoint_of_another_depth_or_block_is_refused(server, tmp_path):
     assert "unexpected tensors" in str(err.value)
     assert not list(cache.glob("*.weights.h5"))  # nothing cached
 
-    bottleneck = conv.pytorchcv_reference("preresnet164bn_cifar10", seed=0)
-    state = conv.state_dict_arrays(bottleneck)
+    bottleneck = ref.pytorchcv_reference("preresnet164bn_cifar10", seed=0)
+    state = ref.state_dict_arrays(bottleneck)
     with pytest.raises(ValueError, match="shape mismatches|missing"):
-        conv.load_state_dict(kp.preact_resnet20(first_unit_shared_preact=False), state)
+        conv.load_state_dict(kp.preact_resnet20(first_shared_preact=False), state)
     # An ImageNet checkpoint into a CIFAR model (and back) names both stems.
-    imagenet = conv.state_dict_arrays(conv.pytorchcv_reference("preresnet18", seed=0))
+    imagenet = ref.state_dict_arrays(ref.pytorchcv_reference("preresnet18", seed=0))
     with pytest.raises(ValueError, match="ImageNet PreResNet.*CIFAR PreResNet"):
-        conv.load_state_dict(kp.preact_resnet20(first_unit_shared_preact=False), imagenet)
+        conv.load_state_dict(kp.preact_resnet20(first_shared_preact=False), imagenet)
     with pytest.raises(ValueError, match="CIFAR PreResNet.*ImageNet PreResNet"):
         conv.load_state_dict(kp.preact_resnet18(input_shape=(64, 64, 3)), state)
 
 
 def test_a_failed_conversion_changes_no_variable():
-    model = kp.preact_resnet20(first_unit_shared_preact=False)
+    model = kp.preact_resnet20(first_shared_preact=False)
     before = [np.array(w) for w in model.weights]
-    state = conv.state_dict_arrays(conv.pytorchcv_reference("preresnet20_cifar100"))
+    state = ref.state_dict_arrays(ref.pytorchcv_reference("preresnet20_cifar100"))
     with pytest.raises(ValueError, match="classes 10"):
         conv.load_state_dict(model, state)  # a 100-class head into a 10-class model
     assert all(np.array_equal(b, np.array(w)) for b, w in zip(before, model.weights))

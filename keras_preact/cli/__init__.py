@@ -1,15 +1,11 @@
-"""The `keras-preact` command: one module per command group, each command a thin
-function over the library (importing it inside, so ``--help`` loads neither Keras nor
-TensorFlow).
+"""The `keras-preact` command: a module per command group, each command a thin function
+over the library, imported inside it so that ``--help`` loads neither Keras nor TensorFlow.
 
-Errors are reported here, once for every command: a user's error becomes one line on
-stderr and an exit status from `EPILOG` (``--debug`` shows the traceback instead).
-Commands raise; they print ``error: ...`` themselves only for the failed items of a
-batch (`predict`, `weights fetch`).
+Errors are reported here for every command: a user's error becomes one line on stderr
+and an exit status from `EPILOG` (``--debug`` shows the traceback instead).
 """
 
 import argparse
-import contextlib
 import os
 import re
 import sys
@@ -30,9 +26,6 @@ from keras_preact.cli.common import error_message
 
 __all__ = ["EXIT_BUG", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_PARTIAL", "build_parser", "main"]
 
-#: The command modules, in the order `keras-preact --help` lists their commands.
-COMMANDS = (models, train, export, weights, diagnostics, tune)
-
 EPILOG = """\
 exit status:
   0    done
@@ -46,11 +39,8 @@ TensorFlow's C++ start-up log is kept off the terminal unless TF_CPP_MIN_LOG_LEV
 set or --debug is given.
 """
 
-INTERRUPTED = "interrupted; run the same command again to resume"
-
-#: TensorFlow's C++ start-up lines: absl's pre-initialisation notice, absl-format
-#: log lines and the CPU-feature note's second line. TF_CPP_MIN_LOG_LEVEL does not
-#: reach the lines written before absl is initialised, hence the filter.
+#: TensorFlow's C++ start-up lines: absl's pre-initialisation notice, absl-format log
+#: lines and the CPU-feature note's second line.
 _TENSORFLOW_STARTUP_LOG = re.compile(
     r"WARNING: All log messages before absl::InitializeLog\(\)"
     r"|[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\] "
@@ -61,29 +51,39 @@ _TENSORFLOW_STARTUP_LOG = re.compile(
 def build_parser():
     """The `keras-preact` parser; each subcommand sets ``func`` (args -> exit status)."""
     parser = argparse.ArgumentParser(
-        prog="keras-preact",
-        description="Pre-activation ResNets (He et al. 2016) for Keras 3.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="keras-preact", description="Pre-activation ResNets (He et al. 2016) for Keras 3.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--debug", action="store_true", help="show Python tracebacks and TensorFlow's "
-                        "start-up log (before the command: keras-preact --debug train ...)")
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks and "
+                        "TensorFlow's start-up log (before the command: keras-preact --debug "
+                        "train ...)")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in COMMANDS:
+    # In the order `keras-preact --help` lists the commands.
+    for module in (models, train, export, weights, diagnostics, tune):
         module.add_commands(sub)
     return parser
 
 
-@contextlib.contextmanager
-def _without_tensorflow_startup_log():
-    """Drops TensorFlow's start-up lines from what the block writes to file descriptor 2
-    (the C++ runtime writes there directly, past `sys.stderr`)."""
+def _quiet_tensorflow():
+    """Loads Keras (and TensorFlow) without TensorFlow's C++ start-up lines on file
+    descriptor 2, unless the user set TF_CPP_MIN_LOG_LEVEL (known only before TensorFlow
+    loads: it then sets the variable itself). The variable does not reach the lines written
+    before absl is initialised, hence the filter; the device probe runs inside it because
+    without a GPU it logs a "failed call to cuInit" error."""
+    if "tensorflow" not in sys.modules and "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keeps TensorFlow's errors
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as capture:
-        os.dup2(capture.fileno(), 2)
+        os.dup2(capture.fileno(), 2)  # the C++ runtime writes there, past `sys.stderr`
         try:
-            yield
+            import keras
+
+            if keras.backend.backend() == "tensorflow":
+                import tensorflow as tf
+
+                tf.config.list_physical_devices()
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
@@ -92,26 +92,6 @@ def _without_tensorflow_startup_log():
             for line in capture.read().decode("utf-8", "replace").splitlines(keepends=True):
                 if not _TENSORFLOW_STARTUP_LOG.match(line):
                     sys.stderr.write(line)
-
-
-def _quiet_tensorflow():
-    """Loads Keras (and TensorFlow) without their C++ start-up log, unless the user set
-    TF_CPP_MIN_LOG_LEVEL (level 2 keeps TensorFlow's errors and drops its notes).
-
-    The device probe runs inside the filter because without a GPU it logs a "failed
-    call to cuInit" error. Once loaded, TensorFlow sets the variable itself (to 1), so
-    the user's choice is known only before.
-    """
-    if "tensorflow" not in sys.modules and "TF_CPP_MIN_LOG_LEVEL" in os.environ:
-        return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    with _without_tensorflow_startup_log():
-        import keras
-
-        if keras.backend.backend() == "tensorflow":
-            import tensorflow as tf
-
-            tf.config.list_physical_devices()
 
 
 def _setup_logging():
@@ -133,9 +113,9 @@ def _setup_logging():
 
 
 def _is_users_error(err):
-    """Whether `err` is about the user's input or environment rather than a bug:
-    ValueError, OSError, ModuleNotFoundError (other ImportErrors are bugs), anything
-    h5py raises (damaged files) and the package's own error types."""
+    """Whether `err` is about the user's input or environment rather than a bug: ValueError,
+    OSError, ModuleNotFoundError (other ImportErrors are bugs), the package's own error
+    types and anything h5py raises (damaged files)."""
     if isinstance(err, (ValueError, OSError, ModuleNotFoundError)):
         return True
     if type(err).__module__.startswith("keras_preact."):
@@ -155,7 +135,7 @@ def main(argv=None):
     except KeyboardInterrupt:
         if args.debug:
             raise
-        print(INTERRUPTED, file=sys.stderr)
+        print("interrupted; run the same command again to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as err:
         if args.debug:

@@ -1,5 +1,4 @@
-"""What the commands share: exit statuses, one-line error messages, tables and the
-argparse types of their flags."""
+"""What the commands share: exit statuses, one-line errors, tables and argparse types."""
 
 import argparse
 import errno
@@ -25,11 +24,10 @@ _OS_ADVICE = {
 
 def error_message(err):
     """One line saying what went wrong and, for an operating-system error, what to do."""
+    text = str(err) or type(err).__name__
     if isinstance(err, OSError) and err.filename and err.strerror:
         advice = _OS_ADVICE.get(err.errno)
         text = f"{err.strerror}: {err.filename!r}" + (f" ({advice})" if advice else "")
-    else:
-        text = str(err) or type(err).__name__
     return " ".join(text.split())
 
 
@@ -45,7 +43,7 @@ def partial_status(failed, total):
 
 def print_table(header, rows, *, right=()):
     """Prints rows (tuples of str) as aligned columns under `header` and a rule;
-    `right` holds the indices of right-aligned (numeric) columns."""
+    `right` holds the indices of the right-aligned columns."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
     print(line)
@@ -55,12 +53,9 @@ def print_table(header, rows, *, right=()):
                         for i, (c, w) in enumerate(zip(row, widths))))
 
 
-# -- argparse types ------------------------------------------------------------------
-
-
 def verbosity(value):
-    """``--verbose``: auto, 0, 1 or 2. "auto" is a progress bar (1) on a terminal and one
-    line per epoch (2) otherwise, so that logs and CI output hold no bar redrawn in place."""
+    """``--verbose``: auto, 0, 1 or 2. "auto" is a progress bar (1) on a terminal and a line
+    per epoch (2) otherwise, so that logs hold no bar redrawn in place."""
     if value == "auto":
         return 1 if sys.stdout.isatty() else 2
     if value not in ("0", "1", "2"):
@@ -73,7 +68,8 @@ def _number_list(kind, what):
         try:
             return [kind(v) for v in value.split(",") if v.strip()]
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be comma-separated {what}, not {value!r}") from None
+            raise argparse.ArgumentTypeError(f"must be comma-separated {what}, "
+                                             f"not {value!r}") from None
     return parse
 
 

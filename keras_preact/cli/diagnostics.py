@@ -1,7 +1,4 @@
-"""`keras-preact diagnose`: the gradient-flow measurement of `keras_preact.diagnostics`.
-
-TensorFlow only.
-"""
+"""`keras-preact diagnose`: the gradient-flow measurement of `keras_preact.diagnostics`."""
 
 import os
 
@@ -27,8 +24,10 @@ def add_commands(subparsers):
     p.add_argument("--seed", type=int, default=0, help="initialisation and batch seed (default 0)")
     p.add_argument("--input-size", type=int, default=32, help="image height and width (default 32)")
     p.add_argument("--classes", type=int, default=10)
-    p.add_argument("--out-dir", default="diagnostics", help="where the CSV and PNG go (default ./diagnostics)")
-    p.add_argument("--every", type=int, default=None, help="print every n-th unit (default: about 20 lines)")
+    p.add_argument("--out-dir", default="diagnostics",
+                   help="where the CSV and PNG go (default ./diagnostics)")
+    p.add_argument("--every", type=int, default=None,
+                   help="print every n-th unit (default: about 20 lines)")
     p.set_defaults(func=cmd_diagnose)
 
 
@@ -40,16 +39,15 @@ def cmd_diagnose(args):
 
     reports = diagnostics.compare_units(
         args.model, args.unit or ["full_preact"], batch_size=args.batch, seed=args.seed,
-        input_size=args.input_size, classes=args.classes,
+        input_shape=(args.input_size, args.input_size, 3), classes=args.classes,
     )
     print(f"{args.model}, batch {args.batch} of random {args.input_size}x{args.input_size} "
           f"images, seed {args.seed}, BatchNorm in training mode")
     print(diagnostics.format_table(reports, every=args.every))
     stem = os.path.join(args.out_dir, f"{args.model}_gradient_flow")
     csv_path = diagnostics.write_csv(reports, stem + ".csv")
-    png_path = diagnostics.plot_gradient_flow(
-        reports, stem + ".png", title=f"{args.model}: gradient flow at initialisation (seed {args.seed})"
-    )
+    title = f"{args.model}: gradient flow at initialisation (seed {args.seed})"
+    png_path = diagnostics.plot_gradient_flow(reports, stem + ".png", title=title)
     print(f"wrote {csv_path}")
     print(f"wrote {png_path}")
     return 0

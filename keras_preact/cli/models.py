@@ -7,7 +7,8 @@ from keras_preact.cli.common import print_table
 
 def add_commands(subparsers):
     p = subparsers.add_parser("list", help="list the models with parameters and multiply-adds")
-    p.add_argument("pattern", nargs="?", default=None, help="shell wildcard, e.g. 'preact_resnet1*'")
+    p.add_argument("pattern", nargs="?", default=None,
+                   help="shell wildcard, e.g. 'preact_resnet1*'")
     p.set_defaults(func=cmd_list)
     p = subparsers.add_parser("summary", help="print a model's layers and costs")
     p.add_argument("name", help="a model name from `keras-preact list`")

@@ -1,8 +1,4 @@
-"""`keras-preact train`, `keras-preact evaluate` and `keras-preact demo`.
-
-The `train` flags are made from the `TrainConfig` fields' types and metadata (help,
-choices), so a new field is a new flag.
-"""
+"""`keras-preact train`, `evaluate` and `demo`; a `TrainConfig` field is a `train` flag."""
 
 import argparse
 import dataclasses
@@ -16,18 +12,18 @@ from keras_preact.training.demo import DEMO_EPOCHS
 from keras_preact.training.demo import DEMO_WORKDIR
 
 #: Short second spellings of some `train` flags.
-_ALIASES = {"learning_rate": "--lr", "warmup_learning_rate": "--warmup-lr", "lr_scaling": "--lr-scale"}
-#: Argument types the fields' annotations do not tell (`freeze` stays a string, which
-#: `TrainConfig` splits at the commas).
-_TYPES = {"model_kwargs": json_dict, "boundaries": float_list, "freeze": str, "verbose": verbosity}
+_ALIASES = {"learning_rate": "--lr", "warmup_learning_rate": "--warmup-lr",
+            "lr_scaling": "--lr-scale"}
+#: Argument types the annotations do not tell (`TrainConfig` splits `freeze` at the commas).
+_TYPES = {"model_kwargs": json_dict, "boundaries": float_list, "freeze": str,
+          "verbose": verbosity}
 #: The first field of each group of `keras-preact train --help`.
 _GROUPS = {"model": "what to train", "batch_size": "recipe", "deterministic": "how to run"}
 
 
 def add_commands(subparsers):
     p = subparsers.add_parser(
-        "train",
-        help="train a model with the paper's recipe (resumes an interrupted run)",
+        "train", help="train a model with the paper's recipe (resumes an interrupted run)",
         description=(
             "Train with the paper's CIFAR recipe: batch 128, SGD momentum 0.9, coupled "
             "weight decay 1e-4, lr 0.1 (0.01 for the first 400 iterations), /10 at 32k "
@@ -41,11 +37,11 @@ def add_commands(subparsers):
     p.set_defaults(func=cmd_train)
 
     p = subparsers.add_parser(
-        "evaluate",
-        help="loss and accuracy of a trained model on a test split",
+        "evaluate", help="loss and accuracy of a trained model on a test split",
         description="Evaluate a run (--workdir) or a weights file (--model + --weights).",
     )
-    p.add_argument("--workdir", help="a training workdir (uses its model.keras or newest checkpoint)")
+    p.add_argument("--workdir",
+                   help="a training workdir (uses its model.keras or newest checkpoint)")
     p.add_argument("--model", help="a model name from `keras-preact list` (for a .weights.h5)")
     p.add_argument("--weights", help="a .keras file, or a .weights.h5 file with --model")
     p.add_argument("--dataset", help="dataset name (default: the workdir's)")
@@ -58,12 +54,9 @@ def add_commands(subparsers):
     p.set_defaults(func=cmd_evaluate)
 
     p = subparsers.add_parser(
-        "demo",
-        help="offline demo: preact ResNet-20 on scikit-learn's digits (minutes on a CPU)",
-        description=(
-            "Train pre-activation ResNet-20 on the digits that ship with scikit-learn "
-            "(no download), report held-out accuracy and write the training curve."
-        ),
+        "demo", help="offline demo: preact ResNet-20 on scikit-learn's digits (minutes on a CPU)",
+        description="Train pre-activation ResNet-20 on the digits that ship with scikit-learn "
+        "(no download), report held-out accuracy and write the training curve.",
     )
     p.add_argument("--workdir", default=DEMO_WORKDIR)
     p.add_argument("--epochs", type=int, default=DEMO_EPOCHS)
@@ -78,7 +71,9 @@ def _add_config_arguments(parser):
     defaults, group = TrainConfig(), parser
     for field in dataclasses.fields(TrainConfig):
         group = parser.add_argument_group(_GROUPS[field.name]) if field.name in _GROUPS else group
-        flags = ["--" + field.name.replace("_", "-")] + ([_ALIASES[field.name]] if field.name in _ALIASES else [])
+        flags = ["--" + field.name.replace("_", "-")]
+        if field.name in _ALIASES:
+            flags.append(_ALIASES[field.name])
         default = getattr(defaults, field.name)
         kwargs = dict(dest=field.name, default=default, help=field.metadata["help"],
                       choices=field.metadata["choices"])
@@ -88,24 +83,19 @@ def _add_config_arguments(parser):
             kwargs["action"] = argparse.BooleanOptionalAction  # --download and --no-download
         else:
             # Optional[int] -> int; a field of any type (`augment`) takes a name.
-            kwargs["type"] = _TYPES.get(field.name) or next(
+            arg_type = _TYPES.get(field.name) or next(
                 (t for t in typing.get_args(field.type) if t is not type(None)), field.type)
-            kwargs["type"] = str if kwargs["type"] is object else kwargs["type"]
+            kwargs["type"] = str if arg_type is object else arg_type
         group.add_argument(*flags, **kwargs)
         if field.name == "augment":
             group.add_argument("--no-augment", dest="augment", action="store_const", const=False,
                                help="no augmentation")
 
 
-def config_from_args(args):
-    """The `TrainConfig` a parsed `train` command line describes."""
-    return TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
-
-
-def print_result(result):
+def _print_result(result):
     """Prints a finished run's test metrics and where its outputs are."""
-    print(f"test accuracy {100 * result['test_accuracy']:.2f}%  test loss {result['test_loss']:.4f}  "
-          f"({result['epochs']} epochs, {result['steps']} steps)")
+    print(f"test accuracy {100 * result['test_accuracy']:.2f}%  test loss "
+          f"{result['test_loss']:.4f}  ({result['epochs']} epochs, {result['steps']} steps)")
     print(f"workdir: {result['workdir']}")
     print(f"model:   {result['model_path']}")
 
@@ -113,7 +103,8 @@ def print_result(result):
 def cmd_train(args):
     from keras_preact.training.trainer import train_and_evaluate
 
-    result = train_and_evaluate(config_from_args(args), args.workdir)
+    config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    result = train_and_evaluate(config, args.workdir)
     if result["resumed_from_epoch"] is None:
         print("The run was already complete.")
     elif result["resumed_from_epoch"]:
@@ -122,19 +113,19 @@ def cmd_train(args):
         # A multi-worker run: only the chief writes (and reports) the outputs.
         print(f"{result['task']} done; the chief wrote the outputs.")
     else:
-        print_result(result)
+        _print_result(result)
     if result.get("weights_digest"):
         print(f"weights digest: {result['weights_digest']}")
     return 0
 
 
 def cmd_evaluate(args):
-    if args.workdir is None and (args.dataset is None or (args.model is None and args.weights is None)):
+    no_weights = args.model is None and args.weights is None
+    if args.workdir is None and (args.dataset is None or no_weights):
         raise ValueError(
             "give --workdir, or --dataset with --weights (a .keras file, or --model and "
             f"its .weights.h5). Received: --dataset {args.dataset}, --model {args.model}, "
-            f"--weights {args.weights}"
-        )
+            f"--weights {args.weights}")
     from keras_preact.training.trainer import evaluate
 
     result = evaluate(
@@ -154,7 +145,7 @@ def cmd_demo(args):
                       verbose=args.verbose)
     print(f"Held-out accuracy on digits: {100 * result['test_accuracy']:.2f}%")
     print(f"Training curve: {result['curve_path']}")
-    print_result(result)
+    _print_result(result)
     if result.get("export"):
         print(f"Export: {result['export']}")
     return 0

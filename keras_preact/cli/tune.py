@@ -87,10 +87,10 @@ def cmd_tune(args):
         configure_runtime(cpu_devices=args.cpu_devices)
     from keras_preact.tuning.study import tune
 
+    strategy = None if args.strategy == "default" else args.strategy
     result = tune(args.workdir, tuner=args.tuner, max_trials=args.max_trials,
                   overwrite=args.overwrite, export=not args.no_export,
-                  distribution_strategy=args.strategy if args.strategy not in (None, "default") else None,
-                  verbose=args.verbose, **space)
+                  distribution_strategy=strategy, verbose=args.verbose, **space)
     if result["role"] == "worker":
         print("Worker done: the chief writes the results.")
         return 0
@@ -111,17 +111,17 @@ def cmd_tune(args):
 
 
 def _print_results(rows):
-    header = ("trial", "depth", "block", "width", "lr", "wd", "params", "MACs", "val acc", "time s")
     lines = []
     for r in rows:
-        acc = r["val_accuracy"]
+        acc = "" if r["val_accuracy"] is None else f"{100 * r['val_accuracy']:.2f}%"
+        over = "" if r["within_budget"] in (None, 1) else " (over budget)"
         lines.append((
-            str(r["trial"]), str(r["depth"]), str(r["block"]), f"{r['width']}",
-            f"{r['learning_rate']}", f"{r['weight_decay']}",
-            f"{r['params']:,}" if r["params"] is not None else "",
-            f"{r['macs'] / 1e6:,.1f}M" if r["macs"] is not None else "",
-            (f"{100 * acc:.2f}%" if acc is not None else r["status"])
-            + ("" if r["within_budget"] in (None, 1) else " (over budget)"),
-            f"{r['train_time_s']:.1f}" if r["train_time_s"] is not None else "",
+            str(r["trial"]), str(r["depth"]), str(r["block"]), str(r["width"]),
+            str(r["learning_rate"]), str(r["weight_decay"]),
+            "" if r["params"] is None else f"{r['params']:,}",
+            "" if r["macs"] is None else f"{r['macs'] / 1e6:,.1f}M",
+            (acc or r["status"]) + over,
+            "" if r["train_time_s"] is None else f"{r['train_time_s']:.1f}",
         ))
+    header = ("trial", "depth", "block", "width", "lr", "wd", "params", "MACs", "val acc", "time s")
     print_table(header, lines)

@@ -8,6 +8,14 @@ from keras_preact.cli.common import partial_status
 from keras_preact.cli.common import print_error
 from keras_preact.cli.common import print_table
 
+#: What `weights verify` prints for each status of `verify_cache`.
+_VERIFY_LINES = {
+    "ok": "{key}: ok (sha256 {sha256})",
+    "not cached": "{key}: not cached",
+    "no record": "{key}: NO RECORD (no sidecar {path}.json; not trusted)",
+    "altered": "{key}: ALTERED ({error})",
+}
+
 
 def add_commands(subparsers):
     p = subparsers.add_parser(
@@ -45,6 +53,10 @@ def add_commands(subparsers):
     q.add_argument("--output", default=None, help="write to this file (default: print)")
 
 
+def _cell(value):
+    return "-" if value is None else str(value)
+
+
 def cmd_list(args):
     from keras_preact.weights.catalog import list_entries
     from keras_preact.weights.download import cached_entries
@@ -55,12 +67,12 @@ def cmd_list(args):
         model_info(args.model)  # an unknown name is an error, not an empty list
     entries = list_entries(args.model)
     if not entries:
-        print("No pretrained weights in the catalog" + (f" for {args.model}." if args.model else "."))
+        where = f" for {args.model}" if args.model else ""
+        print(f"No pretrained weights in the catalog{where}.")
         return 0
     cached = {c["key"] for c in cached_entries(args.cache_dir)}
-    cell = lambda value: "-" if value is None else str(value)  # noqa: E731
-    rows = [(e.key, "yes" if e.default else "", cell(e.dataset), cell(e.classes),
-             cell(e.metrics.top1_error), "yes" if e.key in cached else "") for e in entries]
+    rows = [(e.key, "yes" if e.default else "", _cell(e.dataset), _cell(e.classes),
+             _cell(e.metrics.top1_error), "yes" if e.key in cached else "") for e in entries]
     print_table(("weights", "default", "dataset", "classes", "error %", "cached"), rows)
     return 0
 
@@ -72,25 +84,15 @@ def cmd_fetch(args):
     failed = 0
     for key in args.keys:
         try:
-            path = fetch_weights(
-                key, build=get_model, cache_dir=args.cache_dir,
-                offline=True if args.offline else None, progress=not args.no_progress,
-            )
+            path = fetch_weights(key, build=get_model, cache_dir=args.cache_dir,
+                                 offline=True if args.offline else None,
+                                 progress=not args.no_progress)
         except (ValueError, OSError) as err:  # the other keys are still fetched
             print_error(err)
             failed += 1
-            continue
-        print(f"{key}: {path}")
+        else:
+            print(f"{key}: {path}")
     return partial_status(failed, len(args.keys))
-
-
-#: What `weights verify` prints for each status of `verify_cache`.
-_VERIFY_LINES = {
-    "ok": "{key}: ok (sha256 {sha256})",
-    "not cached": "{key}: not cached",
-    "no record": "{key}: NO RECORD (no sidecar {path}.json; not trusted)",
-    "altered": "{key}: ALTERED ({error})",
-}
 
 
 def cmd_verify(args):
@@ -121,9 +123,7 @@ def cmd_path(args):
 def cmd_clear(args):
     from keras_preact.weights.download import clear_cache
 
-    removed = []
-    for key in args.keys or [None]:
-        removed += clear_cache(key, args.cache_dir)
+    removed = [path for key in args.keys or [None] for path in clear_cache(key, args.cache_dir)]
     print(f"Removed {len(removed)} file(s).")
     return 0
 
@@ -135,7 +135,7 @@ def cmd_readme(args):
     text = render_zoo_readme()
     if args.output is None:
         sys.stdout.write(text)
-    else:
-        atomic_write_text(args.output, text)
-        print(f"Wrote {args.output}")
+        return 0
+    atomic_write_text(args.output, text)
+    print(f"Wrote {args.output}")
     return 0

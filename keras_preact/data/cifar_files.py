@@ -1,11 +1,6 @@
 """Readers for the original CIFAR-10/100 files (https://www.cs.toronto.edu/~kriz/cifar.html),
 extracted or as the ``.tar.gz`` archive (streamed, never extracted to disk). NumPy only.
-
-* python layout (`LAYOUTS`): pickled dicts with ``b"data"`` (N x 3072 uint8: 1024 red,
-  then green, then blue values, each a row-major 32 x 32 plane) and ``b"labels"``
-  (CIFAR-10) or ``b"fine_labels"`` (CIFAR-100), read with `safe_pickle` (no code runs).
-* binary layout: records of the label byte(s) (CIFAR-100: coarse, then fine) and 3072
-  pixel bytes.
+Python layout: pickled dicts, read with `safe_pickle`; binary layout: fixed-size records.
 """
 
 import os
@@ -14,10 +9,8 @@ import zlib
 
 import numpy as np
 
-from keras_preact.data.registry import check_split
 from keras_preact.data.safe_pickle import safe_load_pickle
 
-IMAGE_SHAPE = (32, 32, 3)
 _PIXELS = 32 * 32 * 3
 
 
@@ -39,8 +32,8 @@ LAYOUTS = {
     },
 }
 _NUM_CLASSES = {"cifar10": 10, "cifar100": 100}
-# Python layout: the key of the labels used for training (CIFAR-100: the 100 fine
-# classes, as in the paper's CIFAR-100 results; the 20 coarse ones are not used).
+# Python layout: the key of the labels used (CIFAR-100: the 100 fine classes, as in the
+# paper's CIFAR-100 results; the 20 coarse ones are not used).
 _LABEL_KEY = {"cifar10": b"labels", "cifar100": b"fine_labels"}
 # Binary layout: number of label bytes before the pixels and which one is used.
 _BINARY_LABELS = {"cifar10": (1, 0), "cifar100": (2, 1)}
@@ -55,7 +48,6 @@ def find_cifar_files(name, location):
         ``(kind, layout, path)`` with kind "dir" or "tar", layout "python", "binary" or
         None (a tar whose layout is read from its members), or None when nothing is found.
     """
-    _check_name(name)
     location = os.path.abspath(os.fspath(location))
     if os.path.isfile(location):
         return ("tar", None, location) if location.endswith(_ARCHIVE_SUFFIXES) else None
@@ -64,7 +56,8 @@ def find_cifar_files(name, location):
     base = os.path.basename(location.rstrip(os.sep))
     hits = []  # (preference, kind, layout, path); python before binary at equal preference
     for layout, spec in LAYOUTS[name].items():
-        inner, archive = os.path.join(location, spec["dir"]), os.path.join(location, spec["archive"])
+        inner = os.path.join(location, spec["dir"])
+        archive = os.path.join(location, spec["archive"])
         batch_files = [os.path.join(location, spec[s][0]) for s in ("test", "train")]
         checks = (
             (base == spec["dir"], "dir", location),  # the extracted folder itself
@@ -73,9 +66,7 @@ def find_cifar_files(name, location):
             (os.path.isfile(archive), "tar", archive),  # a folder holding the archive
         )
         hits += [(rank, kind, layout, path) for rank, (ok, kind, path) in enumerate(checks) if ok]
-    if not hits:
-        return None
-    return min(hits, key=lambda hit: hit[0])[1:]
+    return min(hits, key=lambda hit: hit[0])[1:] if hits else None
 
 
 def describe_expected(name):
@@ -95,8 +86,6 @@ def read_cifar(name, split, location):
         ValueError: when no CIFAR files are there, or a batch file is missing, truncated,
             corrupt or of the wrong shape (naming the file).
     """
-    _check_name(name)
-    check_split(split)
     found = find_cifar_files(name, location)
     if found is None:
         raise ValueError(f"No {name} files found at {os.fspath(location)!r}. Expected one of: "
@@ -109,8 +98,8 @@ def read_cifar(name, split, location):
         blobs = []
         for fpath in (os.path.join(path, f) for f in files):
             if not os.path.isfile(fpath):
-                raise ValueError(f"The {name} file {fpath!r} is missing (the {layout} layout needs "
-                                 f"{', '.join(files)} for split={split!r}).")
+                raise ValueError(f"The {name} file {fpath!r} is missing (the {layout} layout "
+                                 f"needs {', '.join(files)} for split={split!r}).")
             with open(fpath, "rb") as f:
                 blobs.append((fpath, f.read()))
     parse = _parse_pickle_batch if layout == "python" else _parse_binary_batch
@@ -134,9 +123,8 @@ def _read_tar(name, split, archive, layout):
                 if member_name in wanted and member.isfile():
                     found[member_name] = tar.extractfile(member).read()
     except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
-        raise ValueError(
-            f"The archive {archive!r} is truncated or corrupt ({type(err).__name__}: {err})."
-        ) from None
+        raise ValueError(f"The archive {archive!r} is truncated or corrupt "
+                         f"({type(err).__name__}: {err}).") from None
     if layout is None:
         if not seen_layouts:
             raise ValueError(f"The archive {archive!r} holds no {name} folder (expected "
@@ -145,30 +133,28 @@ def _read_tar(name, split, archive, layout):
         layout = "python" if "python" in seen_layouts else "binary"
     spec = layouts[layout]
     blobs = []
-    for fname in spec[split]:
-        member_name = f"{spec['dir']}/{fname}"
+    for member_name in (f"{spec['dir']}/{fname}" for fname in spec[split]):
         if member_name not in found:
-            raise ValueError(f"The archive {archive!r} has no member {member_name!r} (the {layout} "
-                             f"layout needs {', '.join(spec[split])} for split={split!r}).")
+            raise ValueError(f"The archive {archive!r} has no member {member_name!r} (the "
+                             f"{layout} layout needs {', '.join(spec[split])} for "
+                             f"split={split!r}).")
         blobs.append((f"{archive}:{member_name}", found[member_name]))
     return layout, blobs
 
 
 def _parse_pickle_batch(name, source, data):
     batch = safe_load_pickle(data, source=source)
-    if not isinstance(batch, dict):
-        raise ValueError(f"The {name} batch file {source!r} does not hold a dict (found "
-                         f"{type(batch).__name__}).")
     label_key = _LABEL_KEY[name]
-    pixels, labels = (batch.get(k, batch.get(k.decode("ascii"))) for k in (b"data", label_key))
+    batch = batch if isinstance(batch, dict) else {}
+    pixels, labels = (batch.get(k, batch.get(k.decode())) for k in (b"data", label_key))
     if pixels is None or labels is None:
-        raise ValueError(f"The {name} batch file {source!r} lacks the key {b'data'!r} or "
-                         f"{label_key!r} (found keys {sorted(map(repr, batch))}).")
-    if not isinstance(pixels, np.ndarray) or pixels.dtype != np.uint8:
-        raise ValueError(f"In {source!r}, {b'data'!r} must be a uint8 numpy array; found "
-                         f"{type(pixels).__name__} {getattr(pixels, 'dtype', '')}.")
-    if pixels.ndim != 2 or pixels.shape[1] != _PIXELS:
-        raise ValueError(f"In {source!r}, {b'data'!r} has shape {pixels.shape}; expected (N, {_PIXELS}).")
+        raise ValueError(f"The {name} batch file {source!r} is not a dict with the keys "
+                         f"{b'data'!r} and {label_key!r}.")
+    ok = isinstance(pixels, np.ndarray) and pixels.dtype == np.uint8 and pixels.ndim == 2
+    if not ok or pixels.shape[1] != _PIXELS:
+        raise ValueError(f"In {source!r}, {b'data'!r} has shape {getattr(pixels, 'shape', None)}"
+                         f" and type {getattr(pixels, 'dtype', type(pixels).__name__)}; expected "
+                         f"uint8 (N, {_PIXELS}).")
     try:
         labels = np.asarray(labels, dtype=np.int64)
     except (TypeError, ValueError, OverflowError):
@@ -176,35 +162,26 @@ def _parse_pickle_batch(name, source, data):
     if labels.shape != (pixels.shape[0],):
         raise ValueError(f"In {source!r}, {label_key!r} has shape {labels.shape} for "
                          f"{pixels.shape[0]} images.")
-    _check_labels(name, source, labels)
-    return _planes_to_nhwc(pixels), labels
+    return _to_nhwc(name, source, pixels, labels)
 
 
 def _parse_binary_batch(name, source, data):
     num_label_bytes, label_index = _BINARY_LABELS[name]
     record = num_label_bytes + _PIXELS
     if len(data) == 0 or len(data) % record:
-        raise ValueError(f"The {name} binary file {source!r} has {len(data)} bytes, not a positive "
-                         f"multiple of the {record}-byte record ({num_label_bytes} label byte(s) + "
-                         f"{_PIXELS} pixels): truncated or of the wrong layout.")
+        raise ValueError(f"The {name} binary file {source!r} has {len(data)} bytes, not a "
+                         f"positive multiple of the {record}-byte record ({num_label_bytes} "
+                         f"label byte(s) + {_PIXELS} pixels): truncated or of the wrong layout.")
     rows = np.frombuffer(data, dtype=np.uint8).reshape(-1, record)
     labels = rows[:, label_index].astype(np.int64)
-    _check_labels(name, source, labels)
-    return _planes_to_nhwc(rows[:, num_label_bytes:]), labels
+    return _to_nhwc(name, source, rows[:, num_label_bytes:], labels)
 
 
-def _planes_to_nhwc(pixels):
-    # Each row is 1024 R, then 1024 G, then 1024 B values, every plane row-major 32 x 32.
-    return np.ascontiguousarray(pixels.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
-
-
-def _check_labels(name, source, labels):
+def _to_nhwc(name, source, pixels, labels):
+    """Checks the labels' range; each pixel row is the R, G, B planes, each row-major."""
     num_classes = _NUM_CLASSES[name]
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(f"In {source!r}, labels range over [{labels.min()}, {labels.max()}]; "
                          f"{name} has classes 0..{num_classes - 1}.")
-
-
-def _check_name(name):
-    if name not in LAYOUTS:
-        raise ValueError(f"No original-file reader for dataset {name!r}. Valid: {sorted(LAYOUTS)}")
+    images = np.ascontiguousarray(pixels.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+    return images, labels

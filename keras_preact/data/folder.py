@@ -1,36 +1,29 @@
-"""Any folder of images with one sub-folder per class, read into uint8 arrays.
+"""Any folder of images with one sub-folder per class, read into uint8 arrays with
+`keras.utils.image_dataset_from_directory` (TensorFlow, imported only when read).
 
-Decoding uses `keras.utils.image_dataset_from_directory` (TensorFlow, imported only when
-a folder is read). Two layouts are accepted:
-
-* ``root/train/<class>/*.png`` and ``root/test/<class>/*.png``: the split sub-folders
-  are used as they are; class ids come from the sorted class names of ``train``.
-* ``root/<class>/*.png``: 20% of every class is held out as "test" with seed 0
-  (`keras_preact.data.registry.stratified_split`).
-
-Images are resized to `image_size` (bilinear, Keras' default, aspect ratio not kept);
-images already of that size come through unchanged.
+Layouts: ``root/train/<class>/*`` and ``root/test/<class>/*`` (class ids from the sorted
+class names of ``train``), or ``root/<class>/*`` (20% of every class held out as "test"
+with seed 0, `registry.stratified_split`). Images are resized to `image_size` (bilinear,
+aspect ratio not kept); images already of that size come through unchanged.
 """
 
 import os
 
 import numpy as np
 
-from keras_preact.data.registry import check_split
 from keras_preact.data.registry import stratified_split
-
-TEST_FRACTION = 0.2
-SPLIT_SEED = 0
 
 
 def folder_layout(path):
     """Returns ("split", train_dir, test_dir) or ("flat", path, None); raises ValueError."""
     if path is None:
-        raise ValueError("The 'folder' dataset needs `path`: a folder with one sub-folder per class "
-                         "(or train/ and test/ sub-folders holding those). Received: path=None")
+        raise ValueError("The 'folder' dataset needs `path`: a folder with one sub-folder per "
+                         "class (or train/ and test/ sub-folders holding those). "
+                         "Received: path=None")
     path = os.path.abspath(os.path.expanduser(os.fspath(path)))
     if not os.path.isdir(path):
-        raise ValueError(f"The image folder does not exist or is not a folder. Received: path={path!r}")
+        raise ValueError("The image folder does not exist or is not a folder. "
+                         f"Received: path={path!r}")
     train_dir, test_dir = os.path.join(path, "train"), os.path.join(path, "test")
     if os.path.isdir(train_dir) and os.path.isdir(test_dir):
         return "split", train_dir, test_dir
@@ -46,7 +39,8 @@ def class_folders(directory, *, within=None):
                          "<folder>/<class name>/<images>).")
     extra = sorted(set(names) - set(within or names))
     if extra:
-        raise ValueError(f"The folder {directory!r} has classes missing from the train folder: {extra}.")
+        raise ValueError(f"The folder {directory!r} has classes missing from the train "
+                         f"folder: {extra}.")
     return names
 
 
@@ -56,7 +50,7 @@ def _read_directory(directory, class_names, image_size):
     try:
         ds = keras.utils.image_dataset_from_directory(
             directory, labels="inferred", label_mode="int", class_names=class_names,
-            color_mode="rgb", batch_size=256, image_size=tuple(image_size), shuffle=False,
+            color_mode="rgb", batch_size=256, image_size=image_size, shuffle=False,
             interpolation="bilinear", data_format="channels_last", verbose=False,
         )
     except ValueError as err:
@@ -67,8 +61,9 @@ def _read_directory(directory, class_names, image_size):
             images.append(np.clip(np.rint(np.asarray(x)), 0, 255).astype(np.uint8))
             labels.append(np.asarray(y).astype(np.int64))
     except Exception as err:  # noqa: BLE001 - a bad image file surfaces as a TF error.
-        raise ValueError(f"Cannot decode an image under {directory!r} ({type(err).__name__}: "
-                         f"{str(err).splitlines()[0] if str(err) else ''}).") from None
+        first_line = str(err).splitlines()[0] if str(err) else ""
+        raise ValueError(f"Cannot decode an image under {directory!r} "
+                         f"({type(err).__name__}: {first_line}).") from None
     if not images:
         raise ValueError(f"The image folder {directory!r} holds no images.")
     return np.concatenate(images), np.concatenate(labels)
@@ -82,15 +77,14 @@ def read_image_folder(path, split, *, image_size=(32, 32)):
         "class_names", "layout" and "path".
 
     Raises:
-        ValueError: for a missing path, a folder without classes or images, an image
-            that cannot be decoded, or an unknown split.
+        ValueError: for a missing path, a folder without classes or images, or an image
+            that cannot be decoded.
     """
-    check_split(split)
     try:
-        h, w = (int(v) for v in image_size)
+        size = tuple(int(v) for v in image_size)
     except (TypeError, ValueError):
-        h = w = 0
-    if h <= 0 or w <= 0:
+        size = ()
+    if len(size) != 2 or min(size) <= 0:
         raise ValueError("`image_size` must be two positive ints (height, width). Received: "
                          f"image_size={image_size!r}")
     layout, train_dir, test_dir = folder_layout(path)
@@ -98,12 +92,12 @@ def read_image_folder(path, split, *, image_size=(32, 32)):
     if layout == "split":
         directory = train_dir if split == "train" else test_dir
         own = class_folders(directory, within=class_names)
-        images, labels = _read_directory(directory, own, (h, w))
+        images, labels = _read_directory(directory, own, size)
         # Class ids follow the train folder's classes, even where the test folder lacks some.
         labels = np.array([class_names.index(n) for n in own], np.int64)[labels]
     else:
-        images, labels = _read_directory(train_dir, class_names, (h, w))
-        train, test = stratified_split(labels, test_fraction=TEST_FRACTION, seed=SPLIT_SEED)
+        images, labels = _read_directory(train_dir, class_names, size)
+        train, test = stratified_split(labels)
         idx = train if split == "train" else test
         images, labels = images[idx], labels[idx]
     root = train_dir if layout == "flat" else os.path.dirname(train_dir)

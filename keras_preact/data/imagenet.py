@@ -1,19 +1,10 @@
 """ImageNet-style input pipelines, streamed from image folders or TFDS `imagenet2012`.
 
-Nothing is held in memory: files are listed, shuffled in a ``(seed, epoch)`` order and
-decoded per example; the randomness of example ``i`` of epoch ``e`` is a function of
-``(seed, e, i)`` only (stateless ops), so a resumed run sees the same crops.
-
-* Training: random-resized crop (8% to 100% of the area, aspect ratio in [3/4, 4/3],
-  resized to `image_size`; Szegedy et al. 2015, as in fb.resnet.torch, which trained
-  the paper's ImageNet models) and a random horizontal flip.
-* Evaluation: shorter side resized to `resize_size` (256), centre crop of `image_size`
-  (224): the paper's single-crop evaluation.
-
-Sources: ``source="folder"`` reads ``root/train/<class>/*`` and ``root/val/<class>/*``
-(``test`` is accepted for ``val``; classes are the sorted sub-folders of ``train``).
-``source="tfds"`` reads TFDS' ``imagenet2012``, which TFDS cannot download: the official
-tar files in `manual_dir` are prepared once into `data_dir`.
+Files are listed, shuffled in a ``(seed, epoch)`` order and decoded per example; the
+randomness of example ``i`` of epoch ``e`` is a function of ``(seed, e, i)`` only, so a
+resumed run sees the same crops. Training: random-resized crop and horizontal flip (as in
+fb.resnet.torch, which trained the paper's ImageNet models); evaluation: shorter side to
+`resize_size` (256), centre crop of `image_size` (224), the paper's single-crop test.
 """
 
 import math
@@ -22,14 +13,13 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from keras_preact.data.augment import ALG
-from keras_preact.data.augment import stateless_key
 from keras_preact.data.folder import class_folders
+from keras_preact.data.pipeline import ALG
+from keras_preact.data.pipeline import stateless_key
 from keras_preact.data.registry import MAX_SEED
+from keras_preact.data.registry import check_int
 from keras_preact.layers.utils import check_bool
 from keras_preact.layers.utils import check_choice
-from keras_preact.data.registry import check_int
-from keras_preact.data.registry import check_split
 
 IMAGE_SIZE = 224
 RESIZE_SIZE = 256
@@ -42,13 +32,6 @@ TFDS_SPLITS = {"train": "train", "val": "validation", "test": "validation"}
 _STREAM_ORDER, _STREAM_AUGMENT = 2, 3
 
 
-def decode_image(data):
-    """Decodes JPEG/PNG/BMP/GIF bytes to a uint8 (H, W, 3) tensor (first frame)."""
-    image = tf.io.decode_image(data, channels=3, expand_animations=False)
-    image.set_shape((None, None, 3))
-    return image
-
-
 def random_resized_crop(image, key, *, image_size=IMAGE_SIZE, scale=CROP_SCALE,
                         ratio=CROP_RATIO, flip=True):
     """The training transform of a uint8 (H, W, 3) `image`: a random crop of `scale`
@@ -57,33 +40,31 @@ def random_resized_crop(image, key, *, image_size=IMAGE_SIZE, scale=CROP_SCALE,
     in [0, 255]. `key`: int64 (2,), this example's stateless seed."""
     shape = tf.shape(image)
     h, w = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)
-    area = h * w
     keys = tf.random.experimental.stateless_split(key, num=4, alg=ALG)
     # Ten tries, as fb.resnet.torch and torchvision do; the first crop that fits wins,
     # else the whole image (centre crop to the nearest allowed ratio).
-    tries = 10
-    target_area = area * tf.random.stateless_uniform(
-        (tries,), keys[0], minval=scale[0], maxval=scale[1], alg=ALG)
-    log_ratio = tf.random.stateless_uniform(
-        (tries,), keys[1], minval=math.log(ratio[0]), maxval=math.log(ratio[1]), alg=ALG)
-    aspect = tf.exp(log_ratio)
+    target_area = h * w * tf.random.stateless_uniform(
+        (10,), keys[0], minval=scale[0], maxval=scale[1], alg=ALG)
+    aspect = tf.exp(tf.random.stateless_uniform(
+        (10,), keys[1], minval=math.log(ratio[0]), maxval=math.log(ratio[1]), alg=ALG))
     cw = tf.round(tf.sqrt(target_area * aspect))
     ch = tf.round(tf.sqrt(target_area / aspect))
     fits = (cw > 0) & (ch > 0) & (cw <= w) & (ch <= h)
     first = tf.argmax(tf.cast(fits, tf.int32))
     any_fit = tf.reduce_any(fits)
     in_ratio = w / h
-    fallback_w = tf.where(in_ratio < ratio[0], w, tf.where(in_ratio > ratio[1], tf.round(h * ratio[1]), w))
+    fallback_w = tf.where(in_ratio < ratio[0], w,
+                          tf.where(in_ratio > ratio[1], tf.round(h * ratio[1]), w))
     fallback_h = tf.where(in_ratio < ratio[0], tf.round(w / ratio[0]), h)
     crop_w = tf.cast(tf.where(any_fit, cw[first], fallback_w), tf.int32)
     crop_h = tf.cast(tf.where(any_fit, ch[first], fallback_h), tf.int32)
     u = tf.random.stateless_uniform((2,), keys[2], alg=ALG)
-    top = tf.where(any_fit, tf.cast(u[0] * tf.cast(shape[0] - crop_h + 1, tf.float32), tf.int32),
-                   (shape[0] - crop_h) // 2)
-    left = tf.where(any_fit, tf.cast(u[1] * tf.cast(shape[1] - crop_w + 1, tf.float32), tf.int32),
-                    (shape[1] - crop_w) // 2)
-    top = tf.minimum(top, shape[0] - crop_h)
-    left = tf.minimum(left, shape[1] - crop_w)
+
+    def offset(u, room):  # Uniform in [0, room] for a crop that fits, else centred.
+        uniform = tf.cast(u * tf.cast(room + 1, tf.float32), tf.int32)
+        return tf.minimum(tf.where(any_fit, uniform, room // 2), room)
+
+    top, left = offset(u[0], shape[0] - crop_h), offset(u[1], shape[1] - crop_w)
     crop = image[top:top + crop_h, left:left + crop_w]
     out = tf.image.resize(tf.cast(crop, tf.float32), (image_size, image_size), method="bilinear")
     if flip:
@@ -96,43 +77,39 @@ def resize_center_crop(image, *, image_size=IMAGE_SIZE, resize_size=RESIZE_SIZE)
     """The evaluation transform: shorter side to `resize_size`, centre `image_size` crop
     (float32 in [0, 255]). An image whose shorter side already equals `resize_size` is
     not resampled, so the crop is an exact slice of it."""
-    shape = tf.shape(image)
-    h, w = shape[0], shape[1]
-    short = tf.minimum(h, w)
+    hw = tf.shape(image)[:2]
+    short = tf.reduce_min(hw)
     scale = tf.cast(resize_size, tf.float32) / tf.cast(short, tf.float32)
-    new_h = tf.cast(tf.round(tf.cast(h, tf.float32) * scale), tf.int32)
-    new_w = tf.cast(tf.round(tf.cast(w, tf.float32) * scale), tf.int32)
-    new_h = tf.where(h == short, resize_size, new_h)
-    new_w = tf.where(w == short, resize_size, new_w)
+    new_size = tf.cast(tf.round(tf.cast(hw, tf.float32) * scale), tf.int32)
+    new_size = tf.where(hw == short, resize_size, new_size)  # the shorter side exactly
     x = tf.cast(image, tf.float32)
-    x = tf.cond(tf.equal(short, resize_size),
-                lambda: x,
-                lambda: tf.image.resize(x, tf.stack([new_h, new_w]), method="bilinear", antialias=True))
+    x = tf.cond(tf.equal(short, resize_size), lambda: x,
+                lambda: tf.image.resize(x, new_size, method="bilinear", antialias=True))
     top = (tf.shape(x)[0] - image_size) // 2
     left = (tf.shape(x)[1] - image_size) // 2
-    out = x[top:top + image_size, left:left + image_size]
-    out = tf.ensure_shape(out, (image_size, image_size, 3))
+    out = tf.ensure_shape(x[top:top + image_size, left:left + image_size],
+                          (image_size, image_size, 3))
     return tf.clip_by_value(out, 0.0, 255.0)
 
 
 def list_image_folder(root, split):
-    """Lists ``(paths, labels, class_names)`` of one split of an ImageNet-style folder;
+    """Lists ``(paths, labels, class_names)`` of one split of a folder holding train/ and
+    val/ (or test/), each with one sub-folder per class (classes: those of train/);
     raises ValueError when the folder, the split, its classes or images are missing."""
     if root is None:
         raise ValueError("source='folder' needs `path`: a folder with train/<class>/ and "
                          "val/<class>/ sub-folders. Received: path=None")
     root = os.path.abspath(os.path.expanduser(os.fspath(root)))
-    train_dir = os.path.join(root, "train")
+    split_dir = train_dir = os.path.join(root, "train")
     if not os.path.isdir(train_dir):
-        raise ValueError(f"The ImageNet-style folder needs a train/ sub-folder with one folder per "
-                         f"class. Received: path={root!r}")
+        raise ValueError("The ImageNet-style folder needs a train/ sub-folder with one folder "
+                         f"per class. Received: path={root!r}")
     class_names = class_folders(train_dir)
-    split_dir = train_dir
     if split != "train":
         split_dir = next((d for d in (os.path.join(root, "val"), os.path.join(root, "test"))
                           if os.path.isdir(d)), None)
         if split_dir is None:
-            raise ValueError(f"The ImageNet-style folder has no val/ (or test/) sub-folder. "
+            raise ValueError("The ImageNet-style folder has no val/ (or test/) sub-folder. "
                              f"Received: path={root!r}, split={split!r}")
         class_folders(split_dir, within=class_names)
     paths, labels = [], []
@@ -148,13 +125,12 @@ def list_image_folder(root, split):
 
 
 def _folder_examples(path, split, *, shuffle, seed, epoch):
-    """``(file bytes, label)`` examples of an image folder (in the ``(seed, epoch)``
-    permutation when shuffled) and its class names."""
+    """``(file bytes, label)`` examples of an image folder and its class names."""
     paths, labels, class_names = list_image_folder(path, split)
     if shuffle:
+        key = stateless_key(seed, epoch, _STREAM_ORDER, 0)
         order = tf.random.experimental.index_shuffle(
-            tf.range(len(paths), dtype=tf.int64), seed=stateless_key(seed, epoch, _STREAM_ORDER, 0),
-            max_index=len(paths) - 1).numpy()
+            tf.range(len(paths), dtype=tf.int64), seed=key, max_index=len(paths) - 1).numpy()
         paths, labels = [paths[i] for i in order], labels[order]
     ds = tf.data.Dataset.from_tensor_slices((paths, labels))
     ds = ds.map(lambda p, y: (tf.io.read_file(p), y), num_parallel_calls=tf.data.AUTOTUNE,
@@ -178,10 +154,11 @@ def _tfds_examples(split, *, data_dir, manual_dir):
         ds = read()
     except (AssertionError, FileNotFoundError, tf.errors.NotFoundError):
         if manual_dir is None:
-            raise ValueError("TFDS' imagenet2012 is not prepared in data_dir="
-                             f"{builder.data_dir!r}. ImageNet cannot be downloaded automatically: "
-                             "put ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar in a folder and "
-                             "pass it as manual_dir (prepared once into data_dir).") from None
+            raise ValueError(
+                f"TFDS' imagenet2012 is not prepared in data_dir={builder.data_dir!r}. ImageNet "
+                "cannot be downloaded automatically: put ILSVRC2012_img_train.tar and "
+                "ILSVRC2012_img_val.tar in a folder and pass it as manual_dir (prepared once "
+                "into data_dir).") from None
         builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
             manual_dir=os.path.expanduser(os.fspath(manual_dir))))
         ds = read()
@@ -217,7 +194,7 @@ def make_imagenet_dataset(split, *, source="folder", path=None, data_dir=None,
     Example:
         >>> train, classes = make_imagenet_dataset("train", path="~/imagenet", seed=0)
     """
-    check_split(split, ("train", "val", "test"))
+    check_choice("split", split, ("train", "val", "test"))
     check_choice("source", source, SOURCES)
     for name, value, minimum in (("batch_size", batch_size, 1), ("image_size", image_size, 8),
                                  ("resize_size", resize_size, 8), ("epoch", epoch, 0),
@@ -225,13 +202,15 @@ def make_imagenet_dataset(split, *, source="folder", path=None, data_dir=None,
         check_int(name, value, minimum=minimum)
     check_int("seed", seed, minimum=0, maximum=MAX_SEED)
     if resize_size < image_size:
-        raise ValueError("`resize_size` must be at least `image_size` (the centre crop is taken from "
-                         f"the resized image). Received: resize_size={resize_size}, image_size={image_size}")
-    for name, value in (("shuffle", shuffle), ("augment", augment), ("drop_remainder", drop_remainder)):
+        raise ValueError("`resize_size` must be at least `image_size` (the centre crop is taken "
+                         f"from the resized image). Received: resize_size={resize_size}, "
+                         f"image_size={image_size}")
+    train = split == "train"  # the default of shuffle, augment and drop_remainder
+    flags = {"shuffle": shuffle, "augment": augment, "drop_remainder": drop_remainder}
+    for name, value in flags.items():
         check_bool(name, value, allow_none=True)
     check_bool("normalize", normalize)
-    train = split == "train"
-    shuffle, augment, drop_remainder = (train if v is None else v for v in (shuffle, augment, drop_remainder))
+    shuffle, augment, drop_remainder = (train if v is None else v for v in flags.values())
     if source == "folder":
         ds, class_names = _folder_examples(path, split, shuffle=shuffle, seed=seed, epoch=epoch)
     else:
@@ -242,10 +221,11 @@ def make_imagenet_dataset(split, *, source="folder", path=None, data_dir=None,
 
     def transform(index, example):
         data, label = example
-        image = decode_image(data)
+        image = tf.io.decode_image(data, channels=3, expand_animations=False)  # first frame
+        image.set_shape((None, None, 3))
         if augment:
-            x = random_resized_crop(image, stateless_key(seed, epoch, _STREAM_AUGMENT, index),
-                                    image_size=image_size)
+            key = stateless_key(seed, epoch, _STREAM_AUGMENT, index)
+            x = random_resized_crop(image, key, image_size=image_size)
         else:
             x = resize_center_crop(image, image_size=image_size, resize_size=resize_size)
         if normalize:

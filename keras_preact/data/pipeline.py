@@ -1,13 +1,11 @@
-"""The tf.data input pipeline (TensorFlow; imported lazily by `keras_preact.data`).
+"""The tf.data input pipeline and its stateless augmentation (TensorFlow; imported lazily
+by `keras_preact.data`).
 
-Order: decode -> cache -> shuffle -> batch -> augment -> normalise -> prefetch. A split is
-decoded once into in-memory uint8 arrays (`load_arrays`: the cache). Step ``s`` is batch
+A split is decoded once into in-memory uint8 arrays (`load_arrays`). Step ``s`` is batch
 ``b = s % steps`` of epoch ``e = epoch + s // steps``: positions ``b*B .. b*B+B-1`` of the
-`tf.random.experimental.index_shuffle` permutation keyed by ``(seed, e)``, augmented on
-uint8 with stateless ops keyed by ``(seed, e, b)``, then ``(x / 255 - mean) / std``. An
-epoch is thus a pure function of ``(seed, e)``: a run resumed at epoch 3 sees exactly the
-batches of an uninterrupted run's epoch 3. A dataset holds no state; ask for several
-epochs with `repeat_epochs` rather than iterating a one-epoch dataset again.
+permutation keyed by ``(seed, e)``, augmented on uint8 keyed by ``(seed, e, b)``, then
+``(x / 255 - mean) / std``. Randomness is a function of a key (`stateless_key`), never of
+a generator's state: a run resumed at epoch 3 sees the batches of an uninterrupted run's.
 """
 
 import math
@@ -15,36 +13,64 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from keras_preact.data.augment import apply_augmentation
-from keras_preact.data.augment import stateless_key
 from keras_preact.data.registry import AUGMENTATIONS
 from keras_preact.data.registry import MAX_SEED
-from keras_preact.layers.utils import check_bool
-from keras_preact.data.registry import check_dataset_name
 from keras_preact.data.registry import check_int
-from keras_preact.data.registry import check_split
 from keras_preact.data.sources import dataset_info
 from keras_preact.data.sources import load_arrays
+from keras_preact.layers.utils import check_bool
 
 # Distinct streams for the order and for the augmentation of the same (seed, epoch).
-_SHUFFLE_STREAM = 0
-_AUGMENT_STREAM = 1
+_SHUFFLE_STREAM, _AUGMENT_STREAM = 0, 1
+#: Padding of the paper's CIFAR augmentation (He et al. 2016a, Sec. 4.2).
+PAD = 4
+# Every stateless op names its algorithm: "auto_select" may pick a different one per
+# device, which would change the random numbers.
+ALG = "philox"
+
+
+def stateless_key(seed, epoch, stream, index=None):
+    """The int64 (2,) key of ``(seed, epoch, stream)``, folded with `index` when given."""
+    base = tf.stack([tf.cast(seed, tf.int64), tf.constant(stream, tf.int64)])
+    key = tf.random.experimental.stateless_fold_in(base, tf.cast(epoch, tf.int64), alg=ALG)
+    if index is None:
+        return key
+    return tf.random.experimental.stateless_fold_in(key, tf.cast(index, tf.int64), alg=ALG)
+
+
+def pad_crop_flip(images, key, *, pad=PAD, flip=True):
+    """Zero-pads (B, H, W, C) `images` by `pad` (>= 0), randomly crops back to (H, W) and
+    with `flip` flips left-right with probability 1/2, per image, keyed by `key` (int64
+    (2,)). Padding is black (0) in raw pixel space, as the paper's Torch code pads.
+    """
+    crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2, alg=ALG))
+    shape = tf.shape(images)
+    offsets = tf.random.stateless_uniform(
+        [shape[0], 2], seed=crop_key, minval=0, maxval=2 * pad + 1, dtype=tf.int32, alg=ALG
+    )
+    padded = tf.pad(images, [[0, 0], [pad, pad], [pad, pad], [0, 0]])
+    rows = offsets[:, :1] + tf.range(shape[1])[tf.newaxis, :]  # (B, H)
+    cols = offsets[:, 1:] + tf.range(shape[2])[tf.newaxis, :]  # (B, W)
+    if flip:  # Reversing the crop window's column indices flips it in the same gather.
+        do_flip = tf.random.stateless_uniform([shape[0]], seed=flip_key, alg=ALG) < 0.5
+        cols = tf.where(do_flip[:, tf.newaxis], tf.reverse(cols, axis=[1]), cols)
+    out = tf.gather(padded, rows, axis=1, batch_dims=1)  # (B, H, W + 2 pad, C)
+    out = tf.gather(out, cols, axis=2, batch_dims=1)  # (B, H, W, C)
+    return tf.ensure_shape(out, images.shape)
 
 
 def epoch_order(num_examples, *, seed=0, epoch=0):
     """The order in which a shuffled epoch visits the examples: an int64 numpy
-    permutation of ``range(num_examples)``.
-
-    Example:
-        >>> order = epoch_order(50000, seed=0, epoch=3)
-    """
+    permutation of ``range(num_examples)``."""
     check_int("num_examples", num_examples, minimum=1)
     check_int("seed", seed, minimum=0, maximum=MAX_SEED)
     check_int("epoch", epoch, minimum=0)
-    return tf.random.experimental.index_shuffle(
-        tf.range(num_examples, dtype=tf.int64), seed=stateless_key(seed, epoch, _SHUFFLE_STREAM),
-        max_index=num_examples - 1,
-    ).numpy()
+    return _shuffle(tf.range(num_examples, dtype=tf.int64), num_examples, seed, epoch).numpy()
+
+
+def _shuffle(positions, num, seed, epoch):
+    key = stateless_key(seed, epoch, _SHUFFLE_STREAM)
+    return tf.random.experimental.index_shuffle(positions, seed=key, max_index=num - 1)
 
 
 def dataset_from_arrays(images, labels, *, batch_size=128, shuffle=False, augment="none",
@@ -66,9 +92,6 @@ def dataset_from_arrays(images, labels, *, batch_size=128, shuffle=False, augmen
     Returns:
         `tf.data.Dataset` of ``(images float32 (B, H, W, C), labels int32 (B,))``, of
         known cardinality unless `repeat_epochs` is -1.
-
-    Example:
-        >>> ds = dataset_from_arrays(x, y, batch_size=32, normalize=False)
     """
     images, labels = _check_arrays(images, labels)
     num = int(images.shape[0])
@@ -76,25 +99,26 @@ def dataset_from_arrays(images, labels, *, batch_size=128, shuffle=False, augmen
     check_bool("shuffle", shuffle)
     check_bool("drop_remainder", drop_remainder)
     if augment not in AUGMENTATIONS:
-        raise ValueError(f"`augment` must be one of {list(AUGMENTATIONS)}. Received: augment={augment!r}")
+        raise ValueError(f"`augment` must be one of {list(AUGMENTATIONS)}. "
+                         f"Received: augment={augment!r}")
     steps = num // batch_size if drop_remainder else math.ceil(num / batch_size)
     if steps == 0:
-        raise ValueError(f"batch_size={batch_size} with drop_remainder=True leaves no batch of the "
-                         f"{num} examples. Use a smaller batch_size or drop_remainder=False.")
+        raise ValueError(f"batch_size={batch_size} with drop_remainder=True leaves no batch of "
+                         f"the {num} examples. Use a smaller batch_size or drop_remainder=False.")
     scale = _normalizer(mean, std, images.shape[-1]) if normalize else None
     images_t, labels_t = tf.constant(images), tf.constant(labels.astype(np.int32))
     batch_shape = (batch_size if drop_remainder else None,) + tuple(images.shape[1:])
 
     def make_batch(step):
         ep, b = epoch + step // steps, step % steps
-        positions = tf.range(b * batch_size, tf.minimum((b + 1) * batch_size, num), dtype=tf.int64)
+        end = tf.minimum((b + 1) * batch_size, num)
+        positions = tf.range(b * batch_size, end, dtype=tf.int64)
         if shuffle:
-            positions = tf.random.experimental.index_shuffle(
-                positions, seed=stateless_key(seed, ep, _SHUFFLE_STREAM), max_index=num - 1
-            )
+            positions = _shuffle(positions, num, seed, ep)
         x = tf.gather(images_t, positions)
         if augment != "none":
-            x = apply_augmentation(x, stateless_key(seed, ep, _AUGMENT_STREAM, b), augment)
+            key = stateless_key(seed, ep, _AUGMENT_STREAM, b)
+            x = pad_crop_flip(x, key, flip=augment == "pad_crop_flip")
         x = tf.cast(x, tf.float32)
         if scale is not None:
             x = (x * (1.0 / 255.0) - scale[0]) * scale[1]
@@ -129,21 +153,21 @@ def make_dataset(name, split, *, batch_size=128, data_dir=None, source="auto", p
 
     Returns:
         `tf.data.Dataset` of ``(float32 images (B, H, W, C), int32 labels (B,))``.
-        Raises ValueError (before anything is read for invalid arguments).
+
+    Raises:
+        ValueError: for invalid arguments (before anything is read) or missing data.
 
     Example:
         >>> ds = make_dataset("cifar10", "train", data_dir="~/data", source="archive",
         ...                   seed=0, epoch=start_epoch, repeat_epochs=epochs - start_epoch)
     """
-    check_dataset_name(name)
-    check_split(split)
     check_bool("cache", cache)
     _check_common(batch_size, seed, epoch, normalize, repeat_epochs)
     check_bool("shuffle", shuffle, allow_none=True)
     check_bool("drop_remainder", drop_remainder, allow_none=True)
     if not (augment is None or isinstance(augment, bool) or augment in AUGMENTATIONS):
-        raise ValueError(f"`augment` must be None, a bool or one of {list(AUGMENTATIONS)}. Received: "
-                         f"augment={augment!r}")
+        raise ValueError(f"`augment` must be None, a bool or one of {list(AUGMENTATIONS)}. "
+                         f"Received: augment={augment!r}")
     images, labels = load_arrays(name, split, data_dir=data_dir, source=source, path=path,
                                  download=download, cache=cache, image_size=image_size)
     folder = {"path": path, "image_size": image_size} if name == "folder" else {}
@@ -175,11 +199,11 @@ def _check_common(batch_size, seed, epoch, normalize, repeat_epochs):
 def _check_arrays(images, labels):
     images, labels = np.asarray(images), np.asarray(labels)
     if images.dtype != np.uint8 or images.ndim != 4:
-        raise ValueError("`images` must be a uint8 array (N, H, W, C). Received: images of dtype "
-                         f"{images.dtype} and shape {images.shape}")
+        raise ValueError("`images` must be a uint8 array (N, H, W, C). Received: images of "
+                         f"dtype {images.dtype} and shape {images.shape}")
     if labels.shape != (images.shape[0],) or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(f"`labels` must be N={images.shape[0]} ints. Received: labels of dtype "
-                         f"{labels.dtype} and shape {labels.shape}")
+        raise ValueError(f"`labels` must be N={images.shape[0]} ints. Received: labels of "
+                         f"dtype {labels.dtype} and shape {labels.shape}")
     if images.shape[0] == 0:
         raise ValueError("`images` is empty: nothing to batch.")
     return images, labels

@@ -1,53 +1,42 @@
 """The dataset registry (names, shapes, sizes, classes, statistics, augmentation) and the
-NumPy helpers the sources share: argument checks, channel statistics, stratified split.
-
-No TensorFlow here and no file read (`sources.dataset_info` adds what the files say).
-Statistics are per channel in [0, 1] units (pixels / 255).
+NumPy helpers the sources share. No TensorFlow and no file read here (`sources.dataset_info`
+adds what the files say). Statistics are per channel in [0, 1] units (pixels / 255).
 """
 
 import numpy as np
 
 from keras_preact.layers.preprocessing import PRESETS
-from keras_preact.layers.utils import check_choice
 
-CIFAR10_CLASSES = (
-    "airplane", "automobile", "bird", "cat", "deer",
-    "dog", "frog", "horse", "ship", "truck",
-)  # fmt: skip
-
+CIFAR10_CLASSES = tuple("airplane automobile bird cat deer dog frog horse ship truck".split())
 # The 100 fine classes in label order (alphabetical, as in the dataset's meta file).
-CIFAR100_CLASSES = (
-    "apple", "aquarium_fish", "baby", "bear", "beaver", "bed", "bee", "beetle",
-    "bicycle", "bottle", "bowl", "boy", "bridge", "bus", "butterfly", "camel", "can",
-    "castle", "caterpillar", "cattle", "chair", "chimpanzee", "clock", "cloud",
-    "cockroach", "couch", "crab", "crocodile", "cup", "dinosaur", "dolphin",
-    "elephant", "flatfish", "forest", "fox", "girl", "hamster", "house", "kangaroo",
-    "keyboard", "lamp", "lawn_mower", "leopard", "lion", "lizard", "lobster", "man",
-    "maple_tree", "motorcycle", "mountain", "mouse", "mushroom", "oak_tree", "orange",
-    "orchid", "otter", "palm_tree", "pear", "pickup_truck", "pine_tree", "plain",
-    "plate", "poppy", "porcupine", "possum", "rabbit", "raccoon", "ray", "road",
-    "rocket", "rose", "sea", "seal", "shark", "shrew", "skunk", "skyscraper", "snail",
-    "snake", "spider", "squirrel", "streetcar", "sunflower", "sweet_pepper", "table",
-    "tank", "telephone", "television", "tiger", "tractor", "train", "trout", "tulip",
-    "turtle", "wardrobe", "whale", "willow_tree", "wolf", "woman", "worm",
-)  # fmt: skip
+CIFAR100_CLASSES = tuple("""
+    apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus
+    butterfly camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach couch
+    crab crocodile cup dinosaur dolphin elephant flatfish forest fox girl hamster house kangaroo
+    keyboard lamp lawn_mower leopard lion lizard lobster man maple_tree motorcycle mountain
+    mouse mushroom oak_tree orange orchid otter palm_tree pear pickup_truck pine_tree plain
+    plate poppy porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk
+    skyscraper snail snake spider squirrel streetcar sunflower sweet_pepper table tank telephone
+    television tiger tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm
+""".split())
 
-#: Augmentation policies `make_dataset` knows. "pad_crop_flip" is the CIFAR augmentation
-#: the paper uses (from He et al. 2016a, Sec. 4.2: 4-pixel padding, random 32 x 32 crop,
-#: random horizontal flip); "pad_crop" drops the flip, which would change a digit.
+#: Augmentation policies `make_dataset` knows. "pad_crop_flip" is the paper's CIFAR
+#: augmentation (He et al. 2016a, Sec. 4.2: 4-pixel padding, random 32 x 32 crop, random
+#: horizontal flip); "pad_crop" drops the flip, which would change a digit.
 AUGMENTATIONS = ("pad_crop_flip", "pad_crop", "none")
 SPLITS = ("train", "test")
 MAX_SEED = 2**63 - 1
 
-def _entry(description, num_classes, class_names, mean, std, stats_source, augmentation,
+
+def _entry(description, classes, class_names, mean, std, stats_source, augmentation,
            sources, num_train=None, num_test=None):
-    return dict(description=description, num_classes=num_classes, image_shape=(32, 32, 3),
+    return dict(description=description, classes=classes, input_shape=(32, 32, 3),
                 num_train=num_train, num_test=num_test, class_names=class_names, mean=mean,
                 std=std, stats_source=stats_source, augmentation=augmentation, sources=sources)
 
 
 def _cifar(n, description, class_names):
-    # The statistics are the model presets' (pytorchcv's published std), so a model with
+    # The model presets' statistics (pytorchcv's published std): a model with
     # `preprocessing="cifar10"` sees exactly what this pipeline's normalisation produces.
     name = f"cifar{n}"
     return _entry(description, n, class_names, *PRESETS[name][1:3],
@@ -56,8 +45,8 @@ def _cifar(n, description, class_names):
 
 
 _COMPUTED = "computed on the train split"
-#: The registered datasets' published facts (`sources.dataset_info` adds what is
-#: computed from the files: the digits' statistics, a folder's classes and sizes).
+#: The registered datasets' published facts (`sources.dataset_info` adds those computed
+#: from the files: the digits' statistics, a folder's classes and sizes).
 DATASETS = {
     "cifar10": _cifar(10, "CIFAR-10 (Krizhevsky 2009): 32x32 colour images, 10 classes.",
                       CIFAR10_CLASSES),
@@ -83,18 +72,16 @@ def list_datasets():
 def check_dataset_name(name):
     """Raises ValueError listing the valid names when `name` is not registered."""
     if not isinstance(name, str) or name not in DATASETS:
-        raise ValueError(f"Unknown dataset name. Received: name={name!r}. Valid: {list_datasets()}")
-
-
-def check_split(split, valid=SPLITS):
-    """Raises ValueError unless `split` is one of `valid`."""
-    check_choice("split", split, valid)
+        raise ValueError(
+            f"Unknown dataset name. Received: name={name!r}. Valid: {list_datasets()}")
 
 
 def check_int(name, value, *, minimum=None, maximum=None, extra=""):
     """Raises ValueError unless `value` is an int (not a bool) in [minimum, maximum]."""
     ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-    if not ok or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+    too_small = minimum is not None and ok and value < minimum
+    too_big = maximum is not None and ok and value > maximum
+    if not ok or too_small or too_big:
         bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
         raise ValueError(f"`{name}` must be {extra}an int {bounds}. Received: {name}={value!r}")
 
@@ -112,11 +99,11 @@ def stratified_split(labels, *, test_fraction=0.2, seed=0):
     """Splits example indices per class into sorted int64 ``(train, test)`` index arrays.
 
     Each class gives ``round(test_fraction * count)`` examples to the test split, chosen
-    by NumPy's legacy `RandomState` (a stream NumPy keeps frozen across releases, so the
-    split is the same on every machine and version).
+    by NumPy's legacy `RandomState` (frozen across releases: the same split everywhere).
     """
     if not 0.0 < float(test_fraction) < 1.0:
-        raise ValueError(f"`test_fraction` must be in (0, 1). Received: test_fraction={test_fraction!r}")
+        raise ValueError("`test_fraction` must be in (0, 1). "
+                         f"Received: test_fraction={test_fraction!r}")
     labels = np.asarray(labels)
     rng = np.random.RandomState(seed)
     train, test = [], []

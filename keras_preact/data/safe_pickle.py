@@ -1,19 +1,11 @@
 """A pickle reader for the CIFAR batch files that never runs code from the file.
 
-The "python version" CIFAR batches are pickled dicts of byte strings, lists of ints and
-one numpy ``uint8`` array. A plain `pickle.load` would import and call any global the
-file names (``os.system`` through ``__reduce__``), so a downloaded file could run code.
-Here only the few globals those files (and re-saves by current Python and numpy) use are
-admitted, each mapped to an inert stand-in of our own; numpy's reconstruction is never
-called on the file's data. Arrays are rebuilt afterwards with `numpy.frombuffer` from
-the validated bytes, for plain numeric dtypes only.
-
-Globals admitted (`_ADMITTED`): ``numpy.core.multiarray._reconstruct``,
-``numpy.ndarray`` and ``numpy.dtype`` (the original Python 2 files and protocols 2-4;
-numpy >= 2 writes ``numpy._core``); ``numpy._core.numeric._frombuffer`` (protocol 5);
-``_codecs.encode`` and ``__builtin__.bytes`` (how Python 3 writes ``bytes`` at protocols
-0-2; only ``encode(str, "latin1")`` and the empty ``bytes()``). Everything else,
-including ``builtins`` and object arrays, is refused with a ValueError.
+A plain `pickle.load` imports and calls any global the file names (``os.system`` through
+``__reduce__``). Here only the globals CIFAR batches (and re-saves by current Python and
+numpy) use are admitted (`_ADMITTED`), each mapped to an inert stand-in; numpy's own
+reconstruction never sees the file's data. Arrays are rebuilt with `numpy.frombuffer` from
+the validated bytes, for plain numeric dtypes only. Everything else, including
+``builtins`` and object arrays, is refused with a ValueError.
 """
 
 import io
@@ -22,8 +14,9 @@ import pickle
 
 import numpy as np
 
-#: Numeric kinds an array in a CIFAR file may have: bool, signed, unsigned, float.
-_NUMERIC_KINDS = "biuf"
+
+class _Refused(Exception):
+    """Raised inside the unpickler; turned into a ValueError naming the file."""
 
 
 class _NdarrayType:
@@ -36,6 +29,10 @@ class _NdarrayType:
 _NDARRAY_TYPE = _NdarrayType()
 
 
+def _ascii(value):
+    return value.decode("ascii", errors="replace") if isinstance(value, bytes) else value
+
+
 class _DtypeSpec:
     """What ``numpy.dtype(code, align, copy)`` plus its pickled state described."""
 
@@ -44,8 +41,7 @@ class _DtypeSpec:
 
     def __init__(self, code, align=False, copy=False):
         del align, copy  # Irrelevant for the plain numeric dtypes accepted.
-        if isinstance(code, bytes):
-            code = code.decode("ascii", errors="replace")
+        code = _ascii(code)
         if not isinstance(code, str):
             raise _Refused(f"numpy.dtype({code!r}) is not a plain dtype code")
         self.code = code
@@ -55,9 +51,7 @@ class _DtypeSpec:
         # flags); anything but a flat dtype (no subarray, no fields) is refused.
         if not isinstance(state, tuple) or len(state) < 5:
             raise _Refused(f"unexpected numpy.dtype state {state!r}")
-        byteorder = state[1]
-        if isinstance(byteorder, bytes):
-            byteorder = byteorder.decode("ascii", errors="replace")
+        byteorder = _ascii(state[1])
         if byteorder not in ("|", "<", ">", "="):
             raise _Refused(f"unexpected dtype byte order {byteorder!r}")
         if any(part is not None for part in state[2:5]):
@@ -71,7 +65,7 @@ class _DtypeSpec:
             dtype = np.dtype(self.code)
         except (TypeError, ValueError):
             raise _Refused(f"unknown dtype code {self.code!r}") from None
-        if dtype.kind not in _NUMERIC_KINDS or dtype.fields is not None:
+        if dtype.kind not in "biuf" or dtype.fields is not None:  # bool, int, uint, float
             raise _Refused(f"dtype {dtype} is not a plain numeric dtype")
         if self.byteorder in ("<", ">"):
             dtype = dtype.newbyteorder(self.byteorder)
@@ -81,10 +75,7 @@ class _DtypeSpec:
 class _ArraySpec:
     """What ``_reconstruct(ndarray, ...)`` / ``_frombuffer`` plus state described."""
 
-    shape = None
     dtype = None
-    fortran = False
-    data = None
 
     def __setstate__(self, state):
         # ndarray state: (version, shape, dtype, is_fortran, data); older numpy omits
@@ -121,10 +112,6 @@ class _ArraySpec:
         return flat.reshape(self.shape, order="F" if self.fortran else "C").copy()
 
 
-class _Refused(Exception):
-    """Raised inside the unpickler; turned into a ValueError naming the file."""
-
-
 def _reconstruct(subtype, shape, dtype_code):
     # numpy passes (0,) and b"b" as shape and dtype_code; the state carries the array.
     if subtype is not _NDARRAY_TYPE:
@@ -152,6 +139,9 @@ def _empty_bytes(*args):
     return b""
 
 
+# numpy.core (the original Python 2 files, protocols 2-4) and numpy._core (numpy >= 2);
+# _frombuffer is protocol 5; _codecs.encode and bytes are how Python 3 writes ``bytes``
+# at protocols 0-2.
 _ADMITTED = {
     ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
     ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
@@ -168,8 +158,8 @@ _ADMITTED = {
 class _RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
         if (module, name) not in _ADMITTED:
-            raise _Refused(f"the pickle asks for the global {module}.{name}, which a CIFAR batch file "
-                           "never needs (it would let the file run code)")
+            raise _Refused(f"the pickle asks for the global {module}.{name}, which a CIFAR "
+                           "batch file never needs (it would let the file run code)")
         return _ADMITTED[(module, name)]
 
     def persistent_load(self, pid):
@@ -204,20 +194,14 @@ def safe_load_pickle(data, *, source):
     Raises:
         ValueError: naming `source`, when the pickle asks for any other global, holds
             object arrays or other objects, or is truncated or corrupt.
-
-    Example:
-        >>> import pickle
-        >>> safe_load_pickle(pickle.dumps({b"labels": [1, 2]}), source="x")
-        {b'labels': [1, 2]}
     """
     try:
-        obj = _RestrictedUnpickler(io.BytesIO(data), encoding="bytes").load()
-        return _materialize(obj)
+        return _materialize(_RestrictedUnpickler(io.BytesIO(data), encoding="bytes").load())
     except _Refused as err:
         raise ValueError(f"Refusing to load the pickle file {source!r}: {err}.") from None
     except RecursionError:
-        raise ValueError(f"Refusing to load the pickle file {source!r}: nesting too deep.") from None
+        raise ValueError(f"Refusing to load the pickle file {source!r}: nesting too "
+                         "deep.") from None
     except Exception as err:  # noqa: BLE001 - any unpickling failure means a bad file.
-        raise ValueError(
-            f"The pickle file {source!r} is truncated or corrupt ({type(err).__name__}: {err})."
-        ) from None
+        raise ValueError(f"The pickle file {source!r} is truncated or corrupt "
+                         f"({type(err).__name__}: {err}).") from None

@@ -1,7 +1,5 @@
-"""Loads any registered dataset into uint8 arrays, choosing and checking the source,
-and describes it (`dataset_info`: the registry's facts plus those read from the files).
-
-No TensorFlow at import time: the TFDS and folder sources import it when used.
+"""Loads a registered dataset into uint8 arrays, choosing and checking the source, and
+describes it (`dataset_info`). No TensorFlow at import time: TFDS and folders import it.
 """
 
 import collections
@@ -16,10 +14,11 @@ from keras_preact.data import cifar_files
 from keras_preact.data import folder
 from keras_preact.data.digits import read_digits
 from keras_preact.data.registry import DATASETS
+from keras_preact.data.registry import SPLITS
 from keras_preact.data.registry import channel_stats
-from keras_preact.layers.utils import check_choice
 from keras_preact.data.registry import check_dataset_name
-from keras_preact.data.registry import check_split
+from keras_preact.layers.utils import check_choice
+from keras_preact.layers.utils import warn_deprecated
 
 logger = logging.getLogger(__name__)
 
@@ -58,9 +57,6 @@ def load_arrays(name, split, *, data_dir=None, source="auto", path=None, downloa
     Raises:
         ValueError: for an unknown name, split or source, arguments that do not apply,
             missing data, or corrupt files (naming the file).
-
-    Example:
-        >>> images, labels = load_arrays("digits", "test")
     """
     return load_arrays_with_meta(name, split, data_dir=data_dir, source=source, path=path,
                                  download=download, cache=cache, image_size=image_size)[:2]
@@ -70,93 +66,114 @@ def load_arrays_with_meta(name, split, *, data_dir=None, source="auto", path=Non
                           download=False, cache=True, image_size=None):
     """Like `load_arrays`, and also returns the source's metadata dict."""
     check_dataset_name(name)
-    check_split(split)
+    check_choice("split", split, SPLITS)
     check_choice("source", source, SOURCES)
     if image_size is not None and name != "folder":
         raise ValueError("`image_size` only applies to the 'folder' dataset. Received: "
                          f"name={name!r}, image_size={image_size!r}")
     if name in ("digits", "folder"):
-        extra = {"data_dir": data_dir, "download": download or None,
-                 "path": path if name == "digits" else None}
-        extra = {k: v for k, v in extra.items() if v is not None}
-        if source != "auto" or extra:
+        extra = {"data_dir": data_dir, "download": download or None}
+        if name == "digits":
+            extra["path"] = path
+        given = ", ".join(f"{k}={v!r}" for k, v in extra.items() if v is not None)
+        if source != "auto" or given:
+            also = " or `path`" if name == "digits" else ""
             raise ValueError(f"The {name!r} dataset takes no `source`, `data_dir` or `download`"
-                             f"{'' if name == 'folder' else ' or `path`'}. Received: source={source!r}, "
-                             + ", ".join(f"{k}={v!r}" for k, v in extra.items()))
+                             f"{also}. Received: source={source!r}, {given}")
     if name == "digits":
         return _cached(("digits", split), cache, lambda: read_digits(split))
     if name == "folder":
         size = (32, 32) if image_size is None else image_size
         folder.folder_layout(path)  # Validates `path` before any fingerprinting.
-        key = ("folder", split, _fingerprint([path]), tuple(size))
+        key = ("folder", split, _fingerprint(path), tuple(size))
         return _cached(key, cache, lambda: folder.read_image_folder(path, split, image_size=size))
     return _load_cifar(name, split, data_dir, source, path, download, cache)
 
 
-def _cifar_location(name, data_dir, source, path):
-    """The original files' location, or None for TFDS; raises where neither fits."""
-    if source == "tfds":
-        if path is not None:
-            raise ValueError("`path` names original CIFAR files; with source='tfds' use `data_dir`. "
-                             f"Received: source='tfds', path={path!r}")
-        return None
-    arg, candidate = ("path", path) if path is not None else ("data_dir", data_dir)
-    if candidate is None:
-        if source == "archive":
-            raise ValueError("source='archive' needs `path` (an archive or extracted CIFAR folder) or "
-                             "`data_dir` (a folder holding one). Received: path=None, data_dir=None")
-        return None
-    candidate = os.path.expanduser(os.fspath(candidate))
-    if cifar_files.find_cifar_files(name, candidate) is not None:
-        return candidate
-    if source == "archive" or path is not None:
-        raise ValueError(f"No {name} files found. Received: {arg}={candidate!r}. Expected one of: "
-                         f"{cifar_files.describe_expected(name)} (or a path to one of them).")
-    return None
-
-
 def _load_cifar(name, split, data_dir, source, path, download, cache):
-    location = _cifar_location(name, data_dir, source, path)
-    if location is not None:
+    """Reads the original files where `path` / `data_dir` hold them, else TFDS."""
+    if source == "tfds" and path is not None:
+        raise ValueError("`path` names original CIFAR files; with source='tfds' use "
+                         f"`data_dir`. Received: source='tfds', path={path!r}")
+    arg, location = ("path", path) if path is not None else ("data_dir", data_dir)
+    if source == "archive" and location is None:
+        raise ValueError("source='archive' needs `path` (an archive or extracted CIFAR folder) "
+                         "or `data_dir` (a folder holding one). Received: path=None, "
+                         "data_dir=None")
+    expected = cifar_files.describe_expected(name)
+    found = None
+    if source != "tfds" and location is not None:
+        location = os.path.expanduser(os.fspath(location))
+        found = cifar_files.find_cifar_files(name, location)
+        if found is None and (source == "archive" or path is not None):
+            raise ValueError(f"No {name} files found. Received: {arg}={location!r}. Expected "
+                             f"one of: {expected} (or a path to one of them).")
+    if found is not None:
         if download:
-            raise ValueError("`download` only applies to TFDS; the original files were found at "
-                             f"{location!r}. Received: download=True")
-        kind, layout, resolved = cifar_files.find_cifar_files(name, location)
+            raise ValueError("`download` only applies to TFDS; the original files were found "
+                             f"at {location!r}. Received: download=True")
+        kind, _, resolved = found
         files = [resolved] if kind == "tar" else [
             os.path.join(resolved, f) for spec in cifar_files.LAYOUTS[name].values()
             for f in spec[split]
         ]
-        key = ("archive", name, split, _fingerprint(files))
+        key = ("archive", name, split, _fingerprint(*files))
         return _cached(key, cache, lambda: cifar_files.read_cifar(name, split, location))
-    from keras_preact.data.tfds_source import read_tfds
-
     key = ("tfds", name, split, None if data_dir is None else os.path.abspath(data_dir))
     try:
-        return _cached(key, cache, lambda: read_tfds(name, split, data_dir=data_dir, download=download))
+        return _cached(key, cache, lambda: _read_tfds(name, split, data_dir, download))
     except ValueError as err:
-        if source == "auto":
-            raise ValueError(f"{err} With source='auto', `data_dir` was also searched for the original "
-                             f"files ({cifar_files.describe_expected(name)}) and none were found.") from None
-        raise
+        if source != "auto":
+            raise
+        raise ValueError(f"{err} With source='auto', `data_dir` was also searched for the "
+                         f"original files ({expected}) and none were found.") from None
 
 
-def _fingerprint(paths):
+def _read_tfds(name, split, data_dir, download):
+    """One CIFAR split from TFDS' `data_dir` (None: TFDS' default); `download` lets TFDS
+    download and prepare it."""
+    import tensorflow_datasets as tfds
+
+    if data_dir is not None:
+        data_dir = os.path.expanduser(os.fspath(data_dir))
+    try:
+        ds, info = tfds.load(name, split=split, data_dir=data_dir, download=bool(download),
+                             as_supervised=True, shuffle_files=False, with_info=True)
+    except (AssertionError, FileNotFoundError, tfds.core.registered.DatasetNotFoundError) as err:
+        where = data_dir if data_dir is not None else "TFDS' default (~/tensorflow_datasets)"
+        raise ValueError(
+            f"The TFDS dataset {name!r} is not prepared in data_dir={where!r} "
+            f"({str(err).splitlines()[0]}). Prepare it there (e.g. `tfds build {name} "
+            "--data_dir ...` on a machine with network, or download=True), or use "
+            "source='archive' with the original CIFAR files.") from None
+    # Batched reads, not batch_size=-1: the whole-split read relies on split metadata
+    # that mocked or partially prepared builders lack.
+    batches = list(tfds.as_numpy(ds.batch(4096)))
+    if not batches:
+        raise ValueError(f"The TFDS dataset {name!r} split {split!r} in data_dir={data_dir!r} "
+                         "is empty.")
+    images = np.concatenate([np.asarray(x, dtype=np.uint8) for x, _ in batches])
+    if images.shape[1:] != (32, 32, 3):
+        raise ValueError(f"The TFDS dataset {name!r} has images of shape {images.shape[1:]}; "
+                         "expected (32, 32, 3).")
+    labels = np.concatenate([np.asarray(y, dtype=np.int64) for _, y in batches])
+    return images, labels, {"source": "tfds", "data_dir": data_dir, "version": str(info.version)}
+
+
+def _fingerprint(*paths):
     """(path, size, mtime) of every file at or under `paths`: a changed file is a new key."""
-    files = []
+    out = []
     for path in paths:
         path = os.path.abspath(os.path.expanduser(os.fspath(path)))
-        if not os.path.isdir(path):
-            files.append(path)
-        for dirpath, dirnames, filenames in os.walk(path):
-            dirnames.sort()
-            files += [os.path.join(dirpath, f) for f in sorted(filenames)]
-    out = []
-    for file in files:
-        try:
-            st = os.stat(file)
-            out.append((file, st.st_size, st.st_mtime_ns))
-        except OSError:
-            out.append((file, None, None))
+        files = [path]
+        if os.path.isdir(path):
+            files = sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names)
+        for file in files:
+            try:
+                st = os.stat(file)
+                out.append((file, st.st_size, st.st_mtime_ns))
+            except OSError:
+                out.append((file, None, None))
     return tuple(out)
 
 
@@ -187,12 +204,25 @@ def _digits_stats():
     return channel_stats(read_digits("train")[0])
 
 
+class DatasetInfo(dict):
+    """`dataset_info`'s dict; the keys "num_classes" and "image_shape" are deprecated
+    aliases of "classes" and "input_shape"."""
+
+    _RENAMED = {"num_classes": "classes", "image_shape": "input_shape"}
+
+    def __missing__(self, key):
+        if key not in self._RENAMED:
+            raise KeyError(key)
+        warn_deprecated(key, self._RENAMED[key], "dataset_info()")
+        return self[self._RENAMED[key]]
+
+
 def dataset_info(name, *, path=None, image_size=None):
     """What a registered dataset is: classes, shapes, sizes, statistics, augmentation.
     `path` and `image_size` (default (32, 32)) are those of a "folder" dataset.
 
     Returns:
-        dict with "name", "description", "num_classes", "image_shape", "num_train",
+        dict with "name", "description", "classes", "input_shape", "num_train",
         "num_test", "class_names", "mean" and "std" (per channel, [0, 1] units),
         "stats_source", "augmentation" (the train default), "sources" ("path" for folders).
 
@@ -204,16 +234,16 @@ def dataset_info(name, *, path=None, image_size=None):
     if name != "folder" and (path is not None or image_size is not None):
         raise ValueError("`path` and `image_size` only apply to the 'folder' dataset. Received: "
                          f"name={name!r}, path={path!r}, image_size={image_size!r}")
-    info = dict(DATASETS[name], name=name)
+    info = DatasetInfo(DATASETS[name], name=name)
     if name == "digits":
         info["mean"], info["std"] = _digits_stats()
     elif name == "folder":
         size = (32, 32) if image_size is None else image_size
         train_x, _, meta = load_arrays_with_meta("folder", "train", path=path, image_size=size)
         test_x, _, _ = load_arrays_with_meta("folder", "test", path=path, image_size=size)
-        info.update(class_names=meta["class_names"], num_classes=len(meta["class_names"]),
+        info.update(class_names=meta["class_names"], classes=len(meta["class_names"]),
                     num_train=int(train_x.shape[0]), num_test=int(test_x.shape[0]),
-                    image_shape=tuple(int(d) for d in train_x.shape[1:]), path=meta["path"])
+                    input_shape=tuple(int(d) for d in train_x.shape[1:]), path=meta["path"])
         info["mean"], info["std"] = channel_stats(train_x)
     for key in ("mean", "std", "class_names"):
         info[key] = tuple(info[key])

@@ -1,19 +1,16 @@
 """Exports for serving: SavedModel (TF Serving), LiteRT and ONNX, each with a model card.
 
-TensorFlow-only, and never imported by ``import keras_preact``: use ``from keras_preact import export``.
-
-Every export is made from one Keras serving model (`build_serving_model`): raw ``uint8`` images
-``[batch, height, width, channels]`` (any batch size) go through the model's own preprocessing to
-named outputs: ``probabilities`` (softmax applied to a logits model), ``top_k_classes`` /
-``top_k_scores`` and, with ``include_features=True``, the pooled ``features``. Each export is checked
+TensorFlow only, and not imported by ``import keras_preact``: ``from keras_preact import export``.
+Every export is made from one Keras serving model (`build_serving_model`): raw uint8 images
+``[batch, height, width, channels]`` go through the model's own preprocessing to the outputs
+``probabilities``, ``top_k_classes`` / ``top_k_scores`` (and ``features``). Each is checked
 against the Keras model (`PARITY_TOLERANCES`) before it is moved into place whole, and gets
-``model_card.json`` / ``model_card.md``; `load_export` runs any of them.
+``model_card.json`` / ``.md``; `load_export` runs any of them.
 
 Example:
-    >>> from keras_preact import export
-    >>> export.export_saved_model(model, "/tmp/resnet20", class_names=[str(i) for i in range(10)])
-    '/tmp/resnet20/1'
-    >>> export.load_export("/tmp/resnet20").predict(images_uint8)["top_k_classes"]
+    >>> export.export_saved_model(model, "/tmp/r20", class_names=[str(i) for i in range(10)])
+    '/tmp/r20/1'
+    >>> export.load_export("/tmp/r20").predict(images_uint8)["top_k_classes"]
 """
 
 from keras_preact.export.card import CLASS_NAMES_FILE
@@ -49,10 +46,11 @@ from keras_preact.export.single_file import export_model
 from keras_preact.export.single_file import export_onnx
 
 __all__ = [
-    "AUTO", "CLASS_NAMES_FILE", "EXPORT_EXTRA", "FORMATS", "LITERT_FILE", "MODEL_CARD_JSON", "MODEL_CARD_MD",
-    "ONNX_FILE", "PARITY_TOLERANCES", "QUANTIZATIONS", "SIGNATURE_ENCODED", "SIGNATURE_METADATA",
-    "SIGNATURE_PREPROCESSED", "SIGNATURE_RAW", "ExportParityError", "ExportedModel", "build_serving_model",
-    "expected_input_shape", "export_litert", "export_model", "export_onnx", "export_saved_model", "fit_image",
-    "load_export", "load_model_to_export", "read_class_names", "read_image_file", "read_model_card",
-    "render_model_card", "top_k_predictions", "validate_images",
+    "AUTO", "CLASS_NAMES_FILE", "EXPORT_EXTRA", "FORMATS", "LITERT_FILE", "MODEL_CARD_JSON",
+    "MODEL_CARD_MD", "ONNX_FILE", "PARITY_TOLERANCES", "QUANTIZATIONS", "SIGNATURE_ENCODED",
+    "SIGNATURE_METADATA", "SIGNATURE_PREPROCESSED", "SIGNATURE_RAW", "ExportParityError",
+    "ExportedModel", "build_serving_model", "expected_input_shape", "export_litert", "export_model",
+    "export_onnx", "export_saved_model", "fit_image", "load_export", "load_model_to_export",
+    "read_class_names", "read_image_file", "read_model_card", "render_model_card",
+    "top_k_predictions", "validate_images",
 ]

@@ -17,14 +17,16 @@ MODEL_CARD_MD = "model_card.md"
 CLASS_NAMES_FILE = "class_names.txt"
 LITERT_FILE = "model.tflite"
 ONNX_FILE = "model.onnx"
-PAPER = "He, Zhang, Ren, Sun. Identity Mappings in Deep Residual Networks. ECCV 2016 (arXiv:1603.05027)"
+PAPER = ("He, Zhang, Ren, Sun. Identity Mappings in Deep Residual Networks. ECCV 2016 "
+         "(arXiv:1603.05027)")
 
 
 def _versions(extra=()):
     import keras_preact
 
-    out = {"keras_preact": keras_preact.__version__, "keras": keras.__version__, "tensorflow": tf.__version__,
-           "numpy": np.__version__, "python": platform.python_version()}
+    out = {"keras_preact": keras_preact.__version__, "keras": keras.__version__,
+           "tensorflow": tf.__version__, "numpy": np.__version__,
+           "python": platform.python_version()}
     for module in extra:
         try:
             out[module] = getattr(__import__(module), "__version__", "unknown")
@@ -43,7 +45,8 @@ def _architecture(model):
         macs = None  # free input size
     arch = {"name": model.name, "class": type(model).__name__, "parameters": count_params(model),
             "parameters_total": count_params(model, trainable_only=False), "multiply_adds": macs,
-            "input_shape": list(model.inputs[0].shape[1:]), "classes": int(model.outputs[0].shape[-1])}
+            "input_shape": list(model.inputs[0].shape[1:]),
+            "classes": int(model.outputs[0].shape[-1])}
     arch.update({key: getattr(model, key) for key in ("depth", "block") if hasattr(model, key)})
     try:
         arch["config"] = json.loads(json.dumps(model.get_config(), default=str))
@@ -54,10 +57,10 @@ def _architecture(model):
 
 def make_model_card(model, parts, *, export_format, class_names, weights_info, metrics, serving,
                     extra_versions=()):
-    """The model card dict of an export (its "parity" is filled in after the check)."""
+    """The model card of an export; its "parity" is filled in after the check."""
+    created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return {
-        "model_card_version": 1, "format": export_format,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "model_card_version": 1, "format": export_format, "created": created,
         "architecture": _architecture(model), "paper": PAPER, "weights": weights_info,
         "preprocessing": parts.preprocessing,
         "input": {"name": "images", "dtype": "uint8", "shape": [None, *parts.input_shape],
@@ -71,11 +74,13 @@ def make_model_card(model, parts, *, export_format, class_names, weights_info, m
 def _fmt(value):
     if value is None:
         return "not given"
-    return f"{value:.6g}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value)
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
 
 
 def _section(title, items, *, empty="not given", fmt=_fmt):
-    """A Markdown section listing ``- key: value`` (or ``- <empty>`` when there is nothing)."""
+    """A Markdown section of ``- key: value`` lines (``- <empty>`` when there are none)."""
     body = [f"- {k}: {fmt(v)}" for k, v in (items or {}).items()]
     return ["", f"## {title}", "", *(body or ([f"- {empty}"] if empty else []))]
 
@@ -83,8 +88,9 @@ def _section(title, items, *, empty="not given", fmt=_fmt):
 def render_model_card(card):
     """Renders a model card dict (as in ``model_card.json``) as Markdown (``model_card.md``)."""
     arch = card["architecture"]
-    lines = [f"# Model card: {arch['name']} ({card['format']})", "", f"Pre-activation ResNet; {card['paper']}.",
-             "", "## Architecture", "", "| | |", "|---|---|", f"| class | {arch['class']} |"]
+    lines = [f"# Model card: {arch['name']} ({card['format']})", "",
+             f"Pre-activation ResNet; {card['paper']}.", "", "## Architecture", "", "| | |",
+             "|---|---|", f"| class | {arch['class']} |"]
     lines += [f"| {key} | {_fmt(arch[key])} |" for key in ("depth", "block") if key in arch]
     lines += [f"| parameters (trainable) | {_fmt(arch['parameters'])} |",
               f"| parameters (all) | {_fmt(arch['parameters_total'])} |",
@@ -94,10 +100,13 @@ def render_model_card(card):
     lines += _section("Preprocessing (inside the export)", card["preprocessing"])
     inp = card["input"]
     lines += ["", "## Input and outputs", "",
-              f"- input `{inp['name']}`: {inp['dtype']} {inp['shape']}, {inp['layout']}, {inp['range']}"]
-    lines += [f"- output `{name}`: {spec['dtype']} {spec['shape']}" for name, spec in card["outputs"].items()]
+              f"- input `{inp['name']}`: {inp['dtype']} {inp['shape']}, {inp['layout']}, "
+              f"{inp['range']}"]
+    lines += [f"- output `{name}`: {spec['dtype']} {spec['shape']}"
+              for name, spec in card["outputs"].items()]
     if names := card.get("class_names"):
-        lines.append(f"- class names ({len(names)}): {', '.join(names[:20])}{' ...' if len(names) > 20 else ''}")
+        more = " ..." if len(names) > 20 else ""
+        lines.append(f"- class names ({len(names)}): {', '.join(names[:20])}{more}")
     lines += _section("Metrics", card.get("metrics"))
     lines += _section("Serving", card.get("serving"), empty=None, fmt=json.dumps)
     lines += _section("Parity with the Keras model", card.get("parity"), empty="not checked")
@@ -131,8 +140,8 @@ def read_class_names(path):
     """Class names from a file: one a line, or a JSON list of strings (``.json``).
 
     Raises:
-        OSError: if the file cannot be read; ValueError: for a ``.json`` file that
-        does not hold a list of strings.
+        OSError: if the file cannot be read.
+        ValueError: for a ``.json`` file that does not hold a list of strings.
     """
     with open(path, encoding="utf-8") as f:
         text = f.read()
@@ -147,31 +156,24 @@ def read_class_names(path):
     return names
 
 
-def _latest_version(folder):
-    versions = [int(name) for name in os.listdir(folder)
-                if name.isdigit() and os.path.isfile(os.path.join(folder, name, "saved_model.pb"))]
-    return max(versions) if versions else None
-
-
 def locate_export(path, *, must_exist=True):
     """(kind, folder holding the card, file or folder to load) of an export path.
 
     Kinds: "saved_model" (a version folder, or the latest version under a base
     folder), "litert", "onnx" (an export folder or the file itself) and "keras".
-    Without `must_exist`, ``(None, None, None)`` for anything else.
-
-    Raises:
-        ValueError: for a path that is none of these (with `must_exist`).
+    Without `must_exist`, ``(None, None, None)`` for anything else; with it, ValueError.
     """
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"`path` must be a path. Received: path={path!r}")
     path = os.path.abspath(os.fspath(path))
     if os.path.isdir(path):
-        pb = os.path.join(path, "saved_model.pb")
-        if not os.path.isfile(pb) and (version := _latest_version(path)) is not None:
-            pb = os.path.join(path, str(version), "saved_model.pb")
-        if os.path.isfile(pb):
-            return "saved_model", os.path.dirname(pb), os.path.dirname(pb)
+        versions = [int(name) for name in os.listdir(path) if name.isdigit()
+                    and os.path.isfile(os.path.join(path, name, "saved_model.pb"))]
+        if os.path.isfile(os.path.join(path, "saved_model.pb")):
+            return "saved_model", path, path
+        if versions:
+            latest = os.path.join(path, str(max(versions)))
+            return "saved_model", latest, latest
         for kind, name in (("litert", LITERT_FILE), ("onnx", ONNX_FILE)):
             if os.path.isfile(os.path.join(path, name)):
                 return kind, path, os.path.join(path, name)
@@ -182,5 +184,6 @@ def locate_export(path, *, must_exist=True):
     if not must_exist:
         return None, None, None
     what = "does not exist" if not os.path.exists(path) else "is not an export"
-    raise ValueError(f"The path {what}. Received: path={path!r}. Valid: a SavedModel export (its base folder or a "
-                     "version folder), a LiteRT or ONNX export folder, a .tflite or .onnx file, or a .keras model file")
+    raise ValueError(f"The path {what}. Received: path={path!r}. Valid: a SavedModel export (its "
+                     "base folder or a version folder), a LiteRT or ONNX export folder, a .tflite "
+                     "or .onnx file, or a .keras model file")

@@ -1,4 +1,4 @@
-"""Running exports: `load_export`, the model `keras-preact export` takes, images from files."""
+"""Running exports (`load_export`), the model `keras-preact export` takes, images from files."""
 
 import dataclasses
 import json
@@ -19,6 +19,13 @@ from keras_preact.export.single_file import RUNTIMES
 from keras_preact.files import file_hash
 
 logger = logging.getLogger("keras_preact.export")
+
+#: Pillow modes read as they are (8 bits a channel), and those converted on reading
+#: (palette images: to RGB, or RGBA if transparent).
+_8BIT_MODES = ("L", "LA", "RGB", "RGBA", "CMYK")
+_CONVERTED_MODES = {"1": "L", "YCbCr": "RGB", "LAB": "RGB", "HSV": "RGB"}
+#: The Pillow mode of each channel count, for ``resize=True``.
+_CHANNEL_MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
 
 
 @dataclasses.dataclass
@@ -41,25 +48,7 @@ class ExportedModel:
         checked first (`validate_images`); returns a dict of numpy arrays: "probabilities",
         "top_k_classes", "top_k_scores" (and "features" when exported with them)."""
         out = self.runner(validate_images(images, self.input_shape))
-        return {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v) for k, v in out.items() if k != "top_k_labels"}
-
-
-def _keras_input_shape(path):
-    """A `.keras` file's input shape from its config, without building the model."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            config = json.loads(zf.read("config.json")).get("config", {})
-    except (zipfile.BadZipFile, KeyError, ValueError, OSError) as err:
-        raise ValueError(f"Not a readable .keras model file ({err}). Received: path={path!r}") from None
-    shape = config.get("input_shape")
-    if shape is None:
-        inputs = [layer for layer in config.get("layers", []) if layer.get("class_name") == "InputLayer"]
-        shape = (inputs[0].get("config", {}).get("batch_shape") or [None])[1:] if inputs else None
-    if not shape or len(shape) != 3:
-        return None
-    if config.get("data_format") == "channels_first":
-        shape = [shape[1], shape[2], shape[0]]
-    return tuple(shape)
+        return {k: np.asarray(v) for k, v in out.items() if k != "top_k_labels"}
 
 
 def expected_input_shape(path):
@@ -68,19 +57,33 @@ def expected_input_shape(path):
     Returns None when it cannot be known without loading the model.
     """
     kind, folder, target = locate_export(path)
-    if kind == "keras":
-        return _keras_input_shape(target)
-    card = read_model_card(folder)
-    return None if card is None else tuple(card["input"]["shape"][1:])
+    if kind != "keras":
+        card = read_model_card(folder)
+        return None if card is None else tuple(card["input"]["shape"][1:])
+    try:  # the model's config, without building the model
+        with zipfile.ZipFile(target) as zf:
+            config = json.loads(zf.read("config.json")).get("config", {})
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError) as err:
+        raise ValueError(f"Not a readable .keras model file ({err}). "
+                         f"Received: path={target!r}") from None
+    shape = config.get("input_shape")
+    if shape is None:
+        inputs = [layer.get("config", {}) for layer in config.get("layers", [])
+                  if layer.get("class_name") == "InputLayer"]
+        shape = (inputs[0].get("batch_shape") or [None])[1:] if inputs else None
+    if not shape or len(shape) != 3:
+        return None
+    if config.get("data_format") == "channels_first":
+        shape = [shape[1], shape[2], shape[0]]
+    return tuple(shape)
 
 
 def load_export(path, *, preprocessing=AUTO, top_k=None):
-    """Loads an export (or a `.keras` model) as an `ExportedModel` predicting from raw uint8 images.
+    """Loads an export (or a `.keras` model) as an `ExportedModel` predicting from uint8 images.
 
-    `path`: a SavedModel base folder (the latest version is used) or version folder,
-    a LiteRT or ONNX export folder, a ``.tflite`` / ``.onnx`` file, or a ``.keras``
-    model file. `preprocessing` and `top_k` apply to ``.keras`` files only (see
-    `build_serving_model`).
+    `path`: a SavedModel base folder (the latest version is used) or version folder, a
+    LiteRT or ONNX export folder, a ``.tflite`` / ``.onnx`` file, or a ``.keras`` model
+    file. `preprocessing` and `top_k` apply to ``.keras`` files (see `build_serving_model`).
 
     Raises:
         ValueError: if `path` is none of these.
@@ -90,15 +93,18 @@ def load_export(path, *, preprocessing=AUTO, top_k=None):
     if kind == "keras":
         from keras_preact.weights.local import load_keras_file
 
-        parts = ServingParts(load_keras_file(target), preprocessing=preprocessing, top_k=top_k, include_features=False)
-        return ExportedModel(kind, target, parts.input_shape, None, None, lambda x: parts.raw(x, training=False))
+        parts = ServingParts(load_keras_file(target), preprocessing=preprocessing, top_k=top_k,
+                             include_features=False)
+        return ExportedModel(kind, target, parts.input_shape, None, None,
+                             lambda x: parts.raw(x, training=False))
     card = read_model_card(folder)
     class_names = (card or {}).get("class_names")
     shape, runner = RUNTIMES[kind](target)
     if card is None and kind == "saved_model":  # no card beside it: ask the export
         signatures = tf.saved_model.load(target).signatures
-        names = signatures[SIGNATURE_METADATA]()["class_names"].numpy() if SIGNATURE_METADATA in signatures else []
-        class_names = [n.decode("utf-8") for n in names] or None
+        if SIGNATURE_METADATA in signatures:
+            names = signatures[SIGNATURE_METADATA]()["class_names"].numpy()
+            class_names = [n.decode("utf-8") for n in names] or None
     return ExportedModel(kind, target, shape, class_names, card, runner)
 
 
@@ -120,32 +126,26 @@ def load_model_to_export(name_or_path, *, classes=10, preprocessing=AUTO):
 
     if name_or_path in kp.list_models():
         if preprocessing == AUTO:
-            preprocessing = "cifar10" if kp.model_info(name_or_path)["family"] == "cifar" else "imagenet"
-        logger.warning("Building %s with random initialisation (no weights loaded) and preprocessing=%r.",
-                       name_or_path, preprocessing)
+            family = kp.model_info(name_or_path)["family"]
+            preprocessing = "cifar10" if family == "cifar" else "imagenet"
+        logger.warning("Building %s with random initialisation (no weights loaded) and "
+                       "preprocessing=%r.", name_or_path, preprocessing)
         model = kp.get_model(name_or_path, classes=classes, preprocessing=preprocessing)
         weights_info = {"tag": None, "initialization": "random (He normal), no weights loaded"}
         return model, {"preprocessing": AUTO, "weights_info": weights_info, "metrics": None}
     if not str(name_or_path).endswith(".keras"):
-        raise ValueError("`name_or_path` must be a registered model name or a .keras file. Received: "
-                         f"name_or_path={name_or_path!r}. Models: {', '.join(kp.list_models())}")
+        raise ValueError("`name_or_path` must be a registered model name or a .keras file. "
+                         f"Received: name_or_path={name_or_path!r}. "
+                         f"Models: {', '.join(kp.list_models())}")
     if not os.path.isfile(name_or_path):
         raise ValueError(f"The model file does not exist. Received: name_or_path={name_or_path!r}")
     from keras_preact.training.demo import run_metrics
     from keras_preact.weights.local import load_keras_file
 
     weights_info = {"file": os.path.basename(name_or_path), "sha256": file_hash(name_or_path)}
-    return load_keras_file(name_or_path), {
-        "preprocessing": preprocessing, "weights_info": weights_info, "metrics": run_metrics(name_or_path),
-    }
-
-
-#: Channels of the Pillow modes read as they are.
-_MODE_CHANNELS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4, "CMYK": 4}
-#: Pillow modes converted on reading (palette images: to RGB, or RGBA if transparent).
-_CONVERTED_MODES = {"1": "L", "YCbCr": "RGB", "LAB": "RGB", "HSV": "RGB"}
-#: The Pillow mode of each channel count, for ``resize=True``.
-_CHANNEL_MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
+    described = {"preprocessing": preprocessing, "weights_info": weights_info,
+                 "metrics": run_metrics(name_or_path)}
+    return load_keras_file(name_or_path), described
 
 
 def read_image_file(path, input_shape, *, resize=False):
@@ -161,25 +161,26 @@ def read_image_file(path, input_shape, *, resize=False):
     Raises:
         ValueError: naming the file: missing, unreadable, not 8-bit, or not fitting.
     """
-    if not os.path.exists(path):
-        raise ValueError(f"image {path!r} does not exist")
     if not os.path.isfile(path):
-        raise ValueError(f"image {path!r} is not a file")
+        raise ValueError(f"image {path!r} " + ("is not a file" if os.path.exists(path)
+                                               else "does not exist"))
     if path.endswith(".npy"):
         try:
             array = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as err:
             raise ValueError(f"image {path!r} is not a readable .npy array ({err})") from None
         if array.dtype != np.uint8:
-            raise ValueError(f"image {path!r} has dtype {array.dtype}; the model takes uint8 pixels (0..255)")
+            raise ValueError(f"image {path!r} has dtype {array.dtype}; the model takes uint8 "
+                             "pixels (0..255)")
     else:
         array = _read_with_pillow(path)
     if array.ndim == 2:
         array = array[..., None]
-    if array.ndim not in (3, 4):
-        raise ValueError(f"image {path!r} has shape {array.shape}; expected [H, W], [H, W, C] or [N, H, W, C]")
     if array.ndim == 3:
         return [(path, fit_image(array, input_shape, resize=resize, name=path))]
+    if array.ndim != 4:
+        raise ValueError(f"image {path!r} has shape {array.shape}; expected [H, W], [H, W, C] "
+                         "or [N, H, W, C]")
     names = [f"{path}[{i}]" for i in range(len(array))]
     return [(n, fit_image(a, input_shape, resize=resize, name=n)) for n, a in zip(names, array)]
 
@@ -197,19 +198,20 @@ def _read_with_pillow(path):
                 image = image.convert(_CONVERTED_MODES[image.mode])
             mode = image.mode
             # Read inside the block: closing the file releases the pixels.
-            array = np.asarray(image, dtype=np.uint8) if mode in _MODE_CHANNELS else None
+            array = np.asarray(image, dtype=np.uint8) if mode in _8BIT_MODES else None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
         raise ValueError(f"image {path!r} cannot be read as an image ({err})") from None
     if array is None:
-        raise ValueError(f"image {path!r} has {mode!r} pixels (not 8-bit); the model takes 8-bit (uint8) images")
+        raise ValueError(f"image {path!r} has {mode!r} pixels (not 8-bit); the model takes "
+                         "8-bit (uint8) images")
     return array
 
 
 def fit_image(array, input_shape, *, resize=False, name="image"):
-    """One uint8 ``[H, W, C]`` image in the model's ``(height, width, channels)`` (None: any size).
+    """One uint8 ``[H, W, C]`` image in the model's ``(height, width, channels)`` (None: any).
 
-    With `resize`, a mismatch is converted (Pillow's grey / RGB / RGBA conversions)
-    and resized (bilinear) instead of refused; `name` names the image in messages.
+    With `resize`, a mismatch is converted (Pillow's grey / RGB / RGBA conversions) and
+    resized (bilinear) instead of refused; `name` names the image in messages.
 
     Raises:
         ValueError: naming the image, for a mismatch without `resize` or channels
@@ -219,16 +221,16 @@ def fit_image(array, input_shape, *, resize=False, name="image"):
     h, w, c = array.shape
     if c == channels and height in (None, h) and width in (None, w):
         return array
+    if not resize and c != channels:
+        layout = "RGB" if channels == 3 else "channels last"
+        raise ValueError(f"image {name!r} has {c} channel(s); the model takes {channels} "
+                         f"({layout}): pass resize=True (--resize) to convert it")
     if not resize:
-        if c != channels:
-            layout = "RGB" if channels == 3 else "channels last"
-            raise ValueError(f"image {name!r} has {c} channel(s); the model takes {channels} ({layout}): "
-                             "pass resize=True (--resize) to convert it")
-        raise ValueError(f"image {name!r} is {h}x{w} (height x width); the model takes {height}x{width}: "
-                         "pass resize=True (--resize) to resize it")
+        raise ValueError(f"image {name!r} is {h}x{w} (height x width); the model takes "
+                         f"{height}x{width}: pass resize=True (--resize) to resize it")
     if c not in _CHANNEL_MODES or channels not in (1, 3, 4):
-        raise ValueError(f"image {name!r} has {c} channel(s) and the model takes {channels}; resizing "
-                         "converts 1 to 4 channels into 1, 3 or 4")
+        raise ValueError(f"image {name!r} has {c} channel(s) and the model takes {channels}; "
+                         "resizing converts 1 to 4 channels into 1, 3 or 4")
     from PIL import Image
 
     image = Image.fromarray(array[..., 0] if c == 1 else array).convert(_CHANNEL_MODES[channels])
@@ -253,13 +255,16 @@ def top_k_predictions(outputs, *, top_k=None, class_names=None):
     exported_k = outputs["top_k_classes"].shape[-1]
     k = exported_k if top_k is None else top_k
     if not 1 <= k <= exported_k:
-        raise ValueError(f"`top_k` must be 1 to the export's top-k ({exported_k}). Received: top_k={top_k}")
+        raise ValueError(f"`top_k` must be 1 to the export's top-k ({exported_k}). "
+                         f"Received: top_k={top_k}")
     classes = outputs["probabilities"].shape[-1]
     if class_names is not None and len(class_names) != classes:
-        raise ValueError(f"`class_names` has {len(class_names)} names; the model has {classes} classes. "
-                         f"Received: class_names={class_names!r}")
-    return [
-        [{"class": int(i), "score": float(s), **({} if class_names is None else {"label": class_names[i]})}
-         for i, s in zip(classes_k, scores_k)]
-        for classes_k, scores_k in zip(outputs["top_k_classes"][:, :k], outputs["top_k_scores"][:, :k])
-    ]
+        raise ValueError(f"`class_names` has {len(class_names)} names; the model has {classes} "
+                         f"classes. Received: class_names={class_names!r}")
+    result = []
+    for indices, scores in zip(outputs["top_k_classes"][:, :k], outputs["top_k_scores"][:, :k]):
+        result.append([{"class": int(i), "score": float(s)} for i, s in zip(indices, scores)])
+        if class_names is not None:
+            for entry in result[-1]:
+                entry["label"] = class_names[entry["class"]]
+    return result

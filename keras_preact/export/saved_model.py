@@ -1,8 +1,5 @@
-"""SavedModel export for TF Serving, written with `keras.export.ExportArchive`.
-
-`tf.saved_model.save` in Keras 3 loses the input names and dtypes, so the
-signatures are added as ExportArchive endpoints; see `export_saved_model`.
-"""
+"""SavedModel export for TF Serving, written with `keras.export.ExportArchive` (with
+`tf.saved_model.save`, Keras 3 models lose their input names and dtypes)."""
 
 import json
 import os
@@ -10,9 +7,9 @@ import os
 import keras
 import tensorflow as tf
 
-from keras_preact.layers.utils import check_bool
 from keras_preact.export.serving import check_path
 from keras_preact.export.staging import export_folder
+from keras_preact.layers.utils import check_bool
 from keras_preact.layers.utils import check_positive_int
 
 #: The signatures of a SavedModel export.
@@ -39,12 +36,14 @@ def _serving_entry(parts, version, accept_encoded):
 
 def _write_archive(folder, parts, card, accept_encoded):
     shape = [None, *parts.input_shape]
+    height, width, channels = parts.input_shape
     names = card["class_names"]
     labels = tf.constant(names if names is not None else [], dtype=tf.string)
 
     # Every signature calls this one traced function, so the network is traced and
     # stored once (for ResNet-1001 tracing dominates the export time).
-    @tf.function(input_signature=[tf.TensorSpec(shape, tf.float32, name="inputs")], autograph=False)
+    @tf.function(input_signature=[tf.TensorSpec(shape, tf.float32, name="inputs")],
+                 autograph=False)
     def network(inputs):
         out = dict(parts.preprocessed(inputs, training=False))
         if names is not None:
@@ -58,14 +57,13 @@ def _write_archive(folder, parts, card, accept_encoded):
         return network(inputs)
 
     def decode(image_bytes):
-        """One JPEG/PNG/GIF/BMP string -> uint8 image, asserting the model's input size."""
-        height, width, channels = parts.input_shape
+        """One encoded image -> uint8 pixels, asserting the model's input size."""
         image = tf.io.decode_image(image_bytes, channels=channels, expand_animations=False)
         if height is not None and width is not None:
             check = tf.debugging.assert_equal(
                 tf.shape(image)[:2], tf.constant([height, width], tf.int32),
-                message=f"serve_encoded: every image must decode to {height}x{width} (height x width), "
-                "the model's input size")
+                message=f"serve_encoded: every image must decode to {height}x{width} "
+                "(height x width), the model's input size")
             with tf.control_dependencies([check]):
                 image = tf.identity(image)
         image.set_shape([height, width, channels])
@@ -82,21 +80,23 @@ def _write_archive(folder, parts, card, accept_encoded):
     def metadata():
         return {"class_names": labels, "model_card": tf.constant(card_json)}
 
-    archive = keras.export.ExportArchive()
+    endpoints = [(SIGNATURE_RAW, serve_images, [tf.TensorSpec(shape, tf.uint8, name="images")]),
+                 (SIGNATURE_PREPROCESSED, serve_preprocessed,
+                  [tf.TensorSpec(shape, tf.float32, name="inputs")])]
+    if accept_encoded:
+        endpoints.append((SIGNATURE_ENCODED, serve_encoded,
+                          [tf.TensorSpec([None], tf.string, name="image_bytes")]))
+    endpoints.append((SIGNATURE_METADATA, metadata, []))
     # No archive.track(model): the endpoints capture every variable, and tracking
     # re-traces every layer's tf.functions (3x the export time of ResNet-110).
-    endpoints = [(SIGNATURE_RAW, serve_images, [tf.TensorSpec(shape, tf.uint8, name="images")]),
-                 (SIGNATURE_PREPROCESSED, serve_preprocessed, [tf.TensorSpec(shape, tf.float32, name="inputs")])]
-    if accept_encoded:
-        endpoints.append((SIGNATURE_ENCODED, serve_encoded, [tf.TensorSpec([None], tf.string, name="image_bytes")]))
-    endpoints.append((SIGNATURE_METADATA, metadata, []))
+    archive = keras.export.ExportArchive()
     for name, fn, signature in endpoints:
         archive.add_endpoint(name, fn, input_signature=signature)
     archive.write_out(folder, verbose=False)
 
 
 def open_saved_model(path):
-    """``(input_shape, run)`` of a SavedModel version folder; ``run(images)`` -> outputs by name."""
+    """``(input_shape, run)`` of a SavedModel version folder; ``run(images)`` -> outputs."""
     loaded = tf.saved_model.load(path)
     fn = loaded.signatures[SIGNATURE_RAW]
 
@@ -109,31 +109,26 @@ def open_saved_model(path):
 def export_saved_model(model, path, *, version=1, accept_encoded=False, **options):
     """Exports a classifier as a SavedModel for TF Serving, with a model card.
 
-    Written to ``path/<version>/`` (the layout TF Serving scans; other versions are
-    left alone) with the signatures:
-
-    - ``serving_default``: ``images`` uint8 ``[batch, H, W, C]`` -> "probabilities",
-      "top_k_classes", "top_k_scores" (+ "features", + "top_k_labels" with class names);
-    - ``serve_preprocessed``: ``inputs`` float32, already preprocessed -> the same;
-    - ``serve_encoded`` (with `accept_encoded`): ``image_bytes`` JPEG/PNG strings
-      ``[batch]``, each decoding to the model's input size -> the same;
-    - ``metadata``: no input -> ``class_names`` and ``model_card`` (JSON).
+    Written to ``path/<version>/`` (the layout TF Serving scans) with the signatures
+    ``serving_default`` (``images``: uint8 ``[batch, H, W, C]`` -> "probabilities",
+    "top_k_classes", "top_k_scores", + "features", + "top_k_labels" with class names),
+    ``serve_preprocessed`` (``inputs``: float32, already preprocessed -> the same),
+    ``serve_encoded`` (with `accept_encoded`; ``image_bytes``: JPEG/PNG strings of the
+    model's input size -> the same) and ``metadata`` (-> ``class_names``, ``model_card``).
 
     Args:
         model: a built classifier with one image input, e.g. a `PreActResNet`.
         path: the base folder (TF Serving's ``--model_base_path``).
         version: int >= 1, the version folder name.
-        **options: every exporter's keyword arguments:
-
-            - top_k, include_features, preprocessing: see `build_serving_model`.
-            - class_names: optional list of str, one per class (in the outputs, the
-              `metadata` signature, ``class_names.txt`` and the model card).
-            - weights_info, metrics: optional JSON dicts for the model card.
-            - overwrite: replace an existing export (default False).
-            - check_parity (default True): run the export on `parity_images`
-              (default 8 seeded random ones) and compare it with the model within
-              `parity_tolerance` (default `PARITY_TOLERANCES[format]`) first.
-            - verbose: show a progress bar over the stages.
+        accept_encoded: add the ``serve_encoded`` signature.
+        **options: every exporter's keyword arguments: `top_k`, `include_features`,
+            `preprocessing` (see `build_serving_model`); `class_names` (a str per class,
+            for the outputs, ``class_names.txt`` and the model card); `weights_info`,
+            `metrics` (JSON dicts for the model card); `overwrite` (replace an existing
+            export; default False); `check_parity` (default True: compare the export with
+            the model on `parity_images`, default 8 seeded random ones, within
+            `parity_tolerance`, default `PARITY_TOLERANCES[format]`); `verbose` (a
+            progress bar over the stages).
 
     Returns:
         str, the version folder written (``path/<version>``).
@@ -152,5 +147,6 @@ def export_saved_model(model, path, *, version=1, accept_encoded=False, **option
         model, os.path.join(base, str(version)), export_format="saved_model",
         serving=lambda parts: _serving_entry(parts, version, accept_encoded),
         write=lambda folder, parts, card: _write_archive(folder, parts, card, accept_encoded),
-        run=lambda folder, images: open_saved_model(folder)[1](images), class_names_dir="assets.extra", **options,
+        run=lambda folder, images: open_saved_model(folder)[1](images),
+        class_names_dir="assets.extra", **options,
     )

@@ -1,4 +1,4 @@
-"""The serving model every export is made from, argument checks and the parity check."""
+"""The serving model every export is made from, the argument checks and the parity check."""
 
 import json
 import os
@@ -13,24 +13,21 @@ from keras_preact.layers.utils import check_positive_int
 
 #: The export formats.
 FORMATS = ("saved_model", "litert", "onnx")
-#: LiteRT quantisation modes: None (float32 weights), "float16" (float16 weights) and
-#: "dynamic_range" (int8 weights, activations quantised on the fly).
+#: LiteRT quantisation: None (float32), "float16" (float16 weights) or "dynamic_range"
+#: (int8 weights, activations quantised on the fly).
 QUANTIZATIONS = (None, "float16", "dynamic_range")
-#: Largest absolute difference of `probabilities` allowed between an export and the
-#: Keras model. Float32 conversions only reorder arithmetic (below 1e-6 up to
-#: ResNet-110); float16 keeps about 3 digits; int8 weights move a few hundredths.
-PARITY_TOLERANCES = {"saved_model": 1e-5, "onnx": 1e-5, "litert": 1e-5, "litert_float16": 1e-2,
-                     "litert_dynamic_range": 0.1}
-#: Layer names the serving model looks for (those of `keras_preact.PreActResNet`).
-PREPROCESSING_LAYER = "preprocessing"
-FEATURES_LAYER = "pool"
+#: Largest |difference| of `probabilities` allowed between an export and the Keras model.
+#: Float32 conversions only reorder arithmetic (below 1e-6 up to ResNet-110); float16
+#: keeps about 3 digits; int8 weights move a few hundredths.
+PARITY_TOLERANCES = {"saved_model": 1e-5, "onnx": 1e-5, "litert": 1e-5,
+                     "litert_float16": 1e-2, "litert_dynamic_range": 0.1}
+#: `preprocessing="auto"`: the model's own preprocessing layer.
 AUTO = "auto"
-#: `top_k` when none is given (fewer for models with fewer classes).
-DEFAULT_TOP_K = 5
-#: Images the parity check runs when none are given (seeded, so repeatable).
-PARITY_BATCH = 8
 #: How to install the optional exporters and runtimes.
 EXPORT_EXTRA = 'pip install "keras-preact[export]"'
+# The layer names of `keras_preact.PreActResNet` the serving model looks for.
+PREPROCESSING_LAYER = "preprocessing"
+FEATURES_LAYER = "pool"
 
 
 class ExportParityError(RuntimeError):
@@ -53,7 +50,8 @@ def check_json(name, value):
     try:
         json.dumps(value)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"`{name}` must be JSON-serialisable ({err}). Received: {name}={value!r}") from None
+        raise ValueError(f"`{name}` must be JSON-serialisable ({err}). "
+                         f"Received: {name}={value!r}") from None
     return dict(value)
 
 
@@ -61,9 +59,11 @@ def check_class_names(class_names, classes):
     """`class_names` as a list of `classes` strings, or None."""
     if class_names is None:
         return None
-    names = None if isinstance(class_names, str) or not hasattr(class_names, "__len__") else list(class_names)
-    if names is None or not all(isinstance(n, str) for n in names):
-        raise ValueError(f"`class_names` must be a list of strings, one per class. Received: class_names={class_names!r}")
+    is_list = hasattr(class_names, "__len__") and not isinstance(class_names, str)
+    names = list(class_names) if is_list else []
+    if not is_list or not all(isinstance(n, str) for n in names):
+        raise ValueError("`class_names` must be a list of strings, one per class. "
+                         f"Received: class_names={class_names!r}")
     if len(names) != classes:
         raise ValueError(f"`class_names` must have one name per class ({classes}). Received "
                          f"{len(names)} names: {names[:5]}{'...' if len(names) > 5 else ''}")
@@ -71,25 +71,21 @@ def check_class_names(class_names, classes):
 
 
 def _model_input_shape(model):
-    """(height, width, channels) of a classifier's single 4D image input (NHWC view)."""
+    """(height, width, channels) of a classifier's one 4D image input."""
     if not isinstance(model, keras.Model):
         raise ValueError("`model` must be a keras.Model (e.g. a keras_preact.PreActResNet). "
                          f"Received: model={type(model).__name__}")
-    if not model.built or not getattr(model, "inputs", None):
-        raise ValueError("`model` must be a built functional model with a known input shape. "
-                         f"Received: model={model.name!r} (built={model.built})")
-    if len(model.inputs) != 1 or len(model.inputs[0].shape) != 4:
-        raise ValueError("`model` must have one 4D image input [batch, height, width, channels]. "
-                         f"Received inputs: {[tuple(t.shape) for t in model.inputs]}")
+    inputs = getattr(model, "inputs", None) if model.built else None
+    if not inputs or len(inputs) != 1 or len(inputs[0].shape) != 4:
+        raise ValueError("`model` must be built, with one 4D image input [batch, height, width, "
+                         f"channels]. Received: model={model.name!r} with inputs "
+                         f"{[tuple(t.shape) for t in inputs or ()]}")
     if len(model.outputs) != 1 or len(model.outputs[0].shape) != 2:
         raise ValueError("`model` must output class scores [batch, classes] (a classifier, e.g. "
-                         f"include_top=True). Received outputs: {[tuple(t.shape) for t in model.outputs]}")
-    shape = tuple(model.inputs[0].shape[1:])
-    if _data_format(model) == "channels_first":
-        shape = (shape[1], shape[2], shape[0])
-    if shape[-1] is None:
-        raise ValueError(f"`model` must have a known channel count. Received input shape {shape}")
-    return tuple(None if d is None else int(d) for d in shape)
+                         "include_top=True). "
+                         f"Received outputs: {[tuple(t.shape) for t in model.outputs]}")
+    shape = tuple(None if d is None else int(d) for d in inputs[0].shape[1:])
+    return (shape[1], shape[2], shape[0]) if _data_format(model) == "channels_first" else shape
 
 
 def _find_layer(model, name):
@@ -97,23 +93,24 @@ def _find_layer(model, name):
 
 
 def _data_format(model):
-    fmt = getattr(model, "data_format", None) or getattr(_find_layer(model, PREPROCESSING_LAYER), "data_format", None)
-    return fmt or "channels_last"
+    layer_format = getattr(_find_layer(model, PREPROCESSING_LAYER), "data_format", None)
+    return getattr(model, "data_format", None) or layer_format or "channels_last"
 
 
 def validate_images(images, input_shape, *, name="images"):
     """`images` (uint8 ``[batch, H, W, C]`` or one ``[H, W, C]``) as a 4D uint8 array.
 
-    `input_shape` is the export's ``(height, width, channels)`` (None: any size);
-    `name` names the argument in messages.
+    `input_shape` is the export's ``(height, width, channels)`` (None: any size); `name`
+    names the argument in messages.
 
     Raises:
         ValueError: for a wrong dtype, rank, channel count or image size.
     """
     height, width, channels = input_shape
-    images = np.asarray(images.numpy() if hasattr(images, "numpy") else images)
+    images = np.asarray(images)
     if images.dtype != np.uint8:
-        raise ValueError(f"`{name}` must be uint8 pixels in 0..255 (.astype('uint8')). Received: dtype={images.dtype}")
+        raise ValueError(f"`{name}` must be uint8 pixels in 0..255 (.astype('uint8')). "
+                         f"Received: dtype={images.dtype}")
     if images.ndim == 3:
         images = images[None]
     if images.ndim != 4:
@@ -124,57 +121,59 @@ def validate_images(images, input_shape, *, name="images"):
                          f"shape={images.shape} ({images.shape[-1]} channels)")
     if height not in (None, images.shape[1]) or width not in (None, images.shape[2]):
         raise ValueError(f"`{name}` must be {height}x{width} (height x width), the model's input "
-                         f"size. Received: shape={images.shape} ({images.shape[1]}x{images.shape[2]})")
+                         f"size. Received: shape={images.shape} "
+                         f"({images.shape[1]}x{images.shape[2]})")
     if images.shape[0] == 0:
         raise ValueError(f"`{name}` is an empty batch. Received: shape={images.shape}")
     return images
 
 
 def _resolve_preprocessing(model, preprocessing):
-    """(layer or None, description for the model card) of the raw-image path."""
+    """(layer or None, the model card's description) of the raw-image path."""
     from keras_preact.layers.preprocessing import ImageNormalization
     from keras_preact.layers.preprocessing import resolve_preprocessing
 
-    own = _find_layer(model, PREPROCESSING_LAYER)
-    if own is not None:
+    layer = _find_layer(model, PREPROCESSING_LAYER)
+    if layer is not None:
         if preprocessing != AUTO:
             raise ValueError(
-                f"The model already has its own preprocessing layer ({PREPROCESSING_LAYER!r}); giving `preprocessing` "
-                f"too would normalise twice. Received: preprocessing={preprocessing!r}. Leave it 'auto'."
-            )
-        source, layer = f"the model's {PREPROCESSING_LAYER!r} layer", own
+                f"The model already has its own preprocessing layer ({PREPROCESSING_LAYER!r}); "
+                "giving `preprocessing` too would normalise twice. "
+                f"Received: preprocessing={preprocessing!r}. Leave it 'auto'.")
+        source = f"the model's {PREPROCESSING_LAYER!r} layer"
     elif preprocessing == AUTO:
         raise ValueError(
-            f"The model has no preprocessing layer (named {PREPROCESSING_LAYER!r}), so the export cannot know "
-            "how to turn raw pixels into its inputs. Pass `preprocessing`: a preset name ('symmetric', 'unit', "
-            "'cifar10', 'cifar100', 'imagenet'), a dict with 'mean' and 'std', or None to feed the raw 0..255 "
-            "values as floats. Received: preprocessing='auto'"
-        )
+            f"The model has no preprocessing layer (named {PREPROCESSING_LAYER!r}) to turn raw "
+            "pixels into its inputs: pass `preprocessing`, a preset ('symmetric', 'unit', "
+            "'cifar10', 'cifar100', 'imagenet'), a dict with 'mean' and 'std', or None (the raw "
+            "0..255 values as floats). Received: preprocessing='auto'")
     elif (resolved := resolve_preprocessing(preprocessing)) is None:
         return None, {"source": "none: raw 0..255 values as float32"}
     else:
         scale, mean, std = resolved
         source = f"export argument {preprocessing!r}"
-        layer = ImageNormalization(scale=scale, mean=mean, std=std, data_format=_data_format(model),
-                                   name="serving_preprocessing")
+        layer = ImageNormalization(scale=scale, mean=mean, std=std,
+                                   data_format=_data_format(model), name="serving_preprocessing")
     return layer, {"source": source, "scale": getattr(layer, "scale", None),
-                   "mean": list(getattr(layer, "mean", ()) or ()), "std": list(getattr(layer, "std", ()) or ())}
+                   "mean": list(getattr(layer, "mean", ()) or ()),
+                   "std": list(getattr(layer, "std", ()) or ())}
 
 
 class ServingParts:
-    """The Keras pieces every exporter shares: `raw` (the serving model, uint8 NHWC
-    images -> named outputs), `preprocessed` (the same from preprocessed float32
-    inputs), the checked arguments and the model card's `preprocessing`."""
+    """What every exporter shares: `raw` (the serving model, uint8 NHWC images -> named
+    outputs), `preprocessed` (the same from preprocessed float32 NHWC inputs), the
+    checked arguments and the model card's `preprocessing`."""
 
     def __init__(self, model, *, preprocessing, top_k, include_features):
         self.input_shape = _model_input_shape(model)
         self.classes = int(model.outputs[0].shape[-1])
-        top_k = min(DEFAULT_TOP_K, self.classes) if top_k is None else top_k
-        check_positive_int("top_k", top_k)
-        if top_k > self.classes:
-            raise ValueError(f"`top_k` must be at most the number of classes ({self.classes}). Received: top_k={top_k}")
+        self.top_k = min(5, self.classes) if top_k is None else top_k
+        check_positive_int("top_k", self.top_k)
+        if self.top_k > self.classes:
+            raise ValueError("`top_k` must be at most the number of classes "
+                             f"({self.classes}). Received: top_k={top_k}")
         check_bool("include_features", include_features)
-        self.top_k, self.include_features = top_k, include_features
+        self.include_features = include_features
         self.data_format = _data_format(model)
         # classifier_activation=None gives logits; serving clients expect probabilities.
         self.softmax = getattr(model, "classifier_activation", "softmax") in (None, "linear")
@@ -184,18 +183,21 @@ class ServingParts:
             pool = _find_layer(model, FEATURES_LAYER)
             if pool is None or len(pool.output.shape) != 2:
                 raise ValueError(
-                    f"`include_features=True` needs a layer named {FEATURES_LAYER!r} with a pooled [batch, width] "
-                    f"output (as in PreActResNet). Model {model.name!r} has none."
-                )
+                    f"`include_features=True` needs a layer named {FEATURES_LAYER!r} with a "
+                    f"pooled [batch, width] output (as in PreActResNet). Model {model.name!r} "
+                    "has none.")
             outputs["features"] = pool.output
+            self.features = int(pool.output.shape[-1])
         # The float endpoint starts after the model's own preprocessing layer.
         own = _find_layer(model, PREPROCESSING_LAYER)
-        self.core = keras.Model(own.output if own is not None else model.inputs[0], outputs, name=f"{model.name}_core")
-
+        start = model.inputs[0] if own is None else own.output
+        core = keras.Model(start, outputs, name=f"{model.name}_core")
         inputs = keras.Input(self.input_shape, dtype="float32", name="inputs")
         # Serving clients send channels-last images whatever the model's layout.
-        out = self.core(ops.transpose(inputs, (0, 3, 1, 2)) if self.data_format == "channels_first" else inputs)
-        probabilities = ops.softmax(out["probabilities"], axis=-1) if self.softmax else out["probabilities"]
+        out = core(self._to_model_layout(inputs))
+        probabilities = out["probabilities"]
+        if self.softmax:
+            probabilities = ops.softmax(probabilities, axis=-1)
         scores, classes = ops.top_k(probabilities, self.top_k)
         result = {"probabilities": probabilities, "top_k_classes": classes, "top_k_scores": scores}
         if include_features:
@@ -203,7 +205,11 @@ class ServingParts:
             result["features"] = ops.cast(out["features"], "float32")
         self.preprocessed = keras.Model(inputs, result, name=f"{model.name}_preprocessed")
         images = keras.Input(self.input_shape, dtype="uint8", name="images")
-        self.raw = keras.Model(images, self.preprocessed(self.normalize(images)), name=f"{model.name}_serving")
+        self.raw = keras.Model(images, self.preprocessed(self.normalize(images)),
+                               name=f"{model.name}_serving")
+
+    def _to_model_layout(self, x):
+        return ops.transpose(x, (0, 3, 1, 2)) if self.data_format == "channels_first" else x
 
     def normalize(self, images):
         """uint8 NHWC images -> the float NHWC input of `self.preprocessed`."""
@@ -211,7 +217,8 @@ class ServingParts:
         if self.preprocessing_layer is None:
             return x
         if self.data_format == "channels_first":
-            return ops.transpose(self.preprocessing_layer(ops.transpose(x, (0, 3, 1, 2))), (0, 2, 3, 1))
+            x = self.preprocessing_layer(self._to_model_layout(x))
+            return ops.transpose(x, (0, 2, 3, 1))
         return self.preprocessing_layer(x)
 
     def describe_outputs(self, class_names=None):
@@ -221,17 +228,17 @@ class ServingParts:
                "top_k_classes": {"dtype": "int32", "shape": [None, k]},
                "top_k_scores": {"dtype": "float32", "shape": [None, k]}}
         if self.include_features:
-            out["features"] = {"dtype": "float32", "shape": [None, int(self.core.output["features"].shape[-1])]}
+            out["features"] = {"dtype": "float32", "shape": [None, self.features]}
         if class_names is not None:
             out["top_k_labels"] = {"dtype": "string", "shape": [None, k]}
         return out
 
     def parity_images(self, images):
-        """`images` checked, or `PARITY_BATCH` seeded random ones."""
+        """`images` checked, or 8 seeded random ones."""
         if images is not None:
             return validate_images(images, self.input_shape, name="parity_images")
         height, width, channels = self.input_shape
-        size = (PARITY_BATCH, height or 32, width or 32, channels)
+        size = (8, height or 32, width or 32, channels)
         return np.random.default_rng(0).integers(0, 256, size=size, dtype=np.uint8)
 
     def reference_probabilities(self, model, images):
@@ -239,12 +246,13 @@ class ServingParts:
         x = images.astype("float32")
         layer = self.preprocessing_layer
         if _find_layer(model, PREPROCESSING_LAYER) is None and layer is not None:
-            mean, std = np.asarray(layer.mean).astype("float32"), np.asarray(layer.std).astype("float32")
+            mean = np.asarray(layer.mean).astype("float32")
+            std = np.asarray(layer.std).astype("float32")
             x = ((x * np.float32(layer.scale) - mean) / std).astype("float32")
         if self.data_format == "channels_first":
             x = np.transpose(x, (0, 3, 1, 2))
         out = np.asarray(model.predict(x, verbose=0, batch_size=len(x)))
-        return np.asarray(ops.convert_to_numpy(ops.softmax(out, axis=-1))) if self.softmax else out
+        return ops.convert_to_numpy(ops.softmax(out, axis=-1)) if self.softmax else out
 
 
 def compare(name, reference, outputs, tolerance):
@@ -255,17 +263,16 @@ def compare(name, reference, outputs, tolerance):
     """
     got = np.asarray(outputs["probabilities"])
     if got.shape != reference.shape:
-        raise ExportParityError(
-            f"The {name} export returns probabilities of shape {got.shape}; the Keras model {reference.shape}."
-        )
+        raise ExportParityError(f"The {name} export returns probabilities of shape {got.shape}; "
+                                f"the Keras model {reference.shape}.")
     diff = float(np.max(np.abs(got - reference)))
     if not diff <= tolerance:
         raise ExportParityError(
-            f"The {name} export differs from the Keras model: max |difference| of probabilities {diff:.3g} > "
-            f"tolerance {tolerance:.3g} on {len(reference)} images. Nothing was written."
-        )
-    return {"max_abs_diff": diff, "tolerance": tolerance,
-            "top1_agreement": float(np.mean(np.argmax(got, -1) == np.argmax(reference, -1))),
+            f"The {name} export differs from the Keras model: max |difference| of probabilities "
+            f"{diff:.3g} > tolerance {tolerance:.3g} on {len(reference)} images. "
+            "Nothing was written.")
+    agreement = np.mean(np.argmax(got, -1) == np.argmax(reference, -1))
+    return {"max_abs_diff": diff, "tolerance": tolerance, "top1_agreement": float(agreement),
             "images": int(len(reference))}
 
 
@@ -288,4 +295,6 @@ def build_serving_model(model, *, preprocessing=AUTO, top_k=None, include_featur
         ValueError: for a model that is not a single-input classifier, a bad `top_k`,
             a `preprocessing` that is missing or given twice.
     """
-    return ServingParts(model, preprocessing=preprocessing, top_k=top_k, include_features=include_features).raw
+    parts = ServingParts(model, preprocessing=preprocessing, top_k=top_k,
+                         include_features=include_features)
+    return parts.raw

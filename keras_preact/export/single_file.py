@@ -1,10 +1,7 @@
 """LiteRT (``.tflite``) and ONNX exports, their runtimes, and `export_model` over all formats.
 
-Both are converted from the serving model by Keras' own exporters
-(``model.export(format="litert")``, ``format="onnx"`` via tf2onnx), so they take the
-same uint8 ``images`` and give the same named outputs (no ``top_k_labels``: class
-names are in ``class_names.txt`` and the model card).
-"""
+Both are converted from the serving model by Keras' own exporters: the same uint8 ``images``
+and named outputs, less ``top_k_labels`` (class names are in ``class_names.txt``)."""
 
 import importlib
 import os
@@ -29,15 +26,13 @@ from keras_preact.layers.utils import check_positive_int
 
 
 def open_litert(path):
-    """``(input_shape, run)`` of a ``.tflite`` file, run by `ai-edge-litert`'s interpreter;
-    ``run(images)`` returns the outputs by name."""
+    """``(input_shape, run)`` of a ``.tflite`` file, run by `ai-edge-litert`'s interpreter."""
     try:
         from ai_edge_litert.interpreter import Interpreter
     except ImportError:
         raise ModuleNotFoundError(
             f"Running a LiteRT export needs the `ai-edge-litert` package ({EXPORT_EXTRA}); "
-            "tf.lite.Interpreter is deprecated."
-        ) from None
+            "tf.lite.Interpreter is deprecated.") from None
     runner = Interpreter(model_path=path).get_signature_runner("serving_default")
     dims = runner.get_input_details()["images"]["shape_signature"][1:]
     return tuple(int(d) if d > 0 else None for d in dims), lambda images: runner(images=images)
@@ -48,36 +43,31 @@ def open_onnx(path):
     try:
         import onnxruntime
     except ImportError:
-        raise ModuleNotFoundError(f"Running an ONNX export needs the `onnxruntime` package ({EXPORT_EXTRA}).") from None
+        raise ModuleNotFoundError("Running an ONNX export needs the `onnxruntime` package "
+                                  f"({EXPORT_EXTRA}).") from None
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     shape = tuple(d if isinstance(d, int) else None for d in session.get_inputs()[0].shape[1:])
     return shape, lambda images: dict(zip(names, session.run(names, {"images": images})))
 
 
-#: Format -> (file name, its runtime, packages whose versions go into the model card).
-SINGLE_FILE_FORMATS = {"litert": (LITERT_FILE, open_litert, ("ai_edge_litert",)),
-                       "onnx": (ONNX_FILE, open_onnx, ("onnx", "tf2onnx", "onnxruntime"))}
-#: Export kind -> ``open(path) -> (input_shape, run)``.
+#: Export kind -> ``open(path) -> (input_shape, run)``; ``run(images)`` -> outputs by name.
 RUNTIMES = {"saved_model": open_saved_model, "litert": open_litert, "onnx": open_onnx}
+#: Format -> (file name, packages whose versions go into the model card).
+_FILES = {"litert": (LITERT_FILE, ("ai_edge_litert",)),
+          "onnx": (ONNX_FILE, ("onnx", "tf2onnx", "onnxruntime"))}
+#: The keyword arguments every exporter takes, and those of one format only.
+SHARED_ARGUMENTS = ("top_k", "include_features", "preprocessing", "class_names", "weights_info",
+                    "metrics", "overwrite", "check_parity", "parity_images", "parity_tolerance",
+                    "verbose")
+EXTRA_ARGUMENTS = {"saved_model": ("version", "accept_encoded"), "litert": ("quantization",),
+                   "onnx": ("opset_version",)}
 
 
-def _convert(serving_model, filename, export_format, **kwargs):
-    """Runs Keras' own exporter (`model.export(format=...)`) quietly."""
-    if not getattr(serving_model, "_called", True):
-        # Keras' ONNX exporter refuses a model that was never called.
-        height, width, channels = serving_model.inputs[0].shape[1:]
-        serving_model(np.zeros((1, height or 32, width or 32, channels), np.uint8), training=False)
-    with warnings.catch_warnings():
-        # tf2onnx's numpy-2 shim and the LiteRT converter warn about deprecations not ours.
-        warnings.simplefilter("ignore", FutureWarning)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        serving_model.export(filename, format=export_format, verbose=False, **kwargs)
-
-
-def _export_single_file(model, path, export_format, *, converter_kwargs, quantization=None, **options):
-    """The LiteRT and ONNX exporter; `export_litert` and `export_onnx` describe it."""
-    filename, runtime, versions = SINGLE_FILE_FORMATS[export_format]
+def _export_single_file(model, path, export_format, converter_kwargs, quantization=None,
+                        **options):
+    """The LiteRT and ONNX exporter, through Keras' ``model.export(format=...)``."""
+    filename, versions = _FILES[export_format]
 
     def serving(parts):
         return {"file": filename, "quantization": quantization,
@@ -86,22 +76,29 @@ def _export_single_file(model, path, export_format, *, converter_kwargs, quantiz
 
     def write(folder, parts, card):
         file_path = os.path.join(folder, filename)
-        _convert(parts.raw, file_path, export_format, **converter_kwargs)
+        if not getattr(parts.raw, "_called", True):
+            # Keras' ONNX exporter refuses a model that was never called.
+            height, width, channels = parts.input_shape
+            parts.raw(np.zeros((1, height or 32, width or 32, channels), np.uint8), training=False)
+        with warnings.catch_warnings():
+            # tf2onnx's numpy-2 shim and the LiteRT converter warn about deprecations not ours.
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            parts.raw.export(file_path, format=export_format, verbose=False, **converter_kwargs)
         card["serving"].update(bytes=os.path.getsize(file_path), sha256=file_hash(file_path))
 
     def run(folder, images):
-        return runtime(os.path.join(folder, filename))[1](images)
+        return RUNTIMES[export_format](os.path.join(folder, filename))[1](images)
 
-    return export_folder(model, check_path("path", path), export_format=export_format, quantization=quantization,
-                         serving=serving, write=write, run=run, extra_versions=versions, **options)
+    return export_folder(model, check_path("path", path), export_format=export_format,
+                         quantization=quantization, serving=serving, write=write, run=run,
+                         extra_versions=versions, **options)
 
 
 def export_litert(model, path, *, quantization=None, **kwargs):
     """Exports a classifier as LiteRT (``model.tflite`` in the folder `path`), with a model card.
 
-    Converted by Keras' ``model.export(format="litert")`` from the serving model: it
-    takes uint8 ``images`` and has the ``serving_default`` signature with the named
-    outputs; `load_export` runs it with `ai-edge-litert`.
+    Its ``serving_default`` signature takes uint8 ``images``; `load_export` runs it.
 
     Args:
         quantization: None (float32, default), "float16" (float16 weights) or
@@ -123,43 +120,40 @@ def export_litert(model, path, *, quantization=None, **kwargs):
         converter_kwargs["optimizations"] = [tf.lite.Optimize.DEFAULT]
         if quantization == "float16":
             converter_kwargs["target_spec"] = {"supported_types": [tf.float16]}
-    return _export_single_file(model, path, "litert", quantization=quantization,
-                               converter_kwargs=converter_kwargs, **kwargs)
+    return _export_single_file(model, path, "litert", converter_kwargs,
+                               quantization=quantization, **kwargs)
 
 
 def export_onnx(model, path, *, opset_version=None, **kwargs):
     """Exports a classifier as ONNX (``model.onnx`` in the folder `path`), with a model card.
 
-    Converted by Keras' ``model.export(format="onnx")`` (tf2onnx) from the serving
-    model: it takes uint8 ``images`` and has the named outputs; `load_export` runs it
-    with `onnxruntime`.
+    Converted with tf2onnx; it takes uint8 ``images``; `load_export` runs it.
 
-    `opset_version` is the ONNX opset (None: tf2onnx's); the other arguments, the
-    result and the errors are those of `export_litert`, with ImportError without
-    `tf2onnx` (conversion) or `onnxruntime` (parity).
+    Args:
+        opset_version: the ONNX opset; None (default): tf2onnx's.
+        **kwargs: as in `export_saved_model`.
+
+    Returns:
+        str, the export folder.
+
+    Raises:
+        ValueError, FileExistsError, ExportParityError: as `export_saved_model`.
+        ImportError: without `tf2onnx` (conversion) or `onnxruntime` (parity check).
     """
     if opset_version is not None:
         check_positive_int("opset_version", opset_version)
     try:
         importlib.import_module("tf2onnx")  # the converter Keras' ONNX export calls
     except ImportError:
-        raise ModuleNotFoundError(
-            f"ONNX export on the TensorFlow backend needs `tf2onnx` and `onnx` ({EXPORT_EXTRA})."
-        ) from None
+        raise ModuleNotFoundError("ONNX export on the TensorFlow backend needs `tf2onnx` and "
+                                  f"`onnx` ({EXPORT_EXTRA}).") from None
     converter_kwargs = {} if opset_version is None else {"opset_version": opset_version}
-    return _export_single_file(model, path, "onnx", converter_kwargs=converter_kwargs, **kwargs)
-
-
-#: The keyword arguments every exporter takes, and those of one format only.
-SHARED_ARGUMENTS = ("top_k", "include_features", "preprocessing", "class_names", "weights_info", "metrics",
-                    "overwrite", "check_parity", "parity_images", "parity_tolerance", "verbose")
-EXTRA_ARGUMENTS = {"saved_model": ("version", "accept_encoded"), "litert": ("quantization",),
-                   "onnx": ("opset_version",)}
+    return _export_single_file(model, path, "onnx", converter_kwargs, **kwargs)
 
 
 def export_model(model, path, *, format="saved_model", **kwargs):
-    """Exports in one of `FORMATS` (default "saved_model"); keyword arguments go to that
-    format's exporter (`export_saved_model`, `export_litert`, `export_onnx`).
+    """Exports in one of `FORMATS` with that format's exporter (`export_saved_model`,
+    `export_litert`, `export_onnx`), which takes the keyword arguments.
 
     Returns:
         str, the folder written.
@@ -168,6 +162,7 @@ def export_model(model, path, *, format="saved_model", **kwargs):
         ValueError: for an unknown format or an argument that format does not take.
     """
     check_choice("format", format, FORMATS)
-    fn = {"saved_model": export_saved_model, "litert": export_litert, "onnx": export_onnx}[format]
-    check_known_arguments(kwargs, SHARED_ARGUMENTS + EXTRA_ARGUMENTS[format], where=f"the {format!r} exporter")
-    return fn(model, path, **kwargs)
+    where = f"the {format!r} exporter"
+    check_known_arguments(kwargs, SHARED_ARGUMENTS + EXTRA_ARGUMENTS[format], where=where)
+    exporters = {"saved_model": export_saved_model, "litert": export_litert, "onnx": export_onnx}
+    return exporters[format](model, path, **kwargs)

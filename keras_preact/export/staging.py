@@ -1,10 +1,5 @@
-"""Writing an export whole or not at all: a staging folder, the parity check, the card.
-
-Every export is built in a temporary folder beside its target, checked against the
-Keras model, given its model card, then renamed into place with `os.replace`: a
-failure half-way leaves no partial export, and an existing export is replaced only
-with ``overwrite=True`` (never a folder without a model card, which is not ours).
-"""
+"""Writing an export whole or not at all: built and checked in a temporary folder beside
+its target, then renamed into place; only an export of ours (with a model card) is replaced."""
 
 import contextlib
 import logging
@@ -22,10 +17,10 @@ from keras_preact.export.card import write_model_card
 from keras_preact.export.serving import AUTO
 from keras_preact.export.serving import PARITY_TOLERANCES
 from keras_preact.export.serving import ServingParts
-from keras_preact.layers.utils import check_bool
 from keras_preact.export.serving import check_class_names
 from keras_preact.export.serving import check_json
 from keras_preact.export.serving import compare
+from keras_preact.layers.utils import check_bool
 
 logger = logging.getLogger("keras_preact.export")
 
@@ -34,10 +29,11 @@ def check_target(target, *, overwrite):
     """Raises unless `target` is free, or an export of ours and `overwrite` is set."""
     if not os.path.lexists(target):
         return
-    if not os.path.isdir(target) or not os.path.isfile(os.path.join(target, MODEL_CARD_JSON)):
+    if not os.path.isfile(os.path.join(target, MODEL_CARD_JSON)):
         # Checked first, so that no message suggests an `overwrite` that would be refused.
-        raise ValueError(f"Refusing to write over {target!r}: it exists and is not a keras-preact export "
-                         f"(no {MODEL_CARD_JSON}); choose another path. Received: path={target!r}")
+        raise ValueError(f"Refusing to write over {target!r}: it exists and is not a keras-preact "
+                         f"export (no {MODEL_CARD_JSON}); choose another path. "
+                         f"Received: path={target!r}")
     if not overwrite:
         raise FileExistsError(f"An export already exists at {target!r}; "
                               "pass overwrite=True (--overwrite) to replace it.")
@@ -45,18 +41,19 @@ def check_target(target, *, overwrite):
 
 @contextlib.contextmanager
 def staged_folder(target, *, overwrite):
-    """Yields a temporary folder beside `target`, renamed onto it on success.
+    """Yields a temporary folder beside `target`, renamed onto it if the block succeeds.
 
-    An exception removes the temporary folder and leaves `target` as it was. An existing
-    `target` is moved aside first and restored if the final rename fails. Raises
-    ValueError if the parent folder cannot be written (or see `check_target`).
+    An exception removes the temporary folder and leaves `target` as it was.
+
+    Raises:
+        ValueError: if the parent folder cannot be written (or see `check_target`).
     """
     check_target(target, overwrite=overwrite)
     parent = os.path.dirname(target)
     try:
         os.makedirs(parent, exist_ok=True)
         staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.partial-", dir=parent)
-        # mkdtemp makes the folder private (0700); a server running as another user must read the export.
+        # mkdtemp's folder is private (0700); a server running as another user must read it.
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(staging, 0o777 & ~umask)
@@ -65,52 +62,55 @@ def staged_folder(target, *, overwrite):
                          f"Received: path={target!r}") from None
     try:
         yield staging
-        check_target(target, overwrite=overwrite)  # it may have appeared
-        _commit(staging, target)
+        check_target(target, overwrite=overwrite)  # it may have appeared meanwhile
+        if not os.path.lexists(target):
+            os.replace(staging, target)
+            return
+        # The old export is moved aside, and back if the final rename fails.
+        name = f".{os.path.basename(target)}.replaced-{uuid.uuid4().hex[:8]}"
+        backup = os.path.join(parent, name)
+        os.replace(target, backup)
+        try:
+            os.replace(staging, target)
+        except BaseException:
+            os.replace(backup, target)
+            raise
+        shutil.rmtree(backup, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
 
 
-def _commit(staging, target):
-    if not os.path.lexists(target):
-        os.replace(staging, target)
-        return
-    backup = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.replaced-{uuid.uuid4().hex[:8]}")
-    os.replace(target, backup)
-    try:
-        os.replace(staging, target)
-    except BaseException:
-        os.replace(backup, target)
-        raise
-    shutil.rmtree(backup, ignore_errors=True)
-
-
-def export_folder(model, target, *, export_format, serving, write, run, quantization=None, extra_versions=(),
-                  class_names_dir="", preprocessing=AUTO, top_k=None, include_features=False, class_names=None,
-                  weights_info=None, metrics=None, overwrite=False, check_parity=True, parity_images=None,
-                  parity_tolerance=None, verbose=False):
+def export_folder(model, target, *, export_format, serving, write, run, quantization=None,
+                  extra_versions=(), class_names_dir="", preprocessing=AUTO, top_k=None,
+                  include_features=False, class_names=None, weights_info=None, metrics=None,
+                  overwrite=False, check_parity=True, parity_images=None, parity_tolerance=None,
+                  verbose=False):
     """Writes one export through a staging folder and puts it in place at `target`.
 
     ``serving(parts)`` gives the model card's "serving" entry, ``write(staging, parts,
-    card)`` writes the converted model, ``run(staging, images)`` runs it for the parity
-    check; `extra_versions` are packages whose versions go into the model card and
-    `class_names_dir` is where ``class_names.txt`` goes. The other arguments and the
-    errors are those of `export_saved_model`.
+    card)`` writes the converted model and ``run(staging, images)`` runs it for the
+    parity check; `extra_versions` are packages whose versions go into the model card
+    and `class_names_dir` is where ``class_names.txt`` goes. The other arguments and
+    the errors are those of `export_saved_model`.
     """
     key = export_format if quantization is None else f"{export_format}_{quantization}"
     check_bool("overwrite", overwrite)
     check_bool("check_parity", check_parity)
     if parity_tolerance is None:
         parity_tolerance = PARITY_TOLERANCES[key]
-    elif isinstance(parity_tolerance, bool) or not isinstance(parity_tolerance, (int, float)) or parity_tolerance < 0:
-        raise ValueError(f"`parity_tolerance` must be a non-negative number or None. "
+    elif (isinstance(parity_tolerance, bool) or not isinstance(parity_tolerance, (int, float))
+          or parity_tolerance < 0):
+        raise ValueError("`parity_tolerance` must be a non-negative number or None. "
                          f"Received: parity_tolerance={parity_tolerance!r}")
-    parts = ServingParts(model, preprocessing=preprocessing, top_k=top_k, include_features=include_features)
+    parts = ServingParts(model, preprocessing=preprocessing, top_k=top_k,
+                         include_features=include_features)
     card = make_model_card(
-        model, parts, export_format=export_format, class_names=check_class_names(class_names, parts.classes),
-        weights_info=check_json("weights_info", weights_info), metrics=check_json("metrics", metrics),
-        serving=serving(parts), extra_versions=extra_versions,
+        model, parts, export_format=export_format,
+        class_names=check_class_names(class_names, parts.classes),
+        weights_info=check_json("weights_info", weights_info),
+        metrics=check_json("metrics", metrics), serving=serving(parts),
+        extra_versions=extra_versions,
     )
     images = parts.parity_images(parity_images) if check_parity else None
     progress = keras.utils.Progbar(3, unit_name="stage", verbose=1 if verbose else 0)
@@ -119,7 +119,8 @@ def export_folder(model, target, *, export_format, serving, write, run, quantiza
         progress.update(1)
         if check_parity:
             reference = parts.reference_probabilities(model, images)
-            card["parity"] = compare(key, reference, run(staging, images), float(parity_tolerance))
+            outputs = run(staging, images)
+            card["parity"] = compare(key, reference, outputs, float(parity_tolerance))
         progress.update(2)
         write_class_names(os.path.join(staging, class_names_dir), card["class_names"])
         write_model_card(staging, card)

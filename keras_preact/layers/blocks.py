@@ -7,14 +7,12 @@ import math
 import keras
 from keras import ops
 
-from keras_preact.layers import fast_stage
+from keras_preact.layers import fast_stage, variants
 from keras_preact.layers import functional as F
 from keras_preact.layers import remat as remat_lib
-from keras_preact.layers import variants
-from keras_preact.layers.utils import check_choice
-from keras_preact.layers.utils import check_positive_int
-from keras_preact.layers.utils import normalize_data_format
-from keras_preact.layers.utils import spatial_shape
+from keras_preact.layers.utils import (
+    check_bool, check_choice, check_positive_int, normalize_data_format, pop_deprecated,
+    spatial_shape, deprecated_alias)
 
 #: A strided bottleneck strides on its 3x3 conv ("middle": pytorchcv, timm, torchvision
 #: v1.5, the published CIFAR weights) or its first 1x1 conv ("first": the paper's code).
@@ -37,11 +35,6 @@ _TRAINABLE_KINDS = ("kernel", "gamma", "beta", "gate_bias", "bias")
 _AUTOCAST_KINDS = ("kernel", "gate_bias", "bias")
 
 
-def _check_optional_bool(name, value):
-    if value is not None and not isinstance(value, bool):
-        raise ValueError(f"`{name}` must be None (automatic), True or False. Received: {name}={value!r}")
-
-
 def _strided_shape(input_shape, strides, channels, data_format):
     out = list(input_shape)
     for axis in (1, 2) if data_format == "channels_last" else (2, 3):
@@ -54,8 +47,7 @@ def _strided_shape(input_shape, strides, channels, data_format):
 def check_layout(*, strided_shortcut, conv_bias, unit):
     """Validates the layout options `strided_shortcut` and `conv_bias` for `unit`."""
     check_choice("strided_shortcut", strided_shortcut, STRIDED_SHORTCUTS)
-    if not isinstance(conv_bias, bool):
-        raise ValueError(f"`conv_bias` must be True or False. Received: conv_bias={conv_bias!r}")
+    check_bool("conv_bias", conv_bias)
     if conv_bias and not variants.get_unit(unit).bn_before_conv:
         raise ValueError(
             f"`conv_bias=True` is supported with unit={variants.DEFAULT_UNIT!r} only. "
@@ -72,8 +64,7 @@ def check_unit_arguments(*, strides, bottleneck_stride, bn_momentum, bn_epsilon,
         raise ValueError(f"`bn_momentum` must be in [0, 1). Received: bn_momentum={bn_momentum!r}")
     if not float(bn_epsilon) > 0.0:
         raise ValueError(f"`bn_epsilon` must be > 0. Received: bn_epsilon={bn_epsilon!r}")
-    if not isinstance(synchronized, bool):
-        raise ValueError(f"`synchronized` must be True or False. Received: synchronized={synchronized!r}")
+    check_bool("synchronized", synchronized)
     if synchronized and keras.backend.backend() != "tensorflow":
         raise ValueError(
             "`synchronized=True` (cross-replica BatchNorm statistics) needs the "
@@ -84,6 +75,13 @@ def check_unit_arguments(*, strides, bottleneck_stride, bn_momentum, bn_epsilon,
     return options
 
 
+#: The arguments a stage passes on to each of its units.
+_UNIT_ARGUMENTS = (
+    "bottleneck_stride", "kernel_initializer", "kernel_regularizer", "bn_momentum", "bn_epsilon",
+    "synchronized", "data_format", "unit", "shortcut_scale", "residual_scale", "gate_bias",
+    "dropout_rate", "strided_shortcut", "conv_bias")
+
+
 class _UnitConfigMixin:
     """Argument validation, config and BN settings shared by units and stages."""
 
@@ -91,36 +89,27 @@ class _UnitConfigMixin:
                "unit", "shortcut_scale", "residual_scale", "gate_bias", "dropout_rate", "seed",
                "strided_shortcut", "conv_bias")
 
-    def _init_common(self, *, filters, strides, expansion, bottleneck_stride, kernel_initializer,
-                     kernel_regularizer, bn_momentum, bn_epsilon, synchronized, data_format, unit,
-                     shortcut_scale, residual_scale, gate_bias, dropout_rate, seed,
-                     strided_shortcut, conv_bias):
+    def _init_common(self, *, filters, expansion, kernel_initializer, kernel_regularizer,
+                     data_format, seed, **unit_args):
         check_positive_int("filters", filters)
         check_positive_int("expansion", expansion)
-        self.unit_options = check_unit_arguments(
-            strides=strides, bottleneck_stride=bottleneck_stride, bn_momentum=bn_momentum,
-            bn_epsilon=bn_epsilon, synchronized=synchronized, unit=unit,
-            strided_shortcut=strided_shortcut, conv_bias=conv_bias, shortcut_scale=shortcut_scale,
-            residual_scale=residual_scale, gate_bias=gate_bias, dropout_rate=dropout_rate)
-        self.variant = variants.get_unit(unit)
+        self.unit_options = check_unit_arguments(**unit_args)
+        self.variant = variants.get_unit(unit_args["unit"])
         dropout = self.variant.shortcut == "dropout"
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"`seed` must be None or an int. Received: seed={seed!r}")
         if seed is not None and not dropout:
             raise ValueError("`seed` is used only by unit='dropout_shortcut'. "
-                             f"Received: seed={seed!r} with unit={unit!r}")
+                             f"Received: seed={seed!r} with unit={unit_args['unit']!r}")
         # The arguments as given (None = the paper's value), for get_config.
-        self.filters, self.strides, self.expansion = filters, strides, expansion
-        self.bottleneck_stride, self.synchronized = bottleneck_stride, synchronized
+        for name, value in unit_args.items():
+            setattr(self, name, value)
+        self.filters, self.expansion, self.seed = filters, expansion, seed
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-        self.bn_momentum, self.bn_epsilon = float(bn_momentum), float(bn_epsilon)
+        self.bn_momentum, self.bn_epsilon = float(self.bn_momentum), float(self.bn_epsilon)
         self.data_format = normalize_data_format(data_format)
         self._channel_axis = -1 if self.data_format == "channels_last" else 1
-        self.unit, self.seed = unit, seed
-        self.shortcut_scale, self.residual_scale = shortcut_scale, residual_scale
-        self.gate_bias, self.dropout_rate = gate_bias, dropout_rate
-        self.strided_shortcut, self.conv_bias = strided_shortcut, conv_bias
         # Only the dropout unit gets a generator (a variable): the others' variable
         # lists must not change.
         self.seed_generator = (keras.random.SeedGenerator(seed, name="shortcut_dropout_seed")
@@ -143,9 +132,9 @@ class _UnitConfigMixin:
                 trainable=kind in _TRAINABLE_KINDS, autocast=kind in _AUTOCAST_KINDS)
         return out
 
-    def _spec(self, in_channels, strides, has_projection, shares_preact):
-        return F.UnitSpec(self.block_type, in_channels, self.filters, strides, self.expansion,
-                          self.bottleneck_stride, has_projection, shares_preact, unit=self.unit,
+    def _spec(self, in_channels, strides, has_projection, shared_preact):
+        return F.UnitSpec(self.block, in_channels, self.filters, strides, self.expansion,
+                          self.bottleneck_stride, has_projection, shared_preact, unit=self.unit,
                           options=self.unit_options, conv_bias=self.conv_bias)
 
     def _check_input(self, input_shape):
@@ -186,7 +175,7 @@ class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
     """One unit with its own variables, in `UnitSpec.variable_specs`' frozen order. A
     frozen layer (``trainable=False``) runs BN in inference mode, as Keras' BN does."""
 
-    block_type = None
+    block = None
 
     def __init__(self, filters, strides=1, projection=None, shared_preact=None,
                  expansion=1, bottleneck_stride="middle", kernel_initializer="he_normal",
@@ -194,17 +183,12 @@ class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
                  synchronized=False, data_format=None, unit=variants.DEFAULT_UNIT,
                  shortcut_scale=None, residual_scale=None, gate_bias=None, dropout_rate=None,
                  seed=None, strided_shortcut="projection", conv_bias=False, **kwargs):
+        args = {k: v for k, v in locals().items()
+                if k not in ("self", "kwargs", "__class__", "projection", "shared_preact")}
         super().__init__(**kwargs)
-        self._init_common(
-            filters=filters, strides=strides, expansion=expansion,
-            bottleneck_stride=bottleneck_stride, kernel_initializer=kernel_initializer,
-            kernel_regularizer=kernel_regularizer, bn_momentum=bn_momentum,
-            bn_epsilon=bn_epsilon, synchronized=synchronized, data_format=data_format,
-            unit=unit, shortcut_scale=shortcut_scale, residual_scale=residual_scale,
-            gate_bias=gate_bias, dropout_rate=dropout_rate, seed=seed,
-            strided_shortcut=strided_shortcut, conv_bias=conv_bias)
-        _check_optional_bool("projection", projection)
-        _check_optional_bool("shared_preact", shared_preact)
+        self._init_common(**args)
+        check_bool("projection", projection, allow_none=True)
+        check_bool("shared_preact", shared_preact, allow_none=True)
         if self.variant.shortcut == "conv" and projection is False:
             raise ValueError(f"unit={unit!r} has a 1x1 conv on every shortcut (paper Fig. 2e). "
                              "Received: projection=False")
@@ -227,10 +211,10 @@ class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
             )
         has_projection = self.variant.shortcut == "conv" or (
             needed if self.projection is None else self.projection)
-        shares = has_projection if self.shared_preact is None else self.shared_preact
+        shared = has_projection if self.shared_preact is None else self.shared_preact
         # Without a pre-activation the shortcut sees x.
         return self._spec(in_channels, self.strides, has_projection,
-                          shares and self.variant.preactivation)
+                          shared and self.variant.preactivation)
 
     def build(self, input_shape):
         self.spec = self._make_spec(self._check_input(input_shape))
@@ -238,11 +222,8 @@ class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
 
     @property
     def has_projection(self):
+        """Whether the built unit's shortcut is a 1x1 conv."""
         return self.spec.has_projection
-
-    @property
-    def shares_preact(self):
-        return self.spec.shares_preact
 
     def get_variable(self, name):
         """The variable `name` (e.g. "conv1_kernel", "preact_bn_gamma")."""
@@ -293,7 +274,7 @@ class PreActBasicBlock(_PreActUnit):
         (1, 8, 8, 32)
     """
 
-    block_type = "basic"
+    block = "basic"
 
     def __init__(self, filters, strides=1, **kwargs):
         kwargs.pop("expansion", None)
@@ -311,7 +292,7 @@ class PreActBottleneckBlock(_PreActUnit):
         (1, 8, 8, 64)
     """
 
-    block_type = "bottleneck"
+    block = "bottleneck"
 
     def __init__(self, filters, strides=1, expansion=4, bottleneck_stride="middle", **kwargs):
         super().__init__(filters, strides=strides, expansion=expansion,
@@ -333,12 +314,14 @@ UNIT_CLASSES = {"basic": PreActBasicBlock, "bottleneck": PreActBottleneckBlock}
 
 @keras.saving.register_keras_serializable(package="keras_preact")
 class PreActStage(_UnitConfigMixin, keras.layers.Layer):
-    """A stage: a unit sub-layer "unit1" and ``units - 1`` identical units whose
+    """A stage: a unit sub-layer "unit1" and ``num_blocks - 1`` identical units whose
     variables are stacked (slice ``i`` is unit ``i + 2``; `fast_stage`), their moving
     statistics updated once per call. With ``stride_position="last"`` and a stride the
     last unit is a sub-layer of its own, "unit_last".
 
     Args:
+        block: "basic" or "bottleneck".
+        num_blocks: the number of units (``units=`` is a deprecated alias).
         first_shared_preact: the first unit's `shared_preact` (None: the paper's rule).
         remat: rematerialisation of the stacked units in training (`remat`): None/False,
             True or "segment", "unit" or an int. Not with unit="dropout_shortcut".
@@ -346,7 +329,7 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         (the rest, **kwargs): as in the units, for every unit.
 
     Example:
-        >>> PreActStage("basic", 32, units=18, strides=2)(keras.ops.zeros((1, 32, 32, 16))).shape
+        >>> PreActStage("basic", 32, num_blocks=18, strides=2)(keras.ops.zeros((1, 32, 32, 16))).shape
         (1, 16, 16, 32)
     """
 
@@ -356,33 +339,28 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
     # models (110 and 199 a stage), whose unrolled step takes minutes to trace.
     plain_loop_min_units = 64
 
-    def __init__(self, block, filters, units, strides=1, first_shared_preact=None,
+    def __init__(self, block, filters, num_blocks=None, strides=1, first_shared_preact=None,
                  expansion=4, bottleneck_stride="middle", kernel_initializer="he_normal",
                  kernel_regularizer=None, bn_momentum=BN_MOMENTUM, bn_epsilon=BN_EPSILON,
                  synchronized=False, data_format=None, unit=variants.DEFAULT_UNIT,
                  shortcut_scale=None, residual_scale=None, gate_bias=None, dropout_rate=None,
                  seed=None, stride_position="first", strided_shortcut="projection",
                  conv_bias=False, remat=None, **kwargs):
+        units = pop_deprecated(kwargs, "units", "num_blocks", "PreActStage")
+        num_blocks = num_blocks if units is None else units
         super().__init__(**kwargs)
         check_choice("block", block, BLOCK_TYPES)
-        check_positive_int("units", units)
-        _check_optional_bool("first_shared_preact", first_shared_preact)
+        check_positive_int("num_blocks", num_blocks)
+        check_bool("first_shared_preact", first_shared_preact, allow_none=True)
         expansion = 1 if block == "basic" else expansion
-        unit_args = dict(
-            bottleneck_stride=bottleneck_stride, kernel_initializer=kernel_initializer,
-            kernel_regularizer=kernel_regularizer, bn_momentum=bn_momentum,
-            bn_epsilon=bn_epsilon, synchronized=synchronized, data_format=data_format,
-            unit=unit, shortcut_scale=shortcut_scale, residual_scale=residual_scale,
-            gate_bias=gate_bias, dropout_rate=dropout_rate, strided_shortcut=strided_shortcut,
-            conv_bias=conv_bias)
+        unit_args = {k: v for k, v in locals().items() if k in _UNIT_ARGUMENTS}
         self._init_common(filters=filters, strides=strides, expansion=expansion, seed=seed,
                           **unit_args)
         if block == "bottleneck" and filters % expansion:
             raise ValueError("`filters` must be divisible by `expansion`. "
                              f"Received: filters={filters}, expansion={expansion}")
-        check_stride_position(stride_position, (units,), (strides,))
-        self.block = self.block_type = block
-        self.units = units
+        check_stride_position(stride_position, (num_blocks,), (strides,))
+        self.block, self.num_blocks = block, num_blocks
         self.first_shared_preact = first_shared_preact
         self.stride_position = stride_position
         self.remat = remat_lib.check_remat(remat, unit)
@@ -411,14 +389,16 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
     @property
     def num_stacked(self):
         """All units but "unit1" and "unit_last"."""
-        return self.units - 1 - (self.unit_last is not None)
+        return self.num_blocks - 1 - (self.unit_last is not None)
 
     def _repeat_spec(self):
         # Units 2..n keep the shape: only the conv-shortcut unit projects.
         return self._spec(self.filters, 1, self.variant.shortcut == "conv", False)
 
+    units = deprecated_alias("units", "num_blocks", "PreActStage")
+
     def get_variable(self, name):
-        """The stacked variable `name` of units 2..units (leading axis: unit - 2)."""
+        """The stacked variable `name` of units 2..num_blocks (leading axis: unit - 2)."""
         return self._stacked[name]
 
     def _loopable(self):
@@ -460,7 +440,7 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update({key: getattr(self, key) for key in (
-            "block", "units", "first_shared_preact", "expansion", "bottleneck_stride",
+            "block", "num_blocks", "first_shared_preact", "expansion", "bottleneck_stride",
             "stride_position", "remat")})
         return config
 

@@ -19,12 +19,12 @@ class UnitSpec:
     resolved parameters."""
 
     def __init__(self, block, in_channels, filters, strides, expansion, bottleneck_stride,
-                 has_projection, shares_preact, *, unit="full_preact", options=None,
+                 has_projection, shared_preact, *, unit="full_preact", options=None,
                  conv_bias=False):
         self.unit, self.variant = unit, get_unit(unit)
         self.options = dict(options or {})
         self.block, self.in_channels, self.filters, self.strides = block, in_channels, filters, strides
-        self.has_projection, self.shares_preact = has_projection, shares_preact
+        self.has_projection, self.shared_preact = has_projection, shared_preact
         self.conv_bias = bool(conv_bias)
         if block == "basic":  # (name, kernel size, in, out, stride)
             self.convs = (("conv1", 3, in_channels, filters, strides),
@@ -203,7 +203,7 @@ def unit_forward(x, params, spec, *, training, momentum, epsilon, data_format, s
     if spec.conv_bias:
         r = add_bias(r, params[f"{spec.convs[-1][0]}_bias"], fmt)
     # h(x): identity, or a 1x1 projection where the shape changes.
-    h = pre if spec.shares_preact else x
+    h = pre if spec.shared_preact else x
     if spec.has_projection:
         h = conv(h, params["shortcut_kernel"], spec.strides, fmt)
         if spec.conv_bias:

@@ -1,20 +1,14 @@
-"""TensorFlow-only kernels for the training hot path (imported only on that backend).
+"""TensorFlow-only kernels for the training hot path, picked by `functional.conv` and
+`functional.bn_relu`; tests/test_tf_kernels.py checks they equal the plain path.
+Timings: 2 CPU cores, AVX2, TF 2.21, batch 128, 16 channels at 32x32, forward + backward.
 
-`functional.conv` and `functional.bn_relu` pick them; tests/test_tf_kernels.py checks
-they equal the plain path. Timings: 2 CPU cores, AVX2, TF 2.21, batch 128, 16
-channels at 32x32, forward + backward.
-
-- oneDNN: TensorFlow turns its oneDNN kernels on by itself only with AVX-512/AMX;
-  importing `keras_preact` first sets `TF_ENABLE_ONEDNN_OPTS=1` by default. Its conv
-  gradient is then fast (18.0 ms; 39.7 ms on Eigen).
-- `conv2d` (only with oneDNN off, `KERAS_PREACT_FAST_CONV_GRAD=0` disables): Eigen's
-  stride-1 conv gradient computed as two forward convs (the input gradient: the
-  output gradient by the flipped, transposed kernel; the kernel gradient: the padded
-  input by the output gradient, batch and channels swapped; a matmul for 1x1).
-  Forward bit-identical, gradients equal to float32 rounding; 23.2 ms.
-- `batch_norm_relu` (`KERAS_PREACT_FUSED_BN=0` disables): training BN + ReLU as
-  TensorFlow's fused kernel instead of Keras' moments / normalisation arithmetic with
-  its full-size `Tile` gradients: 10.8 -> 6.0 ms with oneDNN, 16.1 -> 11.1 ms without.
+- oneDNN: TensorFlow enables it by itself only with AVX-512/AMX; importing `keras_preact`
+  first sets `TF_ENABLE_ONEDNN_OPTS=1` by default (conv gradient 18.0 ms; Eigen 39.7 ms).
+- `conv2d` (oneDNN off only; `KERAS_PREACT_FAST_CONV_GRAD=0` disables): Eigen's stride-1
+  conv gradient as two forward convs (a matmul for 1x1); forward bit-identical,
+  gradients equal to float32 rounding; 23.2 ms.
+- `batch_norm_relu` (`KERAS_PREACT_FUSED_BN=0` disables): training BN + ReLU as the fused
+  kernel instead of Keras' moments arithmetic: 10.8 -> 6.0 ms with oneDNN, 16.1 -> 11.1 without.
 """
 
 import os
@@ -23,8 +17,7 @@ import tensorflow as tf
 
 
 def enabled():
-    """The environment switch (read at each trace), and only without oneDNN, whose own
-    gradient is faster."""
+    """The environment switch (read at each trace); off with oneDNN, whose gradient is faster."""
     return os.environ.get("KERAS_PREACT_FAST_CONV_GRAD", "1") != "0" and not onednn_enabled()
 
 

@@ -1,6 +1,7 @@
 """Small argument, shape and cost helpers shared by the layers and models."""
 
 import difflib
+import warnings
 
 import keras
 import numpy as np
@@ -51,6 +52,29 @@ def check_known_arguments(given, valid, *, where):
             f"Unknown argument `{name}` for {where}.{hint} Received: "
             f"{name}={given[name]!r}. Valid: {', '.join(valid)}"
         )
+
+
+def warn_deprecated(old, new, where):
+    """Warns (DeprecationWarning) that `old` of `where` is now called `new`."""
+    warnings.warn(f"`{old}` of {where} is deprecated and will be removed in the next "
+                  f"release; use `{new}`.", DeprecationWarning, stacklevel=3)
+
+
+def deprecated_alias(old, new, where):
+    """A read-only property `old` that returns attribute `new`, warning."""
+
+    def get(self):
+        warn_deprecated(old, new, where)
+        return getattr(self, new)
+
+    return property(get, doc=f"Deprecated alias of `{new}`.")
+
+
+def pop_deprecated(kwargs, old, new, where):
+    """Pops the deprecated argument `old` from `kwargs` (None when absent), warning."""
+    if old in kwargs:
+        warn_deprecated(old, new, where)
+    return kwargs.pop(old, None)
 
 
 def spatial_shape(shape, data_format):

@@ -7,10 +7,8 @@ the first unit of stages 2 and 3 (paper Section 4 and Table 3 / 4).
 
 from keras_preact.layers.blocks import BLOCK_TYPES
 from keras_preact.layers.utils import check_choice
-from keras_preact.models.factory import build_with_weights
-from keras_preact.models.factory import check_reserved
-from keras_preact.models.factory import default_input_shape
-from keras_preact.models.factory import register_factory
+from keras_preact.models.factory import (
+    build_with_weights, check_reserved, default_input_shape, register_factory)
 from keras_preact.weights import hooks as weights_hooks
 
 CIFAR_BLOCKS = ("auto",) + BLOCK_TYPES

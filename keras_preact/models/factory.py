@@ -2,13 +2,10 @@
 
 import inspect
 
-from keras_preact.layers.utils import check_known_arguments
-from keras_preact.layers.utils import normalize_data_format
-from keras_preact.models.preact_resnet import MODEL_ARGUMENTS
-from keras_preact.models.preact_resnet import PreActResNet
-from keras_preact.models.preact_resnet import validate_config
-from keras_preact.models.registry import get_model
-from keras_preact.models.registry import register_model
+from keras_preact.layers.utils import check_known_arguments, normalize_data_format
+from keras_preact.models.preact_resnet import (
+    MODEL_ARGUMENTS, PreActResNet, rename_deprecated, validate_config)
+from keras_preact.models.registry import get_model, register_model
 from keras_preact.weights import hooks as weights_hooks
 
 
@@ -39,6 +36,7 @@ def build_with_weights(model_name, architecture, *, weights, include_top, input_
     `architecture` holds the arguments the model's name fixes; `defaults` the family's,
     which the weights' recorded architecture and the caller's `kwargs` override.
     """
+    kwargs = rename_deprecated(kwargs, model_name)
     check_known_arguments(kwargs, MODEL_ARGUMENTS, where=model_name)
     if weights is None and classes is None:
         classes = default_classes

@@ -7,15 +7,13 @@ unit of stages 2-4; BN-ReLU, global average pooling and a 1000-way dense head.
 
 - ``bottleneck_stride="first"``, as the official code and pytorchcv's
   ``preresnet50/101/152`` (their ``...b`` models and ``preresnet200b``: "middle").
-- ``first_unit_shared_preact=False``: the first unit of stage 1 keeps an identity
+- ``first_shared_preact=False``: the first unit of stage 1 keeps an identity
   shortcut on the stem's activated output unless it projects (the layout of the
   published pytorchcv weights).
 """
 
-from keras_preact.models.factory import build_with_weights
-from keras_preact.models.factory import check_reserved
-from keras_preact.models.factory import default_input_shape
-from keras_preact.models.factory import register_factory
+from keras_preact.models.factory import (
+    build_with_weights, check_reserved, default_input_shape, register_factory)
 from keras_preact.models.preact_resnet import POOLED_STEMS
 
 #: depth -> (block, units per stage)
@@ -57,7 +55,7 @@ def preact_resnet_imagenet(depth, *, include_top=True, weights=None, input_tenso
         f"preact_resnet{depth}",
         dict(block=block, stage_blocks=units, stage_filters=IMAGENET_WIDTHS[block],
              stem_kernel_size=7, stem_strides=2),
-        defaults=dict(bottleneck_stride="first", first_unit_shared_preact=False,
+        defaults=dict(bottleneck_stride="first", first_shared_preact=False,
                       stage_strides=(1, 2, 2, 2), stem="imagenet"),
         weights=weights, include_top=include_top, input_tensor=input_tensor,
         input_shape=input_shape,

@@ -10,20 +10,13 @@ import types
 import keras
 
 from keras_preact.layers import variants
-from keras_preact.layers.blocks import BLOCK_TYPES
-from keras_preact.layers.blocks import BN_EPSILON
-from keras_preact.layers.blocks import BN_MOMENTUM
-from keras_preact.layers.blocks import BOTTLENECK_STRIDES
-from keras_preact.layers.blocks import PreActStage
-from keras_preact.layers.blocks import check_layout
-from keras_preact.layers.blocks import check_stride_position
-from keras_preact.layers.preprocessing import ImageNormalization
-from keras_preact.layers.preprocessing import resolve_preprocessing
-from keras_preact.layers.remat import check_remat
-from keras_preact.layers.remat import model_pruning_off
-from keras_preact.layers.utils import check_choice
-from keras_preact.layers.utils import check_known_arguments
-from keras_preact.layers.utils import normalize_data_format
+from keras_preact.layers.blocks import (
+    BLOCK_TYPES, BN_EPSILON, BN_MOMENTUM, check_stride_position, check_unit_arguments, PreActStage)
+from keras_preact.layers.preprocessing import ImageNormalization, resolve_preprocessing
+from keras_preact.layers.remat import check_remat, model_pruning_off
+from keras_preact.layers.utils import (
+    check_bool, check_choice, check_known_arguments, normalize_data_format, pop_deprecated,
+    deprecated_alias)
 
 #: Stems: "cifar", a single conv (the paper's CIFAR nets); "imagenet", conv, BN, ReLU
 #: and a 3x3 stride-2 max pool with Torch's symmetric padding (Section 5);
@@ -31,6 +24,17 @@ from keras_preact.layers.utils import normalize_data_format
 STEMS = ("cifar", "imagenet", "imagenet_preact")
 POOLED_STEMS = ("imagenet", "imagenet_preact")
 POOLINGS = (None, "avg", "max")
+#: Deprecated argument names -> their names now (accepted, with a warning, for one release).
+RENAMED_ARGUMENTS = {"first_unit_shared_preact": "first_shared_preact"}
+
+
+def rename_deprecated(kwargs, where):
+    """`kwargs` with the names of `RENAMED_ARGUMENTS` replaced (a DeprecationWarning each)."""
+    kwargs = dict(kwargs)
+    for old, new in RENAMED_ARGUMENTS.items():
+        if old in kwargs:
+            kwargs.setdefault(new, pop_deprecated(kwargs, old, new, where))
+    return kwargs
 
 
 def _positive_ints(name, value):
@@ -46,8 +50,7 @@ def _positive_ints(name, value):
 
 
 def _check_head(include_top, pooling, classes, classifier_activation):
-    if not isinstance(include_top, bool):
-        raise ValueError(f"`include_top` must be True or False. Received: include_top={include_top!r}")
+    check_bool("include_top", include_top)
     check_choice("pooling", pooling, POOLINGS)
     if not include_top:
         return
@@ -96,16 +99,19 @@ def validate_config(*, block, stage_blocks, stage_filters, stage_strides, stem_f
                     include_top, pooling, classes, classifier_activation, input_shape, data_format,
                     unit=variants.DEFAULT_UNIT, shortcut_scale=None, residual_scale=None,
                     gate_bias=None, dropout_rate=None, stem="cifar", stride_position="first",
-                    strided_shortcut="projection", conv_bias=False):
+                    strided_shortcut="projection", conv_bias=False, bn_momentum=BN_MOMENTUM,
+                    bn_epsilon=BN_EPSILON, synchronized_bn=False):
     """Checks every `PreActResNet` argument before any layer is built (ValueError).
 
     Returns a dict: "stage_blocks", "stage_filters", "stage_strides" (tuples),
     "data_format" and the full "input_shape" (None for a free height or width).
     """
     check_choice("block", block, BLOCK_TYPES)
-    variants.resolve_unit_options(unit, shortcut_scale=shortcut_scale,
-                                  residual_scale=residual_scale, gate_bias=gate_bias,
-                                  dropout_rate=dropout_rate)
+    check_unit_arguments(
+        strides=1, bottleneck_stride=bottleneck_stride, bn_momentum=bn_momentum,
+        bn_epsilon=bn_epsilon, synchronized=synchronized_bn, unit=unit,
+        strided_shortcut=strided_shortcut, conv_bias=conv_bias, shortcut_scale=shortcut_scale,
+        residual_scale=residual_scale, gate_bias=gate_bias, dropout_rate=dropout_rate)
     stages = {name: _positive_ints(name, value) for name, value in (
         ("stage_blocks", stage_blocks), ("stage_filters", stage_filters),
         ("stage_strides", stage_strides))}
@@ -122,12 +128,10 @@ def validate_config(*, block, stage_blocks, stage_filters, stage_strides, stem_f
             "Bottleneck stage widths must be divisible by `bottleneck_expansion`. Received: "
             f"stage_filters={stages['stage_filters']}, bottleneck_expansion={bottleneck_expansion}"
         )
-    check_choice("bottleneck_stride", bottleneck_stride, BOTTLENECK_STRIDES)
     _check_head(include_top, pooling, classes, classifier_activation)
     data_format = normalize_data_format(data_format)
     check_choice("stem", stem, STEMS)
     check_stride_position(stride_position, stages["stage_blocks"], stages["stage_strides"])
-    check_layout(strided_shortcut=strided_shortcut, conv_bias=conv_bias, unit=unit)
     # The ImageNet stems' max pool halves the size once more.
     total_stride = (stem_strides * (2 if stem in POOLED_STEMS else 1)
                     * math.prod(stages["stage_strides"]))
@@ -176,7 +180,7 @@ def _bn(a, name):
 
 def _stages(x, a):
     """The stages; the first unit shares its pre-activation with its shortcut (the
-    paper's first-unit rule) unless `first_unit_shared_preact=False`."""
+    paper's first-unit rule) unless `first_shared_preact=False`."""
     preact = variants.get_unit(a.unit).preactivation
     kwargs = dict(kernel_initializer=a.kernel_initializer, bn_momentum=a.bn_momentum,
                   bn_epsilon=a.bn_epsilon, synchronized=a.synchronized_bn,
@@ -189,7 +193,7 @@ def _stages(x, a):
         kwargs.update(expansion=a.bottleneck_expansion, bottleneck_stride=a.bottleneck_stride)
     for i, (units, filters, strides) in enumerate(
             zip(a.stage_blocks, a.stage_filters, a.stage_strides), start=1):
-        shared = True if i == 1 and a.first_unit_shared_preact and preact else None
+        shared = True if i == 1 and a.first_shared_preact and preact else None
         x = PreActStage(a.block, filters, units, strides=strides, first_shared_preact=shared,
                         name=f"stage{i}", **kwargs)(x)
     return x
@@ -242,8 +246,9 @@ class PreActResNet(keras.Model):
         stem: see `STEMS`; use "imagenet" with ``stem_kernel_size=7, stem_strides=2,
             stem_filters=64``.
         bottleneck_stride: see `BOTTLENECK_STRIDES`.
-        first_unit_shared_preact: the first unit shares its BN-ReLU with an identity
+        first_shared_preact: the first unit shares its BN-ReLU with an identity
             shortcut too (the paper's code; not pytorchcv's basic CIFAR nets).
+            ``first_unit_shared_preact`` is a deprecated alias.
         pooling: None, "avg" or "max". Without the top, None returns the 4D features;
             with it, "max" replaces the global average pooling.
         classifier_activation: None returns logits.
@@ -281,7 +286,7 @@ class PreActResNet(keras.Model):
     def __init__(self, *, block="basic", stage_blocks=(3, 3, 3), stage_filters=(16, 32, 64),
                  stage_strides=(1, 2, 2), stem_filters=16, stem_kernel_size=3, stem_strides=1,
                  stem="cifar", bottleneck_stride="middle", bottleneck_expansion=4,
-                 first_unit_shared_preact=True, include_top=True, pooling=None, classes=10,
+                 first_shared_preact=True, include_top=True, pooling=None, classes=10,
                  classifier_activation="softmax", preprocessing=None, input_shape=None,
                  input_tensor=None, data_format=None, kernel_initializer="he_normal",
                  zero_init_last=False, bn_momentum=BN_MOMENTUM, bn_epsilon=BN_EPSILON,
@@ -291,9 +296,10 @@ class PreActResNet(keras.Model):
                  name="preact_resnet", **kwargs):
         # Before any other local is bound.
         args = {k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__")}
+        kwargs = rename_deprecated(kwargs, "PreActResNet")
+        args.update({new: kwargs.pop(new) for new in RENAMED_ARGUMENTS.values() if new in kwargs})
         check_known_arguments(kwargs, MODEL_ARGUMENTS, where="PreActResNet")
-        if not isinstance(zero_init_last, bool):
-            raise ValueError(f"`zero_init_last` must be True or False. Received: zero_init_last={zero_init_last!r}")
+        check_bool("zero_init_last", zero_init_last)
         args.update(validate_config(**{k: args[k] for k in _VALIDATED}))
         resolved_preprocessing = resolve_preprocessing(preprocessing)
         args["remat"] = check_remat(remat, unit)
@@ -306,6 +312,9 @@ class PreActResNet(keras.Model):
         self._input_shape_arg, self._dtype_arg = a.input_shape, dtype
         for key in _ATTRIBUTES:
             setattr(self, key, args[key])
+
+    first_unit_shared_preact = deprecated_alias(
+        "first_unit_shared_preact", "first_shared_preact", "PreActResNet")
 
     @property
     def depth(self):

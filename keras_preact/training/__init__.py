@@ -1,12 +1,8 @@
 """Training: the paper's CIFAR recipe, tf.distribute strategies, crash-safe runs.
 
-The recipe pieces (`TrainConfig`, `WarmupPiecewiseConstant`, `CoupledSGD`) are plain
-Keras 3 and work on every backend. Every run is a `keras_preact.training.run.Run`
-whose epochs a stepper computes: Keras ``fit`` (`train_and_evaluate`), the
-tf.distribute custom loop (`train_multiworker`) or JAX data parallelism
-(`train_data_parallel`). `train_and_evaluate`, `evaluate` and `run_demo`
-use tf.data and tf.distribute; they (and TensorFlow) are imported on first use, and
-`import keras_preact` imports only the recipe pieces (to register them for loading `.keras` files).
+`train_and_evaluate` trains on TensorFlow (Keras ``fit``, or the multi-worker loop),
+`train_data_parallel` on JAX. Only the recipe pieces load with the package; the rest
+(and TensorFlow) load on first use.
 
 Example:
     >>> from keras_preact.training import TrainConfig, train_and_evaluate
@@ -20,8 +16,7 @@ from keras_preact.training.config import TrainConfig
 from keras_preact.training.config import paper_cifar_recipe
 from keras_preact.training.config import paper_imagenet_recipe
 
-# Keras (and with it TensorFlow) loads on first use, so `keras-preact --help` and the
-# command parsers start without it.
+# Loaded on first use, so that `keras-preact --help` starts without Keras.
 _LAZY = {
     "CoupledSGD": "keras_preact.training.optimizers",
     "WarmupPiecewiseConstant": "keras_preact.training.schedules",
@@ -38,14 +33,8 @@ _LAZY = {
     "train_data_parallel": "keras_preact.training.jax_parallel",
 }
 
-__all__ = [
-    "PRECISIONS",
-    "STRATEGIES",
-    "TrainConfig",
-    "paper_cifar_recipe",
-    "paper_imagenet_recipe",
-    *_LAZY,
-]
+__all__ = ["PRECISIONS", "STRATEGIES", "TrainConfig", "paper_cifar_recipe",
+           "paper_imagenet_recipe", *_LAZY]
 
 
 def __getattr__(name):

@@ -1,31 +1,11 @@
 """The training recipe as data: `TrainConfig` and the schedule it resolves to.
 
-The defaults are the paper's CIFAR recipe (He et al. 2016, "Identity Mappings in Deep
-Residual Networks", Section 4 and the appendix, which follow He et al. 2015, "Deep
-Residual Learning", Section 4.2):
-
-- mini-batch 128 (the paper: on two GPUs, 64 each), SGD momentum 0.9, weight decay
-  1e-4 as coupled L2 on all parameters (see `keras_preact.training.optimizers`),
-  He initialisation (the models' default ``kernel_initializer="he_normal"``);
-- learning rate 0.1, divided by 10 at 32k and 48k iterations, stop at 64k; warm-up
-  at 0.01 for the first 400 iterations (Section 4: "we warm up the training by using
-  lr 0.01 ... until the training error is below 80% (about 400 iterations)");
-- augmentation: 4-pixel pad, random 32x32 crop, random horizontal flip (the data
-  pipeline's CIFAR default).
-
-Schedule units. ``schedule_unit="iterations"`` states `warmup`, `boundaries` and
-`total` as updates *at* `base_batch_size` (the paper's 128); ``"epochs"`` states them
-as passes over the training split. Other batch sizes follow the linear scaling rule
-(Goyal et al. 2017, "Accurate, Large Minibatch SGD"): with ``k = batch_size /
-base_batch_size`` both rates are multiplied by ``k`` and iteration counts divided by
-``k``, so a run sees the same number of images at the same rate per image.
-``lr_scaling="sqrt"`` multiplies by ``sqrt(k)`` instead, ``"none"`` keeps the rates.
-
-`epochs` or `steps` set the length of a run and *stretch* the whole schedule to it:
-warm-up and boundaries keep their fraction of the run (the paper's 400/64k, 32k/64k
-and 48k/64k), which turns the 64k-iteration recipe into a usable short one.
-
-Everything here is plain Python: nothing imports TensorFlow.
+The defaults are the paper's CIFAR recipe (He et al. 2016). `warmup`, `boundaries` and
+`total` count updates at `base_batch_size` (``schedule_unit="iterations"``) or passes over
+the training split (``"epochs"``). Other batch sizes follow the linear scaling rule
+(Goyal et al. 2017): with ``k = batch_size / base_batch_size`` the rates are multiplied by
+``k`` (``lr_scaling="sqrt"``: ``sqrt(k)``; ``"none"``: 1) and iteration counts divided by
+``k``. `epochs` or `steps` stretch the whole schedule, each phase keeping its fraction.
 """
 
 import dataclasses
@@ -42,9 +22,7 @@ LR_SCALINGS = ("linear", "sqrt", "none")
 #: Which variables get the coupled L2 term (see `keras_preact.training.optimizers`).
 DECAY_VARIABLES = ("all", "kernels")
 
-#: Fields that may change between a run and its resumption: where TFDS / the CIFAR
-#: files live, how often to evaluate, how many checkpoints to keep, thread pools and
-#: verbosity -- none of which changes the weights that training computes.
+#: Fields that may change between a run and its resumption: none changes the weights.
 RUNTIME_FIELDS = ("data_dir", "download", "eval_every", "keep_checkpoints", "verbose",
                   "intra_op_threads", "inter_op_threads")
 
@@ -59,38 +37,32 @@ def _field(default=None, help="", *, factory=None, choices=None):
 
 @dataclasses.dataclass
 class TrainConfig:
-    """One training run, JSON-serialisable (it is stored as ``config.json``).
+    """One training run, JSON-serialisable (stored as ``config.json``).
 
-    Each field's one-line description is its ``help`` metadata (``keras-preact train
-    --help`` lists them); the defaults are the paper's CIFAR recipe (see the module
-    doc). ``model_kwargs["architecture"]`` holds a full `PreActResNet` config that
-    replaces the named model; an explicit ``model_kwargs["preprocessing"]`` wins over
-    `preprocessing_in_model`. `weights` are loaded at a fresh start only (every
-    variable but the classifier, which is loaded too when it has the dataset's number
-    of classes: `keras_preact.finetune.load_pretrained`); a resumed run continues from
-    its own checkpoint. Frozen parts' BatchNorm runs in inference mode.
+    Each field's ``help`` metadata describes it (``keras-preact train --help``). An explicit
+    ``model_kwargs["preprocessing"]`` wins over `preprocessing_in_model`; `weights` are
+    loaded at a fresh start only (`keras_preact.finetune.load_pretrained`); frozen parts'
+    BatchNorm runs in inference mode.
     """
 
     model: str = _field("preact_resnet110", "a model name from `keras-preact list`")
-    model_kwargs: dict = _field(
-        help='JSON object of extra model arguments, e.g. \'{"bottleneck_stride": "first"}\'; '
-        '{"architecture": {...}} builds a PreActResNet from that config',
-        factory=dict,
-    )
+    model_kwargs: dict = _field(help="JSON object of extra model arguments, e.g. "
+                                """'{"bottleneck_stride": "first"}'; {"architecture": {...}} """
+                                "builds a PreActResNet from that config", factory=dict)
     preprocessing_in_model: bool = _field(True, "the model normalises raw 0..255 pixels itself "
                                           "(else the data pipeline does)")
-    weights: Optional[str] = _field(
-        None, "fine-tune from pretrained weights: a catalog tag of the model (e.g. cifar10), a "
-        ".weights.h5 or .keras file (e.g. another run's checkpoint), or URL#sha256=<hex>",
-    )
-    freeze: tuple = _field((), "comma-separated parts kept frozen: stem, stage1, stage2, ..., head, backbone")
+    weights: Optional[str] = _field(None, "fine-tune from pretrained weights: a catalog tag of "
+                                    "the model (e.g. cifar10), a .weights.h5 or .keras file "
+                                    "(e.g. another run's checkpoint), or URL#sha256=<hex>")
+    freeze: tuple = _field((), "comma-separated parts kept frozen: stem, stage1, stage2, ..., "
+                           "head, backbone")
     dataset: str = _field("cifar10", "cifar10, cifar100, digits or folder")
     data_dir: Optional[str] = _field(None, "CIFAR files or TFDS data folder")
     data_source: str = _field("auto", "auto, tfds or archive")
     data_path: Optional[str] = _field(None, "an archive, extracted folder or image folder")
     download: bool = _field(False, "let TFDS download (else offline)")
-    augment: Optional[object] = _field(None, "training augmentation: pad_crop_flip, pad_crop or none "
-                                       "(default: the dataset's own)")
+    augment: Optional[object] = _field(None, "training augmentation: pad_crop_flip, pad_crop or "
+                                       "none (default: the dataset's own)")
     batch_size: int = _field(128, "global mini-batch, split across replicas")
     base_batch_size: int = _field(128, "the batch the rates and iteration counts are stated for")
     learning_rate: float = _field(0.1, "base learning rate at base_batch_size")
@@ -103,7 +75,8 @@ class TrainConfig:
     schedule_unit: str = _field("iterations", "the unit of warmup, boundaries and total",
                                 choices=SCHEDULE_UNITS)
     warmup: float = _field(400, "warm-up length, in schedule units")
-    boundaries: tuple = _field((32000, 48000), "comma-separated rate drops in schedule units, e.g. 32000,48000")
+    boundaries: tuple = _field((32000, 48000), "comma-separated rate drops in schedule units, "
+                               "e.g. 32000,48000")
     decay_factor: float = _field(0.1, "learning-rate factor at each boundary")
     total: float = _field(64000, "schedule length, in schedule units")
     epochs: Optional[int] = _field(None, "run length in epochs (stretches the schedule)")
@@ -120,7 +93,8 @@ class TrainConfig:
     keep_checkpoints: int = _field(2, "completed-epoch checkpoints kept")
     intra_op_threads: Optional[int] = _field(None, "TensorFlow intra-op thread count")
     inter_op_threads: Optional[int] = _field(None, "TensorFlow inter-op thread count")
-    verbose: object = _field("auto", "auto (a progress bar on a terminal, else a line per epoch), 0, 1, 2")
+    verbose: object = _field("auto", "auto (a progress bar on a terminal, else a line per "
+                             "epoch), 0, 1, 2")
 
     def __post_init__(self):
         self.boundaries = tuple(self.boundaries)
@@ -138,9 +112,9 @@ class TrainConfig:
         import keras_preact
         from keras_preact import data
 
-        if "architecture" not in self.model_kwargs and self.model not in keras_preact.list_models():
-            raise ValueError(f"Unknown model. Received: model={self.model!r}. "
-                             f"Valid: {keras_preact.list_models()}")
+        models = keras_preact.list_models()
+        if "architecture" not in self.model_kwargs and self.model not in models:
+            raise ValueError(f"Unknown model. Received: model={self.model!r}. Valid: {models}")
         if self.dataset not in data.list_datasets():
             raise ValueError(f"Unknown dataset. Received: dataset={self.dataset!r}. "
                              f"Valid: {data.list_datasets()}")
@@ -154,24 +128,27 @@ class TrainConfig:
             raise ValueError(f"`boundaries` must be strictly increasing and > 0. Received: "
                              f"boundaries={self.boundaries!r}")
         if bounds and (bounds[-1] >= float(self.total) or float(self.warmup) > bounds[0]):
-            raise ValueError("Need warmup <= boundaries[0] and every boundary < total. Received: "
-                             f"warmup={self.warmup}, boundaries={self.boundaries}, total={self.total}")
+            raise ValueError("Need warmup <= boundaries[0] and every boundary < total. "
+                             f"Received: warmup={self.warmup}, boundaries={self.boundaries}, "
+                             f"total={self.total}")
         if self.epochs is not None and self.steps is not None:
             raise ValueError("Give at most one of `epochs` and `steps`. Received: "
                              f"epochs={self.epochs}, steps={self.steps}")
         if self.weights is not None:
             if not isinstance(self.weights, str) or not self.weights:
-                raise ValueError("`weights` must be None, a catalog tag, a .weights.h5 / .keras path "
-                                 f"or a URL with its hash. Received: weights={self.weights!r}")
+                raise ValueError("`weights` must be None, a catalog tag, a .weights.h5 / .keras "
+                                 f"path or a URL with its hash. Received: weights={self.weights!r}")
             from keras_preact.weights import catalog
 
             if catalog.looks_like_tag(self.weights):
                 catalog.resolve_tag(self.model, self.weights)
             elif not (self.weights.startswith(catalog.URL_SCHEMES)
                       or os.path.isfile(os.path.expanduser(self.weights))):
-                raise ValueError(f"The weights file does not exist. Received: weights={self.weights!r}")
+                raise ValueError("The weights file does not exist. "
+                                 f"Received: weights={self.weights!r}")
         for part in self.freeze:
-            if not isinstance(part, str) or not re.fullmatch(r"stem|head|backbone|stage[1-9][0-9]*", part):
+            if not (isinstance(part, str)
+                    and re.fullmatch(r"stem|head|backbone|stage[1-9][0-9]*", part)):
                 raise ValueError(f"Unknown part to freeze. Received: freeze={list(self.freeze)!r}. "
                                  "Valid: 'stem', 'stage1', 'stage2', ..., 'head', or 'backbone'")
         return self
@@ -186,7 +163,8 @@ class TrainConfig:
 
     def to_dict(self):
         """A JSON-ready dict of every field (tuples become lists)."""
-        return {**dataclasses.asdict(self), "boundaries": list(self.boundaries), "freeze": list(self.freeze)}
+        return {**dataclasses.asdict(self), "boundaries": list(self.boundaries),
+                "freeze": list(self.freeze)}
 
     def to_json(self):
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -222,18 +200,12 @@ class TrainConfig:
         ``boundaries`` (steps), ``values`` (rates after the warm-up, one per phase),
         ``warmup_learning_rate``, ``epochs`` (passes needed; the last may be cut short
         at ``total_steps``) and ``steps_per_epoch``.
-
-        Example:
-            >>> TrainConfig().resolve_schedule(390)["boundaries"]
-            [32000, 48000]
         """
         from keras_preact.layers.utils import check_positive_int
 
         check_positive_int("steps_per_epoch", steps_per_epoch)
-        if self.schedule_unit == "iterations":
-            per_step = self.base_batch_size / self.batch_size  # steps per base step
-        else:
-            per_step = float(steps_per_epoch)
+        per_step = (self.base_batch_size / self.batch_size  # steps per schedule unit
+                    if self.schedule_unit == "iterations" else float(steps_per_epoch))
         warmup = float(self.warmup) * per_step
         bounds = [float(b) * per_step for b in self.boundaries]
         total = float(self.total) * per_step
@@ -247,8 +219,7 @@ class TrainConfig:
         boundaries = []
         for b in bounds:
             b = int(round(b))
-            # Very short runs may merge phases; a boundary must still be a step
-            # after the previous one and before the end to mean anything.
+            # Very short runs may merge phases: keep a boundary only if it means a change.
             if b >= 1 and (not boundaries or b > boundaries[-1]) and b < total_steps:
                 boundaries.append(b)
         scale = self.lr_multiplier()
@@ -257,15 +228,11 @@ class TrainConfig:
                   for i in range(len(boundaries) + 1)]
         if boundaries:
             warmup_steps = min(warmup_steps, boundaries[0])
-        return {
-            "total_steps": total_steps,
-            "warmup_steps": warmup_steps,
-            "warmup_learning_rate": _round(float(self.warmup_learning_rate) * scale),
-            "boundaries": boundaries,
-            "values": values,
-            "steps_per_epoch": int(steps_per_epoch),
-            "epochs": int(math.ceil(total_steps / steps_per_epoch)),
-        }
+        return {"total_steps": total_steps, "warmup_steps": warmup_steps,
+                "warmup_learning_rate": _round(float(self.warmup_learning_rate) * scale),
+                "boundaries": boundaries, "values": values,
+                "steps_per_epoch": int(steps_per_epoch),
+                "epochs": int(math.ceil(total_steps / steps_per_epoch))}
 
     def make_schedule(self, steps_per_epoch):
         """The `WarmupPiecewiseConstant` for `resolve_schedule(steps_per_epoch)`."""
@@ -273,30 +240,25 @@ class TrainConfig:
 
         s = self.resolve_schedule(steps_per_epoch)
         warmup_lr = s["warmup_learning_rate"] if s["warmup_steps"] else None
-        return WarmupPiecewiseConstant(s["boundaries"], s["values"], warmup_steps=s["warmup_steps"],
+        return WarmupPiecewiseConstant(s["boundaries"], s["values"],
+                                       warmup_steps=s["warmup_steps"],
                                        warmup_learning_rate=warmup_lr)
 
 
 def paper_cifar_recipe(**overrides):
-    """The paper's CIFAR recipe as a `TrainConfig` (all defaults), with `overrides`.
-
-    Example:
-        >>> config = paper_cifar_recipe(model="preact_resnet164", dataset="cifar100")
-    """
+    """The paper's CIFAR recipe as a `TrainConfig` (all defaults), with `overrides`."""
     return TrainConfig(**overrides)
 
 
-#: The paper's ImageNet recipe (Section 5, following He et al. 2015a, Sec. 3.4):
-#: batch 256, SGD momentum 0.9, weight decay 1e-4, lr 0.1 divided by 10 at epochs 30
-#: and 60, 90 epochs, no warm-up.
-IMAGENET_RECIPE = dict(model="preact_resnet50", batch_size=256, base_batch_size=256, learning_rate=0.1,
-                       schedule_unit="epochs", warmup=0, boundaries=(30, 60), total=90)
+#: The paper's ImageNet recipe (Section 5): lr 0.1 divided by 10 at epochs 30 and 60, 90 epochs.
+IMAGENET_RECIPE = dict(model="preact_resnet50", batch_size=256, base_batch_size=256,
+                       learning_rate=0.1, schedule_unit="epochs", warmup=0, boundaries=(30, 60),
+                       total=90)
 
 
 def paper_imagenet_recipe(**overrides):
-    """The paper's ImageNet recipe as a `TrainConfig` (`IMAGENET_RECIPE`), with `overrides`.
-
-    The ImageNet input pipeline is `keras_preact.data.imagenet.make_imagenet_dataset`.
+    """The paper's ImageNet recipe as a `TrainConfig` (`IMAGENET_RECIPE`), with `overrides`;
+    its input pipeline is `keras_preact.data.imagenet.make_imagenet_dataset`.
 
     Example:
         >>> config = paper_imagenet_recipe(model="preact_resnet200")
@@ -311,8 +273,10 @@ def _is_int(value):
 
 
 #: `TrainConfig.validate`'s per-field checks: (field names, test, what is valid).
-_CHECKS = tuple((f.name, lambda v, valid=f.metadata["choices"]: v in valid, f"one of {list(valid)}")
-                for f in dataclasses.fields(TrainConfig) for valid in [f.metadata["choices"]] if valid) + (
+_CHECKS = (
+    *((f.name, lambda v, valid=f.metadata["choices"]: v in valid,
+       f"one of {list(f.metadata['choices'])}")
+      for f in dataclasses.fields(TrainConfig) if f.metadata["choices"]),
     ("batch_size base_batch_size epochs steps cpu_devices intra_op_threads inter_op_threads "
      "keep_checkpoints", lambda v: _is_int(v) and v >= 1, "a positive integer"),
     ("learning_rate warmup_learning_rate weight_decay",

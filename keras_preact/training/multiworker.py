@@ -1,37 +1,7 @@
-"""Multi-worker training on `tf.distribute.MultiWorkerMirroredStrategy` (TensorFlow).
-
-Why a custom loop: in Keras 3.15.1 ``model.fit`` under `MultiWorkerMirroredStrategy`
-fails before the first step (``_maybe_symbolic_build`` reduces the first batch
-eagerly; keras issue 20585 is the same family). `MultiWorkerStepper` trains the same
-`Run` with ``strategy.run`` inside a `tf.function`, a `tf.GradientTape`, the loss
-averaged over the *global* batch and the Keras optimizer's ``apply_gradients`` (which
-all-reduces the gradients), so a workdir looks exactly like a single-host one.
-
-The cluster: every worker runs the same command with its own ``TF_CONFIG``
-(`parse_tf_config`). Rank 0 (the chief job if listed, else worker 0) leads
-TensorFlow's coordination service, alone reads and writes the workdir, and broadcasts
-its state (resume epoch, every model and optimizer variable) to the others, which need
-no shared filesystem.
-
-Data: every worker builds the same pipeline (keyed by ``(seed, epoch)``) at the global
-batch and keeps its slice of each batch (worker ``k`` of ``n``: rows ``k*B/n`` to
-``(k+1)*B/n - 1``), so step ``s`` sees exactly the single-process batch ``s``.
-
-BatchNorm: each replica normalises with its share of the batch unless
-``synchronized_bn=True``; the moving statistics (aggregation "none") are averaged
-across all workers at every epoch end and before every evaluation
-(`sync_non_trainable`), and at the end the workers compare a digest of their weights.
-
-Failures stop in bounded time: a malformed ``TF_CONFIG`` raises before TensorFlow
-starts; the chief waits at most ``connect_timeout`` for the others' ports and the
-others 2 * ``connect_timeout`` + 10 s to register; workers with different configs are
-refused by a per-field fingerprint exchange (as is a chief's refused workdir); a dead
-worker is found by heartbeats (`HEARTBEAT_TIMEOUT_S`) and every collective is bounded
-by ``collective_timeout``, and the survivors exit with `ClusterError`. Restart every
-worker with the same command to resume. The timeouts default to
-`DEFAULT_CONNECT_TIMEOUT_S` and `DEFAULT_COLLECTIVE_TIMEOUT_S`; the environment
-variables ``KERAS_PREACT_CONNECT_TIMEOUT_S`` and ``KERAS_PREACT_COLLECTIVE_TIMEOUT_S``
-override them.
+"""Multi-worker training on `MultiWorkerMirroredStrategy` with a custom loop (TensorFlow:
+``model.fit`` fails under it in Keras 3). Rank 0 alone reads and writes the workdir and
+broadcasts its state; each worker keeps its slice of every global batch, so step ``s``
+sees the single-process batch ``s``. When a worker dies the others raise `ClusterError`.
 """
 
 import contextlib
@@ -48,38 +18,31 @@ from keras_preact.training.distribute import shorten
 from keras_preact.training.run import Run
 from keras_preact.training.run import Stepper
 from keras_preact.training.run import as_config
-from keras_preact.training.run import build_model
-from keras_preact.training.run import load_weights_file
 from keras_preact.training.run import optimizer_step
-from keras_preact.training.run import weights_fingerprint
 
 logger = logging.getLogger("keras_preact.training")
 
-#: Config fields that may differ between workers: the runtime fields (paths, thread
-#: counts, verbosity) and where each host keeps its copy of the data.
+#: Config fields that may differ between workers.
 WORKER_LOCAL_FIELDS = tuple(RUNTIME_FIELDS) + ("data_path",)
 
 _STATUS_OK, _STATUS_WORKDIR_REFUSED, _STATUS_COMPLETE = 0, 1, 2
-_SYNC_FNS = {}
+_REDUCE_FNS = {}
 
 
 class ClusterError(RuntimeError):
     """A worker of the cluster failed or stopped responding during training."""
 
 
-# -- collectives used outside the training step --------------------------------------
-
-def _replica_fn_results(strategy, fn):
-    """Runs `fn` on every replica (inside a tf.function) and returns the first local
-    replica's results (every replica gets the same all-reduced values)."""
+def _on_every_replica(strategy, fn):
+    """A `tf.function` running `fn` on every replica; it returns the first local result."""
     import tensorflow as tf
 
     @tf.function(autograph=False)
     def run():
-        return strategy.run(fn)
+        results = strategy.run(fn)
+        return tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], results)
 
-    results = run()
-    return tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], results)
+    return run
 
 
 def all_gather_rows(strategy, row):
@@ -92,73 +55,41 @@ def all_gather_rows(strategy, row):
     def fn():
         return tf.distribute.get_replica_context().all_gather(row, axis=0)
 
-    return np.asarray(_replica_fn_results(strategy, fn))
+    return np.asarray(_on_every_replica(strategy, fn)())
 
 
-def broadcast_from_chief(strategy, variables):
-    """Sets every worker's `variables` to the chief's (replica 0's) values.
-
-    A sum all-reduce in which every other replica contributes zeros, so the chief's
-    values arrive bit for bit (x + 0 == x).
-    """
+def reduce_variables(strategy, variables, *, mean):
+    """Sets `variables` on every replica of every worker to their mean over all replicas
+    (`mean=True`) or to replica 0's values (bit for bit: the others add zeros)."""
     import tensorflow as tf
-
-    variables = list(variables)
-    if not variables:
-        return
 
     groups = {}
     for variable in variables:  # one all-reduce per dtype (they pack their inputs)
         groups.setdefault(str(variable.dtype), []).append(variable)
-
     for group in groups.values():
-        def fn(group=group):
-            ctx = tf.distribute.get_replica_context()
-            source = tf.equal(ctx.replica_id_in_sync_group, 0)
-            values = [tf.convert_to_tensor(v) for v in group]
-            values = [tf.where(source, v, tf.zeros_like(v)) for v in values]
-            return ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
+        key = (id(strategy), mean, tuple(map(id, group)))
+        if key not in _REDUCE_FNS:  # kept: a new tf.function per epoch would retrace
 
-        for variable, value in zip(group, _replica_fn_results(strategy, fn)):
+            def fn(group=group):
+                ctx = tf.distribute.get_replica_context()
+                # tf.identity: an all-reduce of a variable's own read finds no destination.
+                values = [tf.identity(tf.convert_to_tensor(v)) for v in group]
+                if not mean:
+                    source = tf.equal(ctx.replica_id_in_sync_group, 0)
+                    values = [tf.where(source, v, tf.zeros_like(v)) for v in values]
+                total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
+                return [t / ctx.num_replicas_in_sync for t in total] if mean else total
+
+            _REDUCE_FNS[key] = _on_every_replica(strategy, fn)
+        for variable, value in zip(group, _REDUCE_FNS[key]()):
             variable.assign(value)
 
 
 def sync_non_trainable(strategy, model):
-    """Sets every replica's BatchNorm moving statistics (every float non-trainable
-    variable) to their mean over all replicas of all workers.
-
-    Returns:
-        int: the number of variables averaged.
-    """
-    import tensorflow as tf
-
-    variables = [v for v in model.non_trainable_variables if "float" in str(v.dtype)]
-    if not variables:
-        return 0
-    key = (id(strategy), id(model))
-    if key in _SYNC_FNS:
-        run = _SYNC_FNS[key]
-        for variable, value in zip(variables, run()):
-            variable.assign(value)
-        return len(variables)
-
-    def fn():
-        ctx = tf.distribute.get_replica_context()
-        # tf.identity: an all-reduce of a variable's own read finds no destination.
-        values = [tf.identity(tf.convert_to_tensor(v)) for v in variables]
-        total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
-        return [t / ctx.num_replicas_in_sync for t in total]
-
-    @tf.function(autograph=False)
-    def run():
-        results = strategy.run(fn)
-        return [strategy.experimental_local_results(v)[0] for v in results]
-
-    # Kept per (strategy, model): a new tf.function per epoch would retrace.
-    _SYNC_FNS[key] = run
-    for variable, value in zip(variables, run()):
-        variable.assign(value)
-    return len(variables)
+    """Averages BatchNorm's moving statistics (every float non-trainable variable) over
+    all replicas of all workers."""
+    floats = [v for v in model.non_trainable_variables if "float" in str(v.dtype)]
+    reduce_variables(strategy, floats, mean=True)
 
 
 def weights_digest(model):
@@ -172,18 +103,6 @@ def weights_digest(model):
         digest.update(array.tobytes())
     return digest.hexdigest()
 
-
-def config_fields_fingerprint(config):
-    """``(field names, CRC-32 per field)`` of the fields all workers must share."""
-    values = config.to_dict()
-    names = sorted(k for k in values if k not in WORKER_LOCAL_FIELDS)
-    crcs = [
-        zlib.crc32(json.dumps(values[k], sort_keys=True).encode()) & 0x7FFFFFFF for k in names
-    ]
-    return names, crcs
-
-
-# -- the training run -----------------------------------------------------------------
 
 class MultiWorkerStepper(Stepper):
     """Epochs by the custom loop on `MultiWorkerMirroredStrategy` (see the module doc)."""
@@ -199,24 +118,16 @@ class MultiWorkerStepper(Stepper):
         self.schedule_labels = {"num_workers": cluster.num_workers}
 
     def start(self, run):
-        from keras_preact.training import distribute
-
-        c = run.config
-        distribute.configure_runtime(intra_op_threads=c.intra_op_threads,
-                                     inter_op_threads=c.inter_op_threads,
-                                     deterministic=c.deterministic)
         connect, collective = self.timeouts
-        self.strategy = make_multiworker_strategy(self.cluster, connect_timeout=connect,
-                                                  collective_timeout=collective)
-        self.replicas = self.strategy.num_replicas_in_sync
-        distribute.check_global_batch(c.batch_size, self.replicas)
-
-    def scope(self):
-        return self.strategy.scope()
+        super().start(run, lambda: make_multiworker_strategy(
+            self.cluster, connect_timeout=connect, collective_timeout=collective))
 
     def agree(self, run, state, refused):
-        """The start-of-run exchange: status, resume epoch, rank and the config fields."""
-        names, crcs = config_fields_fingerprint(run.config)
+        """The start-of-run exchange: status, resume epoch, rank and a CRC per config field."""
+        values = run.config.to_dict()
+        names = sorted(k for k in values if k not in WORKER_LOCAL_FIELDS)
+        crcs = [zlib.crc32(json.dumps(values[k], sort_keys=True).encode()) & 0x7FFFFFFF
+                for k in names]
         status = (_STATUS_WORKDIR_REFUSED if refused is not None
                   else _STATUS_COMPLETE if run.complete(state) else _STATUS_OK)
         start_epoch = state["epoch"] if state else 0
@@ -233,24 +144,29 @@ class MultiWorkerStepper(Stepper):
         if chief_status == _STATUS_WORKDIR_REFUSED:
             raise ValueError(f"The chief refused its workdir (see the chief's error); {self.task} "
                              "stops too. Nothing was written.")
+        if self.is_chief:
+            return state
         if chief_status == _STATUS_COMPLETE:
-            return state if self.is_chief else {"complete": True}
-        return state if self.is_chief else ({"epoch": chief_epoch} if chief_epoch else None)
+            return {"complete": True}
+        return {"epoch": chief_epoch} if chief_epoch else None
 
     def restore(self, run, model, optimizer, state):
-        """The chief loads outside the strategy's scope (see `load_outside_strategy`),
-        then every worker starts from the chief's variables."""
+        """The chief loads; then every worker takes the chief's variables."""
+        variables = list(model.weights) + list(optimizer.variables)
         if self.is_chief and state is not None:
-            path = run.checkpoint_path(state, weights_fingerprint(model))
-            load_outside_strategy(run, path, model, optimizer)
-            logger.info("Resuming %s from epoch %d (step %d) in %s.", run.config.model,
-                        state["epoch"], state["step"], run.workdir.path)
+            # `load_weights` in the scope would create variables (collectives) on the chief
+            # alone: load a copy built outside it and assign its values (no collective).
+            shadow, shadow_optimizer = run.build(contextlib.nullcontext())
+            run.load_checkpoint(shadow, shadow_optimizer, state)
+            sources = list(shadow.weights) + list(shadow_optimizer.variables)
+            for target, source in zip(variables, sources):
+                target.assign(source.numpy())
         elif self.is_chief and run.config.weights is not None:
             run.load_pretrained(model)
-        broadcast_from_chief(self.strategy, list(model.weights) + list(optimizer.variables))
-        self.evaluator = _make_evaluator(model)
+        reduce_variables(self.strategy, variables, mean=False)
+        self.eval_batch = _make_eval_batch(model)
 
-    def train_epochs(self, run, model, start_epoch, recorder):
+    def train_epochs(self, run, model, start_epoch):
         import tensorflow as tf
 
         from keras_preact.layers.remat import model_pruning_off
@@ -259,7 +175,7 @@ class MultiWorkerStepper(Stepper):
         pruning = model_pruning_off() if getattr(model, "remat", None) else contextlib.nullcontext()
         try:
             with pruning:
-                self._epochs(run, model, start_epoch, recorder)
+                self._epochs(run, model, start_epoch)
         except tf.errors.OpError as err:
             last = run.workdir.read_state() if run.owns_files else None
             raise ClusterError(
@@ -268,7 +184,7 @@ class MultiWorkerStepper(Stepper):
                 "worker with the same command to resume from the last completed epoch"
                 + (f" ({last['epoch']})." if last else ".")) from None
 
-    def _epochs(self, run, model, start_epoch, recorder):
+    def _epochs(self, run, model, start_epoch):
         import keras
 
         c, spe = run.config, run.spe
@@ -278,7 +194,7 @@ class MultiWorkerStepper(Stepper):
             _shard_fn(train, c.batch_size)))
         step = optimizer_step(model.optimizer)
         for epoch in range(start_epoch, run.epochs):
-            recorder.epoch_begin()
+            run.epoch_begin()
             steps_now = min(spe, run.total_steps - step)
             bar = None
             if self.is_chief and c.verbose != 0:
@@ -292,7 +208,7 @@ class MultiWorkerStepper(Stepper):
                     bar.update(i + 1, [("loss", loss_sum / (i + 1)),
                                        ("accuracy", correct_sum / ((i + 1) * c.batch_size))])
             step += steps_now
-            for _ in range(spe - steps_now):  # one iterator for all epochs: skip a cut epoch's rest
+            for _ in range(spe - steps_now):  # one iterator for all epochs: skip the cut rest
                 next(iterator)
             sync_non_trainable(self.strategy, model)
             logs = {"loss": loss_sum / max(steps_now, 1),
@@ -300,7 +216,7 @@ class MultiWorkerStepper(Stepper):
             if c.eval_every and (epoch + 1) % c.eval_every == 0:
                 val = self.evaluate(run, model)
                 logs.update(val_loss=val["loss"], val_accuracy=val["accuracy"])
-            recorder.epoch_end(model, epoch, logs)
+            run.epoch_end(model, epoch, logs)
             logger.info("%s: epoch %d/%d done, step %d, loss %.4f", self.task, epoch + 1,
                         run.epochs, step, logs["loss"])
             if step >= run.total_steps:
@@ -308,7 +224,11 @@ class MultiWorkerStepper(Stepper):
 
     def evaluate(self, run, model):
         """On this worker alone: every worker holds the same weights, so gets the same."""
-        return self.evaluator(run.test_data)
+        loss, correct, count = 0.0, 0.0, 0
+        for x, y in run.test_data:
+            a, b, n = self.eval_batch(x, y)
+            loss, correct, count = loss + float(a), correct + float(b), count + int(n)
+        return {"loss": loss / max(count, 1), "accuracy": correct / max(count, 1)}
 
     def finish(self, run, model):
         """One set of statistics everywhere, then a check that all weights are equal."""
@@ -316,95 +236,57 @@ class MultiWorkerStepper(Stepper):
 
         sync_non_trainable(self.strategy, model)
         digest = weights_digest(model)
-        digests = all_gather_rows(self.strategy,
-                                  np.frombuffer(bytes.fromhex(digest[:32]), ">i4").astype(np.int32))
+        mine = np.frombuffer(bytes.fromhex(digest[:32]), ">i4").astype(np.int32)
+        digests = all_gather_rows(self.strategy, mine)
         if any((row != digests[0]).any() for row in digests):
-            raise RuntimeError(f"The workers' final weights differ ({self.task}: {digest[:16]}...). "
-                               "This is a bug; the checkpoints of the chief are intact.")
+            raise RuntimeError(f"The workers' final weights differ ({self.task}: "
+                               f"{digest[:16]}...). This is a bug; the checkpoints of the chief "
+                               "are intact.")
         return {"num_workers": self.cluster.num_workers, "weights_digest": digest}
 
 
 def train_multiworker(config, workdir, *, connect_timeout=None, collective_timeout=None):
-    """`train_and_evaluate` across the workers of ``TF_CONFIG``.
-
-    Every worker calls this with the same config. Outputs, resume and the returned
-    dict are those of `keras_preact.training.train_and_evaluate`, written by the
-    chief only (see the module doc), plus ``task`` ("worker 1"), ``is_chief``,
-    ``num_workers`` and ``weights_digest`` (SHA-256 of the final weights; equal on
-    every worker, which is checked).
+    """`train_and_evaluate` across the workers of ``TF_CONFIG``; every worker calls it
+    with the same config.
 
     Args:
         config: a `TrainConfig` (or its dict) with ``strategy="multiworker"``.
-        workdir: the run's folder (used by the chief; other workers do not touch it).
-        connect_timeout, collective_timeout: seconds (see
-            `make_multiworker_strategy`).
+        workdir: the run's folder (used by the chief only).
+        connect_timeout, collective_timeout: seconds (see `make_multiworker_strategy`).
+
+    Returns:
+        dict: `train_and_evaluate`'s, plus ``task`` ("worker 1"), ``is_chief``,
+        ``num_workers`` and ``weights_digest`` (SHA-256 of the final weights).
 
     Raises:
-        ValueError: for a malformed ``TF_CONFIG``, an invalid config or options this
-            loop does not support (``precision="mixed_float16"``, ``jit_compile``),
-            a worker that cannot be reached in time, workers with different configs,
-            a workdir of another run, or any error `train_and_evaluate` raises for
-            bad input. Raised before anything is written.
-        RuntimeError: if the workers' final weights differ (a bug, not bad input).
+        ValueError: before anything is written, for a malformed ``TF_CONFIG``, an invalid
+            or unsupported config (``mixed_float16``, ``jit_compile``, ``cpu_devices``),
+            an unreachable worker, workers with different configs or a foreign workdir.
+        ClusterError: if another worker fails or stops responding during training.
+        RuntimeError: if the workers' final weights differ (a bug).
     """
-    import keras
-
     config = as_config(config)
-    unsupported = {
-        "strategy": (config.strategy != "multiworker", "train_multiworker needs strategy='multiworker'"),
-        "precision": (config.precision == "mixed_float16", "'mixed_float16' needs loss scaling, "
-                      "which the multi-worker loop does not implement; use 'fp32' or 'mixed_bfloat16'"),
-        "jit_compile": (config.jit_compile, "XLA is off under tf.distribute in Keras"),
-        "cpu_devices": (config.cpu_devices, "it is for strategy='mirrored' on one host; each "
-                        "worker uses its own devices"),
-    }
-    for name, (bad, why) in unsupported.items():
+    for name, bad, why in (
+        ("strategy", config.strategy != "multiworker",
+         "train_multiworker needs strategy='multiworker'"),
+        ("precision", config.precision == "mixed_float16", "'mixed_float16' needs loss "
+         "scaling, which the multi-worker loop does not implement; use 'fp32' or "
+         "'mixed_bfloat16'"),
+        ("jit_compile", config.jit_compile, "XLA is off under tf.distribute in Keras"),
+        ("cpu_devices", config.cpu_devices, "it is for strategy='mirrored' on one host; "
+         "each worker uses its own devices"),
+    ):
         if bad:
             raise ValueError(f"Unsupported {name} with the multi-worker loop: {why}. "
                              f"Received: {name}={getattr(config, name)!r}")
-    cluster = parse_tf_config()
-    if keras.backend.backend() != "tensorflow":
-        raise ValueError(
-            "strategy='multiworker' runs on the TensorFlow backend (tf.distribute). "
-            f"Received backend: {keras.backend.backend()!r}. Set KERAS_BACKEND=tensorflow, "
-            "or use keras_preact.training.jax_parallel on JAX.")
-    stepper = MultiWorkerStepper(cluster, connect_timeout=connect_timeout,
+    stepper = MultiWorkerStepper(parse_tf_config(), connect_timeout=connect_timeout,
                                  collective_timeout=collective_timeout)
     return Run(config, workdir, stepper).train()
 
 
-def load_outside_strategy(run, path, model, optimizer):
-    """Loads a checkpoint into the strategy's `model` and `optimizer`, on the chief.
-
-    ``load_weights`` inside the strategy's scope creates variables (each one a
-    broadcast collective) on the chief only, which puts the chief's collectives out
-    of step with the other workers' ("Collective instance ... expected type 0"). So
-    a shadow copy is built and loaded outside the scope, and its values are assigned
-    (no collective) to the strategy's variables, created in the same order.
-    """
-    from keras_preact.training.optimizers import make_optimizer
-
-    config = run.config
-    shadow = build_model(config, run.info)
-    if config.freeze:
-        from keras_preact import finetune
-
-        finetune.freeze(shadow, list(config.freeze))
-    shadow_optimizer = make_optimizer(config, run.spe)
-    shadow.compile(optimizer=shadow_optimizer, loss="sparse_categorical_crossentropy")
-    shadow_optimizer.build(shadow.trainable_variables)
-    load_weights_file(shadow, path, config.model)
-    targets = list(model.weights) + list(optimizer.variables)
-    sources = list(shadow.weights) + list(shadow_optimizer.variables)
-    if [tuple(v.shape) for v in targets] != [tuple(v.shape) for v in sources]:
-        raise ValueError(f"The checkpoint {path} does not fit the model {config.model!r}.")
-    for target, source in zip(targets, sources):
-        target.assign(source.numpy())
-
-
 def _shard_fn(global_ds, global_batch):
-    """`distribute_datasets_from_function`'s input function: DATA sharding by batch
-    slice (see the module doc)."""
+    """The input function of `distribute_datasets_from_function`: each pipeline keeps
+    its slice of every global batch."""
     import tensorflow as tf
 
     def dataset_fn(ctx):
@@ -437,8 +319,7 @@ def _make_train_step(strategy, model, optimizer, global_batch):
                 loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        hits = tf.equal(tf.cast(tf.argmax(probs, axis=-1), y.dtype), y)
-        return loss, tf.reduce_sum(tf.cast(hits, tf.float32))
+        return loss, tf.reduce_sum(keras.metrics.sparse_categorical_accuracy(y, probs))
 
     @tf.function
     def train_step(iterator):
@@ -450,9 +331,8 @@ def _make_train_step(strategy, model, optimizer, global_batch):
     return train_step
 
 
-def _make_evaluator(model):
-    """Loss and accuracy over a dataset on this worker alone (no collectives: every
-    worker holds the same weights, so every worker gets the same numbers)."""
+def _make_eval_batch(model):
+    """A batch's summed loss, number right and size, on this worker alone (no collectives)."""
     import keras
     import tensorflow as tf
 
@@ -460,14 +340,7 @@ def _make_evaluator(model):
     def batch(x, y):
         probs = model(x, training=False)
         loss = tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, probs))
-        hits = tf.equal(tf.cast(tf.argmax(probs, axis=-1), y.dtype), y)
-        return loss, tf.reduce_sum(tf.cast(hits, tf.float32)), tf.shape(y)[0]
+        hits = tf.reduce_sum(keras.metrics.sparse_categorical_accuracy(y, probs))
+        return loss, hits, tf.shape(y)[0]
 
-    def evaluate(dataset):
-        loss, correct, count = 0.0, 0.0, 0
-        for x, y in dataset:
-            a, b, n = batch(x, y)
-            loss, correct, count = loss + float(a), correct + float(b), count + int(n)
-        return {"loss": loss / max(count, 1), "accuracy": correct / max(count, 1)}
-
-    return evaluate
+    return batch

@@ -4,15 +4,12 @@ import io
 
 
 def plot_training_curve(history, *, title=""):
-    """Draws loss and error per epoch, as the paper's Fig. 6 plots them; returns PNG bytes.
+    """Draws loss and error per epoch (as the paper's Fig. 6); returns PNG bytes.
 
-    `history` is a list of per-epoch dicts with "epoch" and any of "loss", "accuracy",
-    "val_loss", "val_accuracy" (accuracies in [0, 1]).
-
-    Example:
-        >>> png = plot_training_curve([{"epoch": 1, "loss": 2.0, "accuracy": 0.3}])
-        >>> png[:4]
-        b'\\x89PNG'
+    Args:
+        history: per-epoch dicts with "epoch" and any of "loss", "accuracy", "val_loss",
+            "val_accuracy" (accuracies in [0, 1]).
+        title: the figure's title.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -20,8 +17,9 @@ def plot_training_curve(history, *, title=""):
     fig = Figure(figsize=(9, 3.6), dpi=100)
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 2)
-    for ax, key, ylabel, to_y in ((axes[0], "loss", "loss", float),
-                                  (axes[1], "accuracy", "error (%)", lambda v: 100.0 * (1.0 - float(v)))):
+    panels = ((axes[0], "loss", "loss", float),
+              (axes[1], "accuracy", "error (%)", lambda v: 100.0 * (1.0 - float(v))))
+    for ax, key, ylabel, to_y in panels:
         for name, label, style in ((key, "train", "-"), ("val_" + key, "test", "--")):
             rows = [row for row in history if row.get(name) not in (None, "")]
             if rows:

@@ -1,22 +1,9 @@
-"""One training run, whichever loop computes its steps: `Run` and the `Stepper` it drives.
+"""One training run (`Run`: config, model, workdir, resuming, results) and the `Stepper`
+that computes its epochs: Keras ``fit``, the multi-worker loop or JAX data parallelism.
 
-A `Run` owns what every loop shares: the validated config, the dataset and its
-schedule, the model and optimizer, the workdir (its lock, checks, checkpoints and
-reports), resuming, and the final model and results. A `Stepper` supplies what
-differs: the devices, the data's form, how the remaining epochs are computed and how
-the test split is evaluated. The steppers are `FitStepper` (Keras ``fit``,
-`keras_preact.training.trainer`), `MultiWorkerStepper` (the tf.distribute custom loop,
-`keras_preact.training.multiworker`) and `DataParallelStepper` (JAX,
-`keras_preact.training.jax_parallel`), so a workdir looks the same whichever wrote it.
-
-Resume. After every epoch the model and optimizer variables (momentum slots and the
-iteration counter, which drives the schedule) go to a checkpoint, then
-``checkpoints/state.json`` is replaced to point at it. A restart loads that checkpoint
-and continues with the data of the next epoch, which depends only on ``(seed,
-epoch)``: with ``deterministic=True`` the resumed run's final weights equal an
-uninterrupted run's. A workdir belongs to one config: a restart with any other model,
-data or recipe setting is refused before anything is written (`RUNTIME_FIELDS` may
-change). Importing this module does not import Keras.
+Each epoch ends with a checkpoint of the model and optimizer; a restart continues with
+the next epoch's data, a function of ``(seed, epoch)``, so with ``deterministic=True``
+a resumed run ends with an uninterrupted run's weights.
 """
 
 import contextlib
@@ -26,9 +13,9 @@ import os
 import time
 
 from keras_preact.files import atomic_save
+from keras_preact.files import atomic_write_json
 from keras_preact.training.config import RUNTIME_FIELDS
 from keras_preact.training.config import TrainConfig
-from keras_preact.training.distribute import precision_dtype
 from keras_preact.training.distribute import shorten
 from keras_preact.training.workdir import CHECKPOINT_DIR
 from keras_preact.training.workdir import CURVE_PNG
@@ -40,8 +27,7 @@ from keras_preact.training.workdir import read_json
 logger = logging.getLogger("keras_preact.training")
 
 CONFIG_FORMAT = 1
-#: Fewer steps than this in an epoch get a warning: every epoch ends with a checkpoint,
-#: the reports and (with eval_every) a test evaluation, which then outweigh training.
+#: Fewer steps an epoch get a warning: the epoch's checkpoint and evaluation outweigh them.
 FEW_STEPS_PER_EPOCH = 10
 
 
@@ -50,9 +36,8 @@ def as_config(config):
     if isinstance(config, dict):
         config = TrainConfig.from_dict(config)
     if not isinstance(config, TrainConfig):
-        raise ValueError(
-            f"`config` must be a TrainConfig or its dict. Received: {type(config).__name__}"
-        )
+        raise ValueError("`config` must be a TrainConfig or its dict. "
+                         f"Received: {type(config).__name__}")
     return config.validate()
 
 
@@ -73,39 +58,32 @@ def build_model(config, info):
     kwargs = dict(config.model_kwargs)
     architecture = kwargs.pop("architecture", None)
     # The factories take `name` and `weights` beside the model's own arguments.
-    check_known_arguments({**kwargs, **(architecture or {})}, MODEL_ARGUMENTS | {"name", "weights"},
+    check_known_arguments({**kwargs, **(architecture or {})},
+                          MODEL_ARGUMENTS | {"name", "weights"},
                           where=f"the model_kwargs of {config.model!r}")
-    defaults = {"classes": info["num_classes"], "input_shape": tuple(info["image_shape"])}
+    defaults = {"classes": info["classes"], "input_shape": tuple(info["input_shape"])}
     if config.preprocessing_in_model:
         defaults["preprocessing"] = dataset_preprocessing(info)
     if config.weights is not None and architecture is None:
-        # A catalog tag fixes architecture arguments its weights need (e.g.
-        # first_unit_shared_preact=False for the converted pytorchcv nets).
+        # A catalog tag fixes architecture arguments its weights need.
         from keras_preact.finetune import pretrained_architecture
 
         defaults.update(pretrained_architecture(config.model, config.weights))
-    dtype = precision_dtype(config.precision)
-    if dtype:
-        defaults["dtype"] = dtype
+    if config.precision != "fp32":
+        defaults["dtype"] = config.precision
     try:
         if architecture is not None:
             return keras_preact.PreActResNet(
                 **{**defaults, "name": config.model, **dict(architecture), **kwargs})
         return keras_preact.get_model(config.model, **{**defaults, **kwargs})
     except TypeError as err:
-        raise ValueError(
-            f"Invalid model arguments for {config.model!r}: {err}. "
-            f"Received: model_kwargs={config.model_kwargs!r}"
-        ) from None
+        raise ValueError(f"Invalid model arguments for {config.model!r}: {err}. "
+                         f"Received: model_kwargs={config.model_kwargs!r}") from None
 
 
 def weights_fingerprint(model):
-    """``[[name, shape], ...]`` of the model's variables in creation order.
-
-    Weights files are matched by creation order, so two networks with the same
-    fingerprint load each other's checkpoints; any other pair is refused before
-    loading (Keras may skip a mismatched nested layer with only a warning).
-    """
+    """``[[name, shape], ...]`` of the model's variables in creation order: the order
+    weights files load by, so a checkpoint loads only into a model of its fingerprint."""
     return [[v.name, [int(d) for d in v.shape]] for v in model.weights]
 
 
@@ -119,8 +97,7 @@ def optimizer_step(optimizer):
 
 
 def dataset_info(name, path=None):
-    """`keras_preact.data.dataset_info`; `path` is passed only where it means something
-    (the image folder), since CIFAR's published sizes do not depend on it."""
+    """`keras_preact.data.dataset_info`; `path` counts for the image folder only."""
     from keras_preact import data
 
     return data.dataset_info(name, path=path if name == "folder" else None)
@@ -140,113 +117,76 @@ def compile_model(model, optimizer, **kwargs):
                   metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")], **kwargs)
 
 
-def write_reports(workdir, config, history, *, schedule_info, final=None):
-    """Writes ``metrics.json`` (``final``: the run's results), ``metrics.csv`` and the
-    training curve from the per-epoch `history`."""
-    metrics = {"model": config.model, "dataset": config.dataset, "epochs": history,
-               "complete": final is not None}
-    path = workdir.file(METRICS_JSON)
-    if schedule_info is not None:
-        metrics["schedule"] = schedule_info
-    elif os.path.exists(path):
-        with contextlib.suppress(ValueError):  # keep what a previous write knew
-            metrics["schedule"] = read_json(path).get("schedule")
-    metrics.update(final or {})
-    workdir.write_metrics(metrics)
-    workdir.write_metrics_csv(history)
-    title = f"{config.model} on {config.dataset}"
-    if final and "test_accuracy" in final:
-        title += f" (test accuracy {100 * final['test_accuracy']:.2f}%)"
-    workdir.write_curve(history, title=title)
-
-
-class EpochRecorder:
-    """The per-epoch history entry and, with a workdir, the checkpoint, state and reports.
-
-    Args:
-        config: the run's `TrainConfig`.
-        workdir: the run's `Workdir`, or None (history only).
-        schedule: the learning-rate schedule (for the rate of each entry).
-        history: list of the per-epoch entries so far; appended to.
-        fingerprint: `weights_fingerprint` of the model, stored in the state.
-    """
-
-    def __init__(self, *, config, workdir, schedule, history, fingerprint):
-        self.config, self.workdir, self.schedule = config, workdir, schedule
-        self.history, self.fingerprint = history, fingerprint
-        self._t0 = time.time()
-
-    def epoch_begin(self):
-        """Starts the epoch's clock (for its images per second)."""
-        self._t0 = time.time()
-
-    def epoch_end(self, model, epoch, logs=None):
-        """Records epoch `epoch` (0-based) of `model`, with its Keras `logs`."""
-        logs = dict(logs or {})
-        step = optimizer_step(model.optimizer)
-        elapsed = time.time() - self._t0
-        done = step - (self.history[-1]["step"] if self.history else 0)
-        entry = {
-            "epoch": epoch + 1,
-            "step": step,
-            "learning_rate": self.schedule.value_at(max(step - 1, 0)),
-            "time_s": round(elapsed, 3),
-            "images_per_s": round(done * self.config.batch_size / elapsed, 2) if elapsed > 0 else None,
-        }
-        entry.update({k: float(logs[k]) for k in ("loss", "accuracy", "val_loss", "val_accuracy")
-                      if k in logs})
-        self.history.append(entry)
-        if self.workdir is None:
-            return
-        path = self.workdir.checkpoint_path(epoch + 1)
-        atomic_save(path, model.save_weights)
-        # Only now does the state move on: a kill before this line leaves the
-        # previous epoch's state and checkpoint intact.
-        self.workdir.write_state(
-            {"epoch": epoch + 1, "step": step, "checkpoint": os.path.basename(path),
-             "history": self.history, "complete": False, "fingerprint": self.fingerprint})
-        self.workdir.prune_checkpoints(self.config.keep_checkpoints, os.path.basename(path))
-        write_reports(self.workdir, self.config, self.history, schedule_info=None)
-        logger.info("epoch %d done: step %d, checkpoint %s", epoch + 1, step, path)
-
-
 def load_weights_file(model, path, label):
     """``model.load_weights(path)`` with one clear error for a damaged or unfitting file."""
     try:
         model.load_weights(path)
     except OSError as err:  # h5py's error for a truncated or damaged file names no file
-        raise ValueError(
-            f"The weights file {path} cannot be read ({shorten(err, 400)}): it is damaged or "
-            "incomplete (an interrupted copy?); copy it again."
-        ) from None
+        raise ValueError(f"The weights file {path} cannot be read ({shorten(err, 400)}): it is "
+                         "damaged or incomplete (an interrupted copy?); copy it again.") from None
     except Exception as err:  # Keras raises several types for a mismatch.
-        raise ValueError(
-            f"The weights {path} do not fit {label!r} ({type(err).__name__}: "
-            f"{shorten(err, 400)})."
-        ) from None
+        raise ValueError(f"The weights {path} do not fit {label!r} ({type(err).__name__}: "
+                         f"{shorten(err, 400)}).") from None
 
 
 class Stepper:
-    """What one kind of training loop supplies to a `Run`; the defaults suit one process
-    with tf.data. Subclasses override `train_epochs` and what else differs."""
+    """What a kind of training loop supplies to a `Run`; the defaults suit TensorFlow with
+    tf.data. Subclasses override `train_epochs` and what else differs."""
 
     is_chief = True  # the process that reads and writes the workdir
     collective = False  # True: its processes must agree before training (`agree`)
     replicas = 1
+    strategy = None  # a tf.distribute strategy or Keras distribution (its scope())
     switch_synchronized_bn = True  # `synchronized_bn` switches the layers' flag
     labels = {}  # entries of every result dict (the worker's name, ...)
     schedule_labels = {}  # entries of the schedule record (the number of workers)
 
-    def start(self, run):
-        """Sets up devices and runtime (before the first TensorFlow op)."""
+    def start(self, run, make_strategy=None):
+        """Sets up devices and runtime before the first TensorFlow op: the config's
+        runtime settings, then `make_strategy()` (default: the config's strategy).
+
+        Raises:
+            ValueError: on a backend other than TensorFlow, or for a batch that does not
+                divide across the strategy's replicas.
+        """
+        import keras
+
+        from keras_preact.training import distribute
+
+        c = run.config
+        if keras.backend.backend() != "tensorflow":
+            raise ValueError("train_and_evaluate runs on the TensorFlow backend (tf.data and "
+                             f"tf.distribute). Received backend: {keras.backend.backend()!r}. "
+                             "Set KERAS_BACKEND=tensorflow, or use "
+                             "keras_preact.training.jax_parallel on JAX.")
+        distribute.configure_runtime(cpu_devices=c.cpu_devices,
+                                     intra_op_threads=c.intra_op_threads,
+                                     inter_op_threads=c.inter_op_threads,
+                                     deterministic=c.deterministic)
+        self.strategy = make_strategy() if make_strategy else distribute.make_strategy(c.strategy)
+        self.replicas = self.strategy.num_replicas_in_sync
+        distribute.check_global_batch(c.batch_size, self.replicas)
 
     def scope(self):
         """Where the model and optimizer variables are created."""
-        return contextlib.nullcontext()
+        return contextlib.nullcontext() if self.strategy is None else self.strategy.scope()
 
     def load_data(self, run):
-        """Returns ``(num_train, num_test)`` and keeps what `train_epochs` reads."""
-        return run.tf_data()
+        """Returns ``(num_train, num_test)`` and keeps what `train_epochs` reads: here the
+        tf.data test split and a maker of training data."""
+        from keras_preact import data
+
+        c = run.config
+        make = functools.partial(
+            data.make_dataset, c.dataset, batch_size=c.batch_size, data_dir=c.data_dir,
+            source=c.data_source, path=c.data_path, download=c.download, seed=c.seed,
+            normalize=not c.model_normalizes())
+        test = functools.partial(make, "test", shuffle=False, augment=False, drop_remainder=False)
+        # The test split first: missing or corrupt files fail before the workdir is touched.
+        run.test_data = test()
+        run.train_data = functools.partial(make, "train", augment=c.augment, drop_remainder=True)
+        return (int(run.train_data(batch_size=1).cardinality()),
+                int(test(batch_size=1).cardinality()))
 
     def agree(self, run, state, refused):
         """Returns the state to resume from (all processes must agree on it), or raises
@@ -263,8 +203,8 @@ class Stepper:
             elif run.config.weights is not None:
                 run.load_pretrained(model)
 
-    def train_epochs(self, run, model, start_epoch, recorder):
-        """Trains the remaining epochs, calling `recorder` at each one's start and end."""
+    def train_epochs(self, run, model, start_epoch):
+        """Trains the remaining epochs, calling `run.epoch_begin` and `run.epoch_end`."""
         raise NotImplementedError
 
     def evaluate(self, run, model):
@@ -278,24 +218,15 @@ class Stepper:
 
 
 class Run:
-    """One training run of `config` in `workdir`, its epochs computed by `stepper`.
-
-    Args:
-        config: a `TrainConfig` (or its dict).
-        workdir: the run's folder (see `keras_preact.training.workdir`), or None for a
-            run without files (no resume).
-        stepper: a `Stepper`.
-    """
+    """One training run of `config` (a `TrainConfig` or its dict) in `workdir` (a folder,
+    or None for a run without files or resume), its epochs computed by a `Stepper`."""
 
     def __init__(self, config, workdir, stepper):
         self.config = as_config(config)
         self.workdir = Workdir(workdir) if workdir is not None else None
         self.stepper = stepper
         self.info = dataset_info(self.config.dataset, self.config.data_path)
-        self.history = []
-        self.test_data = None
 
-    # -- the sequence ---------------------------------------------------------------
     def train(self):
         """Trains (or resumes, or returns the stored results of a complete run).
 
@@ -334,37 +265,71 @@ class Run:
         start_epoch = state["epoch"] if state else 0
         self.history = list(state.get("history", [])) if state else []
         self.model, optimizer = self.build()
-        fingerprint = weights_fingerprint(self.model)
+        self.fingerprint = weights_fingerprint(self.model)
         self.stepper.restore(self, self.model, optimizer, state)
         if self.owns_files:
             self.start_files(state)
-        recorder = EpochRecorder(config=self.config, workdir=self.workdir if self.owns_files else None,
-                                 schedule=self.config.make_schedule(self.spe),
-                                 history=self.history, fingerprint=fingerprint)
-        t0 = time.time()
+        self.schedule = self.config.make_schedule(self.spe)
+        t0 = self._epoch_t0 = time.time()
         if start_epoch < self.epochs:
-            self.stepper.train_epochs(self, self.model, start_epoch, recorder)
+            self.stepper.train_epochs(self, self.model, start_epoch)
         train_time = time.time() - t0
         extra = self.stepper.finish(self, self.model)
         results = self.stepper.evaluate(self, self.model)
         return {**self.finish(self.model, results, extra), "resumed_from_epoch": start_epoch,
                 "train_time_s": train_time}
 
-    # -- its steps --------------------------------------------------------------------
-    def check_workdir(self):
-        """Refuses a workdir that holds another run; returns its state or None. Reads only.
+    def epoch_begin(self):
+        """Starts the epoch's clock (for its images per second)."""
+        self._epoch_t0 = time.time()
 
-        Raises:
-            ValueError: if the workdir holds a run with a different config, checkpoints
-                without a config, or an unreadable state.
-        """
+    def epoch_end(self, model, epoch, logs=None):
+        """Records epoch `epoch` (0-based) of `model` with its Keras `logs`, and writes
+        its checkpoint, state and reports."""
+        logs = dict(logs or {})
+        step = optimizer_step(model.optimizer)
+        elapsed = time.time() - self._epoch_t0
+        done = step - (self.history[-1]["step"] if self.history else 0)
+        speed = round(done * self.config.batch_size / elapsed, 2) if elapsed > 0 else None
+        entry = {"epoch": epoch + 1, "step": step,
+                 "learning_rate": self.schedule.value_at(max(step - 1, 0)),
+                 "time_s": round(elapsed, 3), "images_per_s": speed}
+        entry.update({k: float(logs[k]) for k in ("loss", "accuracy", "val_loss", "val_accuracy")
+                      if k in logs})
+        self.history.append(entry)
+        if not self.owns_files:
+            return
+        path = self.workdir.checkpoint_path(epoch + 1)
+        atomic_save(path, model.save_weights)
+        # Only now does the state move on: a kill before leaves the previous epoch intact.
+        self.workdir.write_state(
+            {"epoch": epoch + 1, "step": step, "checkpoint": os.path.basename(path),
+             "history": self.history, "complete": False, "fingerprint": self.fingerprint})
+        self.workdir.prune_checkpoints(self.config.keep_checkpoints, os.path.basename(path))
+        self.write_reports()
+        logger.info("epoch %d done: step %d, checkpoint %s", epoch + 1, step, path)
+
+    def write_reports(self, final=None):
+        """Writes the metrics (with `final`, the run's results) and the training curve."""
+        c = self.config
+        metrics = {"model": c.model, "dataset": c.dataset, "epochs": self.history,
+                   "complete": final is not None, "schedule": self.schedule_info, **(final or {})}
+        title = f"{c.model} on {c.dataset}"
+        if final:
+            title += f" (test accuracy {100 * final['test_accuracy']:.2f}%)"
+        self.workdir.write_reports(metrics, self.history, title=title)
+
+    def check_workdir(self):
+        """The workdir's state or None; ValueError (before any write) if it holds another
+        run, checkpoints without a config, or an unreadable state."""
         wd = self.workdir
         stored = wd.read_config()
         if stored is None:
-            if wd.checkpoint_files() or any(map(os.path.exists, (wd.state_path, wd.final_model_path))):
-                raise ValueError(
-                    f"The workdir {wd.path} holds checkpoints but no config.json, so it cannot "
-                    "be checked against this run. Use an empty or new --workdir.")
+            if wd.checkpoint_files() or any(map(os.path.exists,
+                                                (wd.state_path, wd.final_model_path))):
+                raise ValueError(f"The workdir {wd.path} holds checkpoints but no config.json, "
+                                 "so it cannot be checked against this run. Use an empty or new "
+                                 "--workdir.")
             return None
         if not isinstance(stored, dict) or "train_config" not in stored:
             raise ValueError(f"{wd.config_path} is not a keras-preact training config. "
@@ -374,9 +339,8 @@ class Run:
         if diff:
             lines = ", ".join(f"{k}: stored {b!r}, requested {a!r}" for k, (a, b) in diff.items())
             raise ValueError(
-                f"The workdir {wd.path} holds a run with a different config ({lines}). "
-                "Nothing was changed. Restart with the same settings to resume, or use a "
-                "new --workdir.")
+                f"The workdir {wd.path} holds a run with a different config ({lines}). Nothing was "
+                "changed. Restart with the same settings to resume, or use a new --workdir.")
         return wd.read_state()
 
     def complete(self, state):
@@ -384,37 +348,24 @@ class Run:
         return bool(state and state.get("complete") and (
             not self.owns_files or os.path.exists(self.workdir.final_model_path)))
 
+    def _results(self, accuracy, loss, history, epochs, steps, num_replicas, **more):
+        """A result dict as `train` returns it."""
+        return {"test_accuracy": accuracy, "test_loss": loss, "history": history,
+                "epochs": epochs, "steps": steps, "num_replicas": num_replicas,
+                "model_path": self.workdir.final_model_path if self.owns_files else None,
+                "workdir": self.workdir.path if self.owns_files else None,
+                **self.stepper.labels, **more}
+
     def stored_results(self, state):
         """The results of a finished run, as `train` returns them."""
-        if not self.owns_files:
-            return {"test_accuracy": float("nan"), "test_loss": float("nan"), "history": [],
-                    "epochs": None, "steps": None, "resumed_from_epoch": None,
-                    "train_time_s": 0.0, "num_replicas": self.stepper.replicas,
-                    "model_path": None, "workdir": None, **self.stepper.labels}
-        metrics = read_json(self.workdir.file(METRICS_JSON))
-        logger.info("The run in %s is complete; returning its results.", self.workdir.path)
-        return {"test_accuracy": metrics.get("test_accuracy"), "test_loss": metrics.get("test_loss"),
-                "history": metrics["epochs"], "epochs": state["epoch"], "steps": state["step"],
-                "resumed_from_epoch": None, "train_time_s": 0.0,
-                "num_replicas": metrics.get("num_replicas"),
-                "model_path": self.workdir.final_model_path, "workdir": self.workdir.path,
-                **self.stepper.labels}
-
-    def tf_data(self):
-        """The tf.data test split and a maker of training data; returns the split sizes
-        counted from the files read (not the published ones)."""
-        from keras_preact import data
-
-        c = self.config
-        make = functools.partial(
-            data.make_dataset, c.dataset, batch_size=c.batch_size, data_dir=c.data_dir,
-            source=c.data_source, path=c.data_path, download=c.download, seed=c.seed,
-            normalize=not c.model_normalizes())
-        test = functools.partial(make, "test", shuffle=False, augment=False, drop_remainder=False)
-        # The test split first: missing or corrupt files fail before the workdir is touched.
-        self.test_data = test()
-        self.train_data = functools.partial(make, "train", augment=c.augment, drop_remainder=True)
-        return int(self.train_data(batch_size=1).cardinality()), int(test(batch_size=1).cardinality())
+        metrics, nan = {}, float("nan")  # NaN on the workers without files
+        if self.owns_files:
+            metrics = read_json(self.workdir.file(METRICS_JSON))
+            logger.info("The run in %s is complete; returning its results.", self.workdir.path)
+        return self._results(metrics.get("test_accuracy", nan), metrics.get("test_loss", nan),
+                             metrics.get("epochs", []), state.get("epoch"), state.get("step"),
+                             metrics.get("num_replicas", self.stepper.replicas),
+                             resumed_from_epoch=None, train_time_s=0.0)
 
     def _plan(self):
         """Steps per epoch and the schedule for the training split's size."""
@@ -427,10 +378,9 @@ class Run:
             logger.warning("Training drops the last %d of %d training images each epoch "
                            "(batch %d).", dropped, n, c.batch_size)
         if self.spe < FEW_STEPS_PER_EPOCH:
-            logger.warning(
-                "An epoch is only %d step(s) (%d training images at batch %d): its checkpoint and "
-                "evaluation cost more than its training; a smaller batch size gives more steps.",
-                self.spe, n, c.batch_size)
+            logger.warning("An epoch is only %d step(s) (%d training images at batch %d): its "
+                           "checkpoint and evaluation cost more than its training; a smaller "
+                           "batch size gives more steps.", self.spe, n, c.batch_size)
         sched = c.resolve_schedule(self.spe)
         self.epochs, self.total_steps = sched["epochs"], sched["total_steps"]
         replicas = self.stepper.replicas
@@ -438,20 +388,20 @@ class Run:
                               "per_replica_batch": c.batch_size // replicas,
                               **self.stepper.schedule_labels}
 
-    def build(self):
-        """The compiled model and its built optimizer, in the stepper's scope."""
+    def build(self, scope=None):
+        """The compiled model and its built optimizer, in `scope` (default: the stepper's)."""
         import keras
 
         from keras_preact.training import distribute
         from keras_preact.training.optimizers import make_optimizer
 
         c = self.config
-        distribute.seed_everything(c.seed)
-        with self.stepper.scope():
+        os.environ.setdefault("PYTHONHASHSEED", str(c.seed))
+        keras.utils.set_random_seed(int(c.seed))
+        with scope or self.stepper.scope():
             model = build_model(c, self.info)
             if c.synchronized_bn and self.stepper.switch_synchronized_bn:
-                # On the built layers, not through the constructor: the saved model's
-                # config stays free of a TensorFlow-only training setting.
+                # On the built layers: the saved model config keeps no training setting.
                 distribute.set_synchronized_batch_norm(model, True)
             if c.freeze:  # before compiling: the optimizer holds only the trainable part
                 from keras_preact import finetune
@@ -464,12 +414,12 @@ class Run:
             optimizer.build(model.trainable_variables)
         return model, optimizer
 
-    def checkpoint_path(self, state, fingerprint):
-        """The checkpoint `state` names, refused unless it was written for `fingerprint`."""
+    def load_checkpoint(self, model, optimizer, state):
+        """Loads the checkpoint of `state` into `model` and `optimizer` (written for them)."""
         from keras_preact.weights.local import first_difference
 
         path = self.workdir.file(CHECKPOINT_DIR, state["checkpoint"])
-        stored = state.get("fingerprint")
+        stored, fingerprint = state.get("fingerprint"), weights_fingerprint(model)
         if stored is not None and stored != fingerprint:
             first, a, b = first_difference(stored, fingerprint)
             raise ValueError(
@@ -477,11 +427,6 @@ class Run:
                 f"{len(stored)} variables, the model {len(fingerprint)}; the first difference is "
                 f"variable {first} (checkpoint: {a}, model: {b}). Nothing was changed. "
                 "Use a new --workdir.")
-        return path
-
-    def load_checkpoint(self, model, optimizer, state):
-        """Loads the checkpoint of `state` into `model` and `optimizer`."""
-        path = self.checkpoint_path(state, weights_fingerprint(model))
         load_weights_file(model, path, self.config.model)
         if optimizer_step(optimizer) != int(state["step"]):
             raise ValueError(f"The checkpoint {path} holds {optimizer_step(optimizer)} optimizer "
@@ -498,40 +443,33 @@ class Run:
                     "classifier loaded too" if loaded["copied_head"] else "new classifier")
 
     def start_files(self, state):
-        """Tidies the workdir; a fresh run writes its config and empty reports (its
-        first write: everything that can fail on bad input has run by now)."""
+        """Tidies the workdir; a fresh run writes its config and empty reports (the first
+        write: every check of the input has passed)."""
         for path in self.workdir.remove_stale_temporaries():
             logger.info("Removed %s (a write interrupted by a crash).", path)
         if state is None:
             import keras_preact
 
             os.makedirs(self.workdir.path, exist_ok=True)
-            self.workdir.write_config({"format": CONFIG_FORMAT,
-                                       "keras_preact_version": keras_preact.__version__,
-                                       "train_config": self.config.to_dict()})
-            write_reports(self.workdir, self.config, self.history, schedule_info=self.schedule_info)
+            atomic_write_json(self.workdir.config_path, {
+                "format": CONFIG_FORMAT, "keras_preact_version": keras_preact.__version__,
+                "train_config": self.config.to_dict()})
+            self.write_reports()
 
     def finish(self, model, results, extra):
         """Writes the final model and reports (in the workdir) and returns the results."""
-        final = {
-            "test_accuracy": results["accuracy"], "test_loss": results["loss"],
-            "num_train_examples": self.num_train, "num_test_examples": self.num_test,
-            "num_params": int(model.count_params()), "num_replicas": self.stepper.replicas,
-            "input_normalization": {"in_model": self.config.model_normalizes(),
-                                    **dataset_preprocessing(self.info)},
-            "schedule": self.schedule_info, "curve_path": CURVE_PNG,
-            "model_path": FINAL_MODEL, **extra,
-        }
+        final = {"test_accuracy": results["accuracy"], "test_loss": results["loss"],
+                 "num_train_examples": self.num_train, "num_test_examples": self.num_test,
+                 "num_params": int(model.count_params()), "num_replicas": self.stepper.replicas,
+                 "input_normalization": {"in_model": self.config.model_normalizes(),
+                                         **dataset_preprocessing(self.info)},
+                 "schedule": self.schedule_info, "curve_path": CURVE_PNG,
+                 "model_path": FINAL_MODEL, **extra}
         if self.owns_files:
-            wd = self.workdir
-            atomic_save(wd.final_model_path, model.save)
-            write_reports(wd, self.config, self.history, schedule_info=self.schedule_info, final=final)
-            state = {k: v for k, v in wd.read_state().items() if k != "format"}
-            wd.write_state({**state, "complete": True})
-        return {"test_accuracy": final["test_accuracy"], "test_loss": final["test_loss"],
-                "history": self.history,
-                "epochs": self.history[-1]["epoch"] if self.history else 0,
-                "steps": optimizer_step(model.optimizer), "num_replicas": self.stepper.replicas,
-                "model_path": self.workdir.final_model_path if self.owns_files else None,
-                "workdir": self.workdir.path if self.owns_files else None,
-                **self.stepper.labels, **extra}
+            atomic_save(self.workdir.final_model_path, model.save)
+            self.write_reports(final)
+            state = {k: v for k, v in self.workdir.read_state().items() if k != "format"}
+            self.workdir.write_state({**state, "complete": True})
+        return self._results(final["test_accuracy"], final["test_loss"], self.history,
+                             self.history[-1]["epoch"] if self.history else 0,
+                             optimizer_step(model.optimizer), self.stepper.replicas, **extra)

@@ -1,10 +1,4 @@
-"""Learning-rate schedules of the paper's recipes (Keras 3, backend-agnostic).
-
-The CIFAR recipe (He et al. 2016, "Identity Mappings in Deep Residual Networks",
-Section 4 and the appendix; the schedule of He et al. 2015, "Deep Residual Learning",
-Section 4.2): learning rate 0.1, divided by 10 at 32k and 48k iterations, training
-stopped at 64k; a warm-up at 0.01 for the first 400 iterations.
-"""
+"""The learning-rate schedule of the paper's recipes (Keras 3, any backend)."""
 
 import keras
 from keras import ops
@@ -21,12 +15,12 @@ class WarmupPiecewiseConstant(keras.optimizers.schedules.LearningRateSchedule):
                  = values[k]                     otherwise, where k is the number
                                                  of boundaries b with step >= b
 
-    A boundary is the first step at the new rate: with the paper's numbers, update
-    number 32000 (0-based) is the first at 0.01 and update 399 the last at the
-    warm-up rate.
-
-    `values` has one more entry than `boundaries`; `warmup_steps` must not exceed the
-    first boundary (`warmup_learning_rate` is ignored when it is 0).
+    Args:
+        boundaries: strictly increasing step numbers, each the first step at a new rate.
+        values: the rates, one more than `boundaries` (>= 0).
+        warmup_steps: at most the first boundary.
+        warmup_learning_rate: the warm-up rate (ignored when `warmup_steps` is 0).
+        name: the schedule's name.
 
     Raises:
         ValueError: for mismatched lengths, non-increasing boundaries, negative
@@ -46,32 +40,26 @@ class WarmupPiecewiseConstant(keras.optimizers.schedules.LearningRateSchedule):
         boundaries = [int(b) for b in boundaries]
         values = [float(v) for v in values]
         if len(values) != len(boundaries) + 1:
-            raise ValueError(
-                "`values` must have one more entry than `boundaries`. Received: "
-                f"boundaries={boundaries}, values={values}"
-            )
-        if any(b < 1 for b in boundaries) or any(b2 <= b1 for b1, b2 in zip(boundaries, boundaries[1:])):
-            raise ValueError(
-                "`boundaries` must be strictly increasing positive step numbers. "
-                f"Received: boundaries={boundaries}"
-            )
+            raise ValueError("`values` must have one more entry than `boundaries`. Received: "
+                             f"boundaries={boundaries}, values={values}")
+        if any(b < 1 for b in boundaries) or boundaries != sorted(set(boundaries)):
+            raise ValueError("`boundaries` must be strictly increasing positive step numbers. "
+                             f"Received: boundaries={boundaries}")
         if any(v < 0 for v in values):
             raise ValueError(f"`values` must be >= 0. Received: values={values}")
         warmup_steps = int(warmup_steps)
         if warmup_steps < 0:
             raise ValueError(f"`warmup_steps` must be >= 0. Received: warmup_steps={warmup_steps}")
         if warmup_steps and boundaries and warmup_steps > boundaries[0]:
-            raise ValueError(
-                "`warmup_steps` must not exceed the first boundary. Received: "
-                f"warmup_steps={warmup_steps}, boundaries={boundaries}"
-            )
+            raise ValueError("`warmup_steps` must not exceed the first boundary. Received: "
+                             f"warmup_steps={warmup_steps}, boundaries={boundaries}")
         if warmup_steps and (warmup_learning_rate is None or warmup_learning_rate < 0):
-            raise ValueError(
-                "A warm-up needs `warmup_learning_rate` >= 0. Received: "
-                f"warmup_learning_rate={warmup_learning_rate!r}"
-            )
-        self.boundaries, self.values, self.warmup_steps, self.name = boundaries, values, warmup_steps, name
-        self.warmup_learning_rate = None if warmup_learning_rate is None else float(warmup_learning_rate)
+            raise ValueError("A warm-up needs `warmup_learning_rate` >= 0. Received: "
+                             f"warmup_learning_rate={warmup_learning_rate!r}")
+        self.boundaries, self.values, self.warmup_steps = boundaries, values, warmup_steps
+        self.name = name
+        self.warmup_learning_rate = (None if warmup_learning_rate is None
+                                     else float(warmup_learning_rate))
 
     def __call__(self, step):
         step = ops.cast(ops.convert_to_tensor(step), "int64")
@@ -80,11 +68,8 @@ class WarmupPiecewiseConstant(keras.optimizers.schedules.LearningRateSchedule):
             index = index + ops.cast(ops.greater_equal(step, boundary), "int64")
         lr = ops.take(ops.convert_to_tensor(self.values, dtype="float32"), index)
         if self.warmup_steps:
-            lr = ops.where(
-                ops.less(step, self.warmup_steps),
-                ops.convert_to_tensor(self.warmup_learning_rate, dtype="float32"),
-                lr,
-            )
+            warmup_lr = ops.convert_to_tensor(self.warmup_learning_rate, dtype="float32")
+            lr = ops.where(ops.less(step, self.warmup_steps), warmup_lr, lr)
         return lr
 
     def value_at(self, step):
@@ -96,5 +81,5 @@ class WarmupPiecewiseConstant(keras.optimizers.schedules.LearningRateSchedule):
 
     def get_config(self):
         return {"boundaries": list(self.boundaries), "values": list(self.values),
-                "warmup_steps": self.warmup_steps, "warmup_learning_rate": self.warmup_learning_rate,
-                "name": self.name}
+                "warmup_steps": self.warmup_steps,
+                "warmup_learning_rate": self.warmup_learning_rate, "name": self.name}

@@ -1,27 +1,19 @@
-"""The files of one training run, written so that a crash never corrupts them.
-
-Layout of a workdir::
+"""The files of one training run, each written whole or not at all (a crash leaves the
+previous one). Layout of a workdir::
 
     config.json                 the TrainConfig (a restart must match it)
-    checkpoints/state.json      the last completed epoch: its checkpoint file and
-                                the per-epoch history (the source of truth)
-    checkpoints/ckpt-00012.weights.h5
-                                model *and* optimizer variables (momentum slots and
-                                the iteration counter) after epoch 12
+    checkpoints/state.json      the last completed epoch: its checkpoint and history
+    checkpoints/ckpt-00012.weights.h5  model and optimizer variables after epoch 12
     metrics.json, metrics.csv   per-epoch metrics; final test_accuracy / test_loss
     training_curve.png          loss and error per epoch
     tensorboard/                TensorBoard event files
     model.keras                 the final model
     .lock                       held by the process training in the workdir
-
-Every file is written to a temporary name in the same folder and renamed into place
-with `os.replace` (atomic on POSIX and Windows), and `state.json` is replaced only
-after the checkpoint it names is complete: a kill at any instant leaves the previous
-consistent state.
 """
 
 import contextlib
 import csv
+import glob
 import io
 import json
 import os
@@ -47,7 +39,7 @@ class WorkdirInUseError(RuntimeError):
 
 
 def read_json(path):
-    """Reads a JSON file written by this module; ValueError naming it if it is not JSON."""
+    """The content of a JSON file; ValueError naming it if it is not JSON."""
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -63,19 +55,21 @@ class Workdir:
         if not isinstance(path, (str, os.PathLike)) or not str(path):
             raise ValueError(f"`workdir` must be a folder path. Received: workdir={path!r}")
         self.path = os.path.abspath(os.fspath(path))
+        self.config_path = self.file(CONFIG_FILE)
+        self.state_path = self.file(CHECKPOINT_DIR, STATE_FILE)
+        self.final_model_path = self.file(FINAL_MODEL)
         existing = self.path
         while not os.path.exists(existing):
             existing = os.path.dirname(existing)
         if not os.path.isdir(existing):
             raise ValueError(
-                f"`workdir` must be a folder, but {existing} is a file. Received: workdir={path!r}"
-            )
+                f"`workdir` must be a folder, but {existing} is a file. Received: workdir={path!r}")
 
     @contextlib.contextmanager
     def lock(self):
-        """Holds the workdir for this process, so that a second run in it fails at once
-        (`WorkdirInUseError`, nothing changed). A workdir this call creates is removed
-        again when nothing else was written into it (the run refused its input)."""
+        """Holds the workdir for this process: a second run in it fails at once
+        (`WorkdirInUseError`). A workdir created here is removed again if nothing else
+        was written into it (the run refused its input)."""
         import filelock
 
         created = not os.path.isdir(self.path)
@@ -87,8 +81,7 @@ class Workdir:
             raise WorkdirInUseError(
                 f"The workdir {self.path} is in use by another process (it holds "
                 f"{self.file(LOCK_FILE)}). Nothing was changed. Wait for that run to "
-                "end, or use another workdir."
-            ) from None
+                "end, or use another workdir.") from None
         try:
             yield
         finally:
@@ -101,51 +94,30 @@ class Workdir:
     def file(self, *parts):
         return os.path.join(self.path, *parts)
 
-    @property
-    def config_path(self):
-        return self.file(CONFIG_FILE)
-
-    @property
-    def state_path(self):
-        return self.file(CHECKPOINT_DIR, STATE_FILE)
-
-    @property
-    def final_model_path(self):
-        return self.file(FINAL_MODEL)
-
     def checkpoint_path(self, epoch):
         return self.file(CHECKPOINT_DIR, f"ckpt-{epoch:05d}.weights.h5")
 
     def checkpoint_files(self):
-        folder = self.file(CHECKPOINT_DIR)
-        names = os.listdir(folder) if os.path.isdir(folder) else []
-        return sorted(os.path.join(folder, n) for n in names
-                      if n.startswith("ckpt-") and n.endswith(".weights.h5"))
+        folder = glob.escape(self.file(CHECKPOINT_DIR))
+        return sorted(glob.glob(os.path.join(folder, "ckpt-*.weights.h5")))
 
     def read_config(self):
         """The stored config dict, or None when the workdir holds no run."""
         return read_json(self.config_path) if os.path.exists(self.config_path) else None
 
-    def write_config(self, config_dict):
-        atomic_write_json(self.config_path, config_dict)
-
     def read_state(self):
-        """The last completed epoch's state dict, or None before the first one.
-        ValueError if state.json is unreadable or names a missing checkpoint."""
+        """The last completed epoch's state, or None; ValueError if state.json is
+        unreadable or names a missing checkpoint."""
         if not os.path.exists(self.state_path):
             return None
         state = read_json(self.state_path)
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ValueError(
-                f"{self.state_path} is not a keras-preact training state (format "
-                f"{STATE_FORMAT}). Received: {str(state)[:200]}"
-            )
+            raise ValueError(f"{self.state_path} is not a keras-preact training state (format "
+                             f"{STATE_FORMAT}). Received: {str(state)[:200]}")
         ckpt = self.file(CHECKPOINT_DIR, state["checkpoint"])
         if not os.path.exists(ckpt):
-            raise ValueError(
-                f"{self.state_path} names the checkpoint {ckpt}, which is missing. "
-                "The workdir was modified outside keras-preact."
-            )
+            raise ValueError(f"{self.state_path} names the checkpoint {ckpt}, which is missing. "
+                             "The workdir was modified outside keras-preact.")
         return state
 
     def write_state(self, state):
@@ -158,33 +130,28 @@ class Workdir:
             if os.path.basename(path) != current:
                 _remove_quietly(path)
 
-    def write_metrics(self, metrics):
-        atomic_write_json(self.file(METRICS_JSON), metrics)
-
-    def write_metrics_csv(self, history):
-        columns = list(dict.fromkeys(key for row in history for key in row))
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
-        writer.writeheader()
-        for row in history:
-            writer.writerow({k: row.get(k, "") for k in columns})
-        atomic_write_text(self.file(METRICS_CSV), buf.getvalue())
-
-    def write_curve(self, history, *, title=""):
+    def write_reports(self, metrics, history, *, title):
+        """Writes `metrics` to ``metrics.json``, and `history` (per-epoch dicts) to
+        ``metrics.csv`` and the training curve."""
         from keras_preact.training.plots import plot_training_curve
 
+        atomic_write_json(self.file(METRICS_JSON), metrics)
+        buf = io.StringIO()
+        columns = list(dict.fromkeys(key for row in history for key in row))
+        writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(history)  # a missing key writes ""
+        atomic_write_text(self.file(METRICS_CSV), buf.getvalue())
         atomic_write_bytes(self.file(CURVE_PNG), plot_training_curve(history, title=title))
 
     def remove_stale_temporaries(self):
         """Deletes the ``.tmp-*`` files a killed writer left behind; returns their paths."""
         removed = []
         for folder in (self.path, self.file(CHECKPOINT_DIR)):
-            if not os.path.isdir(folder):
-                continue
-            for name in os.listdir(folder):
-                if name.startswith(".tmp-"):
-                    _remove_quietly(os.path.join(folder, name))
-                    removed.append(os.path.join(folder, name))
+            names = os.listdir(folder) if os.path.isdir(folder) else []
+            removed += [os.path.join(folder, n) for n in names if n.startswith(".tmp-")]
+        for path in removed:
+            _remove_quietly(path)
         return removed
 
 

@@ -1,15 +1,10 @@
-"""`PreActResNetHyperModel`: a KerasTuner search over depth, block, unit, width and
-recipe, with the library's factories, data pipeline and optimizer recipe.
+"""`PreActResNetHyperModel`: a KerasTuner search over depth, block, unit, width and recipe,
+with the library's factories, data pipeline and optimizer recipe.
 
-A `Budget` caps parameters, multiply-adds (`count_macs`) or the measured time of one
-training step. Parameters and multiply-adds are exact and known before training, so
-candidates over the budget leave the space before the first trial (a budget nothing
-fits is refused). Step time is measured per trial on a throwaway copy; a trial over it
-is not trained and scores 0 (``within_budget=0``), steering the oracle away.
-
-Trials are scored on a stratified `validation_fraction` of the training split (default
-10%), so the test split stays untouched (``validation_fraction=0`` scores on the test
-split, an optimistic shortcut for quick demos).
+A `Budget` caps parameters, multiply-adds or the measured time of one training step.
+Parameters and multiply-adds are exact, so candidates over budget leave the space before
+the first trial; a trial over a step-time budget is not trained and scores 0. Trials are
+scored on a stratified `validation_fraction` of the training split (0: on the test split).
 """
 
 import contextlib
@@ -18,16 +13,26 @@ import itertools
 import logging
 import math
 import time
+from functools import partial
 
 import keras
 import keras_tuner
+import numpy as np
 
-from keras_preact.layers.utils import check_choice
+import keras_preact
+from keras_preact import data
 from keras_preact.data.registry import check_int
 from keras_preact.data.registry import stratified_split
+from keras_preact.layers import UNIT_TYPES
+from keras_preact.layers.utils import check_choice
 from keras_preact.models.cifar import CIFAR_WIDTHS
 from keras_preact.models.cifar import cifar_units_per_stage
+from keras_preact.training.config import TrainConfig
+from keras_preact.training.distribute import check_global_batch
 from keras_preact.training.optimizers import make_optimizer
+from keras_preact.training.run import compile_model
+from keras_preact.training.run import dataset_info
+from keras_preact.training.run import dataset_preprocessing
 
 logger = logging.getLogger("keras_preact.tuning")
 
@@ -46,9 +51,6 @@ class Budget:
     """A cap on a candidate's cost: `kind` "params" (trainable parameters), "macs"
     (multiply-adds per image, `keras_preact.count_macs`) or "step_time" (measured seconds
     per training step at the search's batch size); `limit` the largest allowed value (> 0).
-
-    Example:
-        >>> Budget("params", 300_000)
     """
 
     kind: str
@@ -56,22 +58,19 @@ class Budget:
 
     def __post_init__(self):
         if self.kind not in BUDGET_KINDS:
-            raise ValueError(
-                f"Unknown budget kind. Received: kind={self.kind!r}. Valid: {list(BUDGET_KINDS)}"
-            )
-        limit = self.limit
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not (0 < limit < math.inf):
-            raise ValueError(f"The budget limit must be a finite number > 0. Received: limit={self.limit!r}")
+            raise ValueError(f"Unknown budget kind. Received: kind={self.kind!r}. "
+                             f"Valid: {list(BUDGET_KINDS)}")
+        if not _is_number(self.limit) or not 0 < self.limit < math.inf:
+            raise ValueError("The budget limit must be a finite number > 0. "
+                             f"Received: limit={self.limit!r}")
 
     def to_dict(self):
         return dataclasses.asdict(self)
 
 
 def unit_types():
-    """The residual units the installed library offers, or None (feature detection)."""
-    from keras_preact import layers
-
-    return getattr(layers, "UNIT_TYPES", None)
+    """The residual unit variants the library offers (`keras_preact.layers.UNIT_TYPES`)."""
+    return UNIT_TYPES
 
 
 def valid_blocks(depth, blocks):
@@ -87,70 +86,49 @@ def valid_blocks(depth, blocks):
     return out
 
 
-def _values(name, values, check):
-    """A non-empty tuple of the distinct checked values of a list argument."""
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _values(name, values, check=None):
+    """A non-empty tuple of the distinct values of a list argument, each `check`ed."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         values = (values,)
     values = tuple(values)
     if not values:
-        raise ValueError(f"Empty search space: `{name}` has no values. Received: {name}={values!r}. "
-                         "Give at least one value (or leave the default).")
+        raise ValueError(f"Empty search space: `{name}` has no values. Received: "
+                         f"{name}={values!r}. Give at least one value (or leave the default).")
     for v in values:
-        check(v)
-    return tuple(dict.fromkeys(values))
+        if check is not None:
+            check(v)
+    # Deduplicated by ==, not by hash: an unhashable depth gets the clear error later.
+    return tuple(v for i, v in enumerate(values) if v not in values[:i])
 
 
-def _number(name, minimum, *, strict):
-    def check(v):
-        bad = isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-        if bad or (v <= minimum if strict else v < minimum):
-            raise ValueError(f"Every value of `{name}` must be a number {'>' if strict else '>='} {minimum}. "
-                             f"Received: {name} value {v!r}")
-
-    return check
+def _check_number(name, minimum, strict, v):
+    if not _is_number(v) or not math.isfinite(v) or v < minimum or (strict and v == minimum):
+        raise ValueError(f"Every value of `{name}` must be a number {'>' if strict else '>='} "
+                         f"{minimum}. Received: {name} value {v!r}")
 
 
-def _one_of(what, valid):
-    def check(v):
-        if v not in valid:
-            raise ValueError(f"Unknown {what}. Received: {what}s value {v!r}. Valid: {list(valid)}")
-
-    return check
+def _check_one_of(what, valid, v):
+    if v not in valid:
+        raise ValueError(f"Unknown {what}. Received: {what}s value {v!r}. Valid: {list(valid)}")
 
 
-def _check_depth(d):
-    if isinstance(d, bool) or not isinstance(d, int) or d < 8:
-        raise ValueError("Every depth must be an integer >= 8 of the form 6n+2 (basic) or 9n+2 "
-                         f"(bottleneck). Received: depths value {d!r}")
-
-
-def _width_check(blocks):
+def _check_width(blocks, w):
     """Checks a width multiplier gives whole filter counts (divisible by 4 for a
     bottleneck, whose inner width is out / 4) in every stage of `blocks`."""
-    def check(w):
-        _number("width_multipliers", 0, strict=True)(w)
-        for block in blocks:
-            step = 4 if block == "bottleneck" else 1
-            for f in CIFAR_WIDTHS[block]:
-                scaled = f * w
-                if abs(scaled - round(scaled)) > 1e-9 or round(scaled) % step or round(scaled) < step:
-                    raise ValueError(
-                        f"width multiplier {w} gives {scaled:g} filters for a {block} stage of "
-                        f"{f}; it must give whole numbers" + (" divisible by 4" if step == 4 else "")
-                        + f". Received: width_multipliers value {w!r}"
-                    )
-
-    return check
-
-
-def _check_units(units):
-    if units is None:
-        return None
-    available = unit_types()
-    if available is None:
-        raise ValueError("This keras-preact has no residual unit variants (keras_preact.layers."
-                         f"UNIT_TYPES); leave `units` unset. Received: units={units!r}")
-    return list(_values("units", units, _one_of("unit", available)))
+    _check_number("width_multipliers", 0, True, w)
+    for block in blocks:
+        step = 4 if block == "bottleneck" else 1
+        for f in CIFAR_WIDTHS[block]:
+            scaled = f * w
+            if abs(scaled - round(scaled)) > 1e-9 or round(scaled) % step or round(scaled) < step:
+                raise ValueError(
+                    f"width multiplier {w} gives {scaled:g} filters for a {block} stage of {f}; "
+                    "it must give whole numbers" + (" divisible by 4" if step == 4 else "")
+                    + f". Received: width_multipliers value {w!r}")
 
 
 def search_space_spec(*, dataset="digits", depths=DEFAULT_DEPTHS, blocks=("auto",), units=None,
@@ -159,36 +137,35 @@ def search_space_spec(*, dataset="digits", depths=DEFAULT_DEPTHS, blocks=("auto"
                       budget=None, data_dir=None, data_source="auto", data_path=None):
     """Validates the `PreActResNetHyperModel` arguments without building anything;
     returns them as a dict (a study's identity in ``study.json``). Raises ValueError."""
-    from keras_preact import data
-
     check_choice("dataset", dataset, data.list_datasets())
-    depths = _values("depths", depths, _check_depth)
-    blocks = _values("blocks", blocks, _one_of("block", BLOCKS))
+    depths = _values("depths", depths)
+    blocks = _values("blocks", blocks, partial(_check_one_of, "block", BLOCKS))
     # Every depth must fit one requested block; pairs that do not fit are left out
     # (e.g. depth 32 with "bottleneck" when "basic" is also requested).
     concrete = set()
     for d in depths:
         valid = valid_blocks(d, blocks)
         if not valid:
-            raise ValueError(f"depth {d} is invalid for the block(s) {list(blocks)}: basic networks need "
-                             "depth 6n+2 (8, 14, 20, 32, ...), bottleneck networks 9n+2 (11, 20, 29, ..., "
-                             f"164, 1001). Received: depths={list(depths)}, blocks={list(blocks)}")
+            raise ValueError(
+                f"depth {d} is invalid for the block(s) {list(blocks)}: basic networks need "
+                "depth 6n+2 (8, 14, 20, 32, ...), bottleneck networks 9n+2 (11, 20, 29, ..., "
+                f"164, 1001). Received: depths={list(depths)}, blocks={list(blocks)}")
         concrete.update(valid)
-    units = _check_units(units)
-    lists = {
-        "width_multipliers": (width_multipliers, _width_check(sorted(concrete))),
-        "learning_rates": (learning_rates, _number("learning_rates", 0, strict=True)),
-        "weight_decays": (weight_decays, _number("weight_decays", 0, strict=False)),
-        "warmups": (warmups, _number("warmups", 0, strict=False)),
-    }
-    # Floats throughout: a KerasTuner Choice holds one type, and 1 and 1.0 must be the
-    # same study.
-    floats = {k: list(dict.fromkeys(map(float, _values(k, *v)))) for k, v in lists.items()}
+    if units is not None:
+        units = list(_values("units", units, partial(_check_one_of, "unit", unit_types())))
+    floats = {}
+    for name, given, check in (
+        ("width_multipliers", width_multipliers, partial(_check_width, sorted(concrete))),
+        ("learning_rates", learning_rates, partial(_check_number, "learning_rates", 0, True)),
+        ("weight_decays", weight_decays, partial(_check_number, "weight_decays", 0, False)),
+        ("warmups", warmups, partial(_check_number, "warmups", 0, False)),
+    ):
+        # Floats: a KerasTuner Choice holds one type, and 1 and 1.0 must be the same study.
+        floats[name] = list(dict.fromkeys(map(float, _values(name, given, check))))
     check_int("epochs", epochs, minimum=1)
     check_int("batch_size", batch_size, minimum=1)
     check_int("seed", seed, minimum=0)
-    if isinstance(validation_fraction, bool) or not isinstance(validation_fraction, (int, float)) \
-            or not 0 <= validation_fraction < 1:
+    if not _is_number(validation_fraction) or not 0 <= validation_fraction < 1:
         raise ValueError("`validation_fraction` must be in [0, 1) (0: score on the test split). "
                          f"Received: validation_fraction={validation_fraction!r}")
     if isinstance(budget, dict):
@@ -232,11 +209,6 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
 
     Raises:
         ValueError: for an invalid search space or a budget no candidate fits.
-
-    Example:
-        >>> hm = PreActResNetHyperModel(dataset="digits", depths=(8, 14, 20),
-        ...                             budget=Budget("params", 200_000))
-        >>> tuner = make_tuner(hm, "random", directory="runs/tune", max_trials=3)
     """
 
     def __init__(self, name="preact_resnet_hypermodel", tunable=True, **space):
@@ -250,19 +222,13 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         self._costs = {}
         self._prune()
 
-    def _dataset_info(self):
-        from keras_preact.training.run import dataset_info
-
-        return dataset_info(self.dataset, self.data_path)
-
     def candidates(self):
         """Every architecture of the space: dicts with depth, block, width, unit."""
-        units = self.units or [None]
         return [
             {"depth": d, "block": b, "width": w, "unit": u}
             for d in self.depths
             for b in valid_blocks(d, self.blocks)
-            for w, u in itertools.product(self.width_multipliers, units)
+            for w, u in itertools.product(self.width_multipliers, self.units or [None])
         ]
 
     def _prune(self):
@@ -270,46 +236,46 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         self.over_budget = []
         if self.budget is None:
             return
-        if self.budget.kind == "step_time":
+        kind, limit = self.budget.kind, self.budget.limit
+        if kind == "step_time":
             # Measured, not computed: only the cheapest candidate is timed up front,
             # to refuse a budget nothing can meet; each trial times its own.
             cheapest = min(self.candidates(), key=lambda a: self.cost(a)["macs"])
             seconds = self.measure_step_time(cheapest)
-            if seconds > self.budget.limit:
-                raise ValueError(f"No candidate fits the budget: the cheapest ({_label(cheapest)}, "
-                                 f"{self.cost(cheapest)['macs']:,} multiply-adds) takes {seconds:.4f} s "
-                                 f"per step at batch {self.batch_size}. Received: budget "
-                                 f"step_time <= {self.budget.limit}")
+            if seconds > limit:
+                raise ValueError(
+                    f"No candidate fits the budget: the cheapest ({_label(cheapest)}, "
+                    f"{self.cost(cheapest)['macs']:,} multiply-adds) takes {seconds:.4f} s per "
+                    f"step at batch {self.batch_size}. Received: budget step_time <= {limit}")
             return
         fits = []
         for arch in self.candidates():
-            value = self.cost(arch)[self.budget.kind]
-            (fits if value <= self.budget.limit else self.over_budget).append(arch)
+            (fits if self.cost(arch)[kind] <= limit else self.over_budget).append(arch)
         if not fits:
-            cheapest = min(self.over_budget, key=lambda a: self.cost(a)[self.budget.kind])
-            raise ValueError(f"No candidate fits the budget: the cheapest, {_label(cheapest)}, has "
-                             f"{self.cost(cheapest)[self.budget.kind]:,} {_COST_NAMES[self.budget.kind]}. "
-                             f"Received: budget {self.budget.kind} <= {self.budget.limit:,}")
+            cheapest = min(self.over_budget, key=lambda a: self.cost(a)[kind])
+            raise ValueError(
+                f"No candidate fits the budget: the cheapest, {_label(cheapest)}, has "
+                f"{self.cost(cheapest)[kind]:,} {_COST_NAMES[kind]}. "
+                f"Received: budget {kind} <= {limit:,}")
         self.depths = [d for d in self.depths if any(a["depth"] == d for a in fits)]
-        self.width_multipliers = [w for w in self.width_multipliers if any(a["width"] == w for a in fits)]
+        self.width_multipliers = [
+            w for w in self.width_multipliers if any(a["width"] == w for a in fits)]
         if self.units:
             self.units = [u for u in self.units if any(a["unit"] == u for a in fits)]
         if self.over_budget:
-            logger.info("Left out over the %s budget: %s", self.budget.kind,
+            logger.info("Left out over the %s budget: %s", kind,
                         ", ".join(_label(a) for a in self.over_budget))
 
     def declare(self, hp):
         """Declares the hyperparameters on `hp`; returns the chosen architecture dict."""
         depth = hp.Choice("depth", self.depths, ordered=True)
         multi = [d for d in self.depths if len(valid_blocks(d, self.blocks)) > 1]
-        block = None
+        block = valid_blocks(depth, self.blocks)[0]
         if multi:
             with hp.conditional_scope("depth", multi):
                 choice = hp.Choice("block", ["basic", "bottleneck"])
             if depth in multi:
                 block = choice
-        if block is None:
-            block = valid_blocks(depth, self.blocks)[0]
         width = hp.Choice("width", self.width_multipliers)
         unit = hp.Choice("unit", self.units) if self.units else None
         hp.Choice("learning_rate", self.learning_rates)
@@ -322,17 +288,15 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
 
     def make_model(self, arch, **kwargs):
         """The library model of an architecture dict (see `candidates`)."""
-        import keras_preact
-        from keras_preact.training.run import dataset_preprocessing
-
-        info = self._dataset_info()
-        common = dict(classes=info["num_classes"], input_shape=tuple(info["image_shape"]),
+        info = dataset_info(self.dataset, self.data_path)
+        common = dict(classes=info["classes"], input_shape=tuple(info["input_shape"]),
                       preprocessing=dataset_preprocessing(info), **kwargs)
         if arch.get("unit") is not None:
             common["unit"] = arch["unit"]
         name = f"preact_resnet{arch['depth']}"
         if arch["width"] == 1:
-            return keras_preact.preact_resnet_cifar(arch["depth"], block=arch["block"], name=name, **common)
+            return keras_preact.preact_resnet_cifar(arch["depth"], block=arch["block"], name=name,
+                                                    **common)
         block, n = cifar_units_per_stage(arch["depth"], arch["block"])
         # The CIFAR layout of `preact_resnet_cifar`, with wider stages.
         return keras_preact.PreActResNet(
@@ -343,20 +307,15 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
 
     def cost(self, arch):
         """``{"params": int, "macs": int}`` of an architecture (cached)."""
-        import keras_preact
-
-        key = _key(arch)
+        key = (arch["depth"], arch["block"], float(arch["width"]), arch.get("unit"))
         if key not in self._costs:
             model = self.make_model(arch)
             self._costs[key] = {"params": int(keras_preact.count_params(model)),
                                 "macs": int(keras_preact.count_macs(model))}
-            del model
         return self._costs[key]
 
     def train_config(self, hp_values, *, epochs=None):
         """The `TrainConfig` of a trial (the paper's recipe with the trial's rates)."""
-        from keras_preact.training.config import TrainConfig
-
         return TrainConfig(
             model="preact_resnet_cifar", model_kwargs={"architecture": {}}, dataset=self.dataset,
             batch_size=self.batch_size, learning_rate=float(hp_values["learning_rate"]),
@@ -366,22 +325,19 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
 
     def measure_step_time(self, arch):
         """Median seconds of one training step (batch `batch_size`) on a throwaway model."""
-        import numpy as np
-
-        info = self._dataset_info()
+        info = dataset_info(self.dataset, self.data_path)
         model = self.make_model(arch)
         model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
                       loss="sparse_categorical_crossentropy")
         rng = np.random.default_rng(0)
-        x = rng.uniform(0, 255, (self.batch_size, *info["image_shape"])).astype("float32")
-        y = rng.integers(0, info["num_classes"], self.batch_size)
+        x = rng.uniform(0, 255, (self.batch_size, *info["input_shape"])).astype("float32")
+        y = rng.integers(0, info["classes"], self.batch_size)
         model.train_on_batch(x, y)  # traces the step
         times = []
         for _ in range(_TIMED_STEPS):
             t0 = time.perf_counter()
             model.train_on_batch(x, y)
             times.append(time.perf_counter() - t0)
-        del model
         return float(np.median(times))
 
     def build(self, hp):
@@ -392,19 +348,15 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         return self.make_model(arch)
 
     def _arrays(self):
-        import numpy as np
-
-        from keras_preact import data
-
         if self._arrays_cache is None:
             kw = dict(data_dir=self.data_dir, source=self.data_source, path=self.data_path)
             x, y = data.load_arrays(self.dataset, "train", **kw)
             if self.validation_fraction > 0:
-                train, val = stratified_split(y, test_fraction=self.validation_fraction, seed=self.seed)
+                train, val = stratified_split(y, test_fraction=self.validation_fraction,
+                                              seed=self.seed)
                 self._arrays_cache = (x[train], y[train], x[val], y[val])
             else:
-                tx, ty = data.load_arrays(self.dataset, "test", **kw)
-                self._arrays_cache = (np.asarray(x), np.asarray(y), tx, ty)
+                self._arrays_cache = (x, y, *data.load_arrays(self.dataset, "test", **kw))
         return self._arrays_cache
 
     def datasets(self, *, epochs, initial_epoch=0, replicas=1):
@@ -414,24 +366,20 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         count and the last partial batch is dropped (at most ``replicas - 1``
         images): tf.distribute cannot split a batch unevenly here.
         """
-        from keras_preact import data
-
         x, y, vx, vy = self._arrays()
         spe = len(x) // self.batch_size
         if spe < 1:
-            raise ValueError(f"batch_size={self.batch_size} is larger than the {len(x)} training images "
-                             f"of {self.dataset!r} left after the validation split.")
-        info = self._dataset_info()
+            raise ValueError(f"batch_size={self.batch_size} is larger than the {len(x)} training "
+                             f"images of {self.dataset!r} left after the validation split.")
+        augment = dataset_info(self.dataset, self.data_path).get("augmentation", "none")
         train = data.dataset_from_arrays(
-            x, y, batch_size=self.batch_size, shuffle=True, augment=info.get("augmentation", "none"),
-            normalize=False, seed=self.seed, epoch=initial_epoch, drop_remainder=True,
+            x, y, batch_size=self.batch_size, shuffle=True, augment=augment, normalize=False,
+            seed=self.seed, epoch=initial_epoch, drop_remainder=True,
             repeat_epochs=epochs - initial_epoch,
         )
         val_batch = 256 if replicas == 1 else min(256, len(vx) // replicas * replicas)
-        val = data.dataset_from_arrays(
-            vx, vy, batch_size=val_batch, shuffle=False, augment="none", normalize=False,
-            drop_remainder=replicas > 1,
-        )
+        val = data.dataset_from_arrays(vx, vy, batch_size=val_batch, normalize=False,
+                                       drop_remainder=replicas > 1)
         return train, val, spe
 
     def fit(self, hp, model, *args, epochs=None, initial_epoch=0, callbacks=None,
@@ -449,44 +397,35 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
             timed = self.budget.kind == "step_time"
             seconds = self.measure_step_time(arch) if timed else 0.0
             if (seconds if timed else cost[self.budget.kind]) > self.budget.limit:
-                logger.info("%s is over the %s budget: not trained.", _label(arch), self.budget.kind)
+                logger.info("%s is over the %s budget: not trained.", _label(arch),
+                            self.budget.kind)
                 return {OBJECTIVE: 0.0, "within_budget": 0.0, "step_time_s": seconds,
                         "train_time_s": 0.0, **cost}
         config = self.train_config(hp.values, epochs=epochs)
+        strategy = self.distribution_strategy
         replicas = 1
-        if self.distribution_strategy is not None:
-            from keras_preact.training.distribute import check_global_batch
-
-            replicas = int(self.distribution_strategy.num_replicas_in_sync)
+        if strategy is not None:
+            replicas = int(strategy.num_replicas_in_sync)
             check_global_batch(self.batch_size, replicas)
-        train_ds, val_ds, spe = self.datasets(epochs=epochs, initial_epoch=initial_epoch, replicas=replicas)
-        scope = self.distribution_strategy.scope() if self.distribution_strategy else contextlib.nullcontext()
-        with scope:
+        train_ds, val_ds, spe = self.datasets(epochs=epochs, initial_epoch=initial_epoch,
+                                              replicas=replicas)
+        with strategy.scope() if strategy else contextlib.nullcontext():
             optimizer = make_optimizer(config, spe)
-            model.compile(optimizer=optimizer,
-                          loss=keras.losses.SparseCategoricalCrossentropy(),
-                          metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
+            compile_model(model, optimizer)
             if initial_epoch:
                 # Hyperband continues a trial: the schedule goes on where it stopped.
                 optimizer.build(model.trainable_variables)
                 optimizer.iterations.assign(initial_epoch * spe)
         t0 = time.time()
-        history = model.fit(train_ds, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=spe,
-                            validation_data=val_ds, callbacks=callbacks, verbose=verbose, shuffle=False)
+        history = model.fit(train_ds, epochs=epochs, initial_epoch=initial_epoch,
+                            steps_per_epoch=spe, validation_data=val_ds, callbacks=callbacks,
+                            verbose=verbose, shuffle=False)
         elapsed = time.time() - t0
-        steps = max(1, (epochs - initial_epoch) * spe)
         return {
-            OBJECTIVE: float(max(history.history[OBJECTIVE])),
-            "within_budget": 1.0,
-            "step_time_s": elapsed / steps,
-            "train_time_s": elapsed,
-            "replicas": float(replicas),
-            **cost,
+            OBJECTIVE: float(max(history.history[OBJECTIVE])), "within_budget": 1.0,
+            "step_time_s": elapsed / max(1, (epochs - initial_epoch) * spe),
+            "train_time_s": elapsed, "replicas": float(replicas), **cost,
         }
-
-
-def _key(arch):
-    return (arch["depth"], arch["block"], float(arch["width"]), arch.get("unit"))
 
 
 def _label(arch):

@@ -1,21 +1,10 @@
 """A tuning study in a workdir: resumable search, results table and plot, best export.
 
-Workdir layout: ``study.json`` (the space, tuner and budget; a re-run must match it),
-``search/`` (KerasTuner's project), ``results.csv`` (one row per trial),
-``results.png`` (accuracy vs depth and vs cost), ``best/model.keras``,
-``best/saved_model/1`` and ``best/best.json`` (the best trial, its best epoch).
-
-Resume: running the same study again reloads KerasTuner's state; finished trials are
-kept and an interrupted one runs again. ``overwrite=True`` starts this study again. A
-workdir holding another study (or files that are not a study) is refused either way,
-before anything is written.
-
-Distributed search (KerasTuner's chief / worker mode): start the same command in
-several processes with ``KERASTUNER_ORACLE_IP`` / ``KERASTUNER_ORACLE_PORT`` set to the
-chief's address and ``KERASTUNER_TUNER_ID`` set to ``chief`` for one and ``tuner0``,
-``tuner1``, ... for the workers, all with the same ``--workdir`` on a shared disk. The
-chief runs the oracle and trains nothing; workers wait for its ``study.json``, train
-trials and exit when the trials are done; then the chief writes results and export.
+Workdir: ``study.json`` (the space, tuner and budget; a re-run must match it), ``search/``
+(KerasTuner's project), ``results.csv``, ``results.png`` and ``best/`` (``model.keras``,
+``saved_model/1``, ``best.json``). Running the same study again resumes it; a workdir
+holding another study or other files is refused before anything is written. Distributed
+search is KerasTuner's chief / worker mode (``KERASTUNER_*`` variables, shared workdir).
 """
 
 import csv
@@ -26,12 +15,20 @@ import os
 import shutil
 import time
 
+import keras_tuner
+from keras_tuner.src.distribute import utils as dist_utils
+
+import keras_preact
 from keras_preact.data.registry import check_int
 from keras_preact.files import atomic_save
 from keras_preact.files import atomic_write_bytes
 from keras_preact.files import atomic_write_json
 from keras_preact.files import atomic_write_text
 from keras_preact.training.workdir import read_json
+from keras_preact.tuning.hypermodel import OBJECTIVE
+from keras_preact.tuning.hypermodel import PreActResNetHyperModel
+from keras_preact.tuning.hypermodel import search_space_spec
+from keras_preact.tuning.hypermodel import valid_blocks
 
 logger = logging.getLogger("keras_preact.tuning")
 
@@ -54,8 +51,6 @@ CSV_COLUMNS = ("trial", "status", "depth", "block", "unit") + _HYPERPARAMETERS +
 
 def _dist_role():
     """"chief", "worker" or None (KerasTuner's environment variables)."""
-    from keras_tuner.src.distribute import utils as dist_utils
-
     if not dist_utils.has_chief_oracle():
         return None
     return "chief" if dist_utils.is_chief_oracle() else "worker"
@@ -82,31 +77,24 @@ def make_tuner(hypermodel, tuner="random", *, directory, project_name=PROJECT, m
     Raises:
         ValueError: for an unknown tuner or an invalid `max_trials`.
     """
-    import keras_tuner
-
-    from keras_preact.tuning.hypermodel import OBJECTIVE
-
     _check_tuner(tuner, max_trials)
     if isinstance(distribution_strategy, str):
         from keras_preact.training.distribute import make_strategy
 
         distribution_strategy = make_strategy(distribution_strategy)
     hypermodel.distribution_strategy = distribution_strategy
-    common = dict(objective=keras_tuner.Objective(OBJECTIVE, direction="max"), directory=directory,
-                  project_name=project_name, overwrite=overwrite,
+    common = dict(objective=keras_tuner.Objective(OBJECTIVE, direction="max"),
+                  directory=directory, project_name=project_name, overwrite=overwrite,
                   distribution_strategy=distribution_strategy, seed=seed)
     if tuner == "hyperband":
-        return keras_tuner.Hyperband(
-            hypermodel, max_epochs=max(2, hypermodel.epochs), factor=hyperband_factor, **common
-        )
+        return keras_tuner.Hyperband(hypermodel, max_epochs=max(2, hypermodel.epochs),
+                                     factor=hyperband_factor, **common)
     cls = keras_tuner.RandomSearch if tuner == "random" else keras_tuner.BayesianOptimization
     return cls(hypermodel, max_trials=max_trials, **common)
 
 
 def study_document(spec, *, tuner, max_trials):
     """The ``study.json`` content of a search space `spec` (`search_space_spec`)."""
-    import keras_preact
-
     return {"format": STUDY_FORMAT, "keras_preact_version": keras_preact.__version__,
             "tuner": tuner, "max_trials": max_trials, "space": spec}
 
@@ -116,29 +104,34 @@ def check_study_workdir(workdir, document):
     reads only. Raises ValueError if it holds another study or files that are not one."""
     path = os.path.join(workdir, STUDY_FILE)
     if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise ValueError(f"`workdir` must be a folder, but a file is there. Received: workdir={workdir!r}")
+        raise ValueError("`workdir` must be a folder, but a file is there. "
+                         f"Received: workdir={workdir!r}")
     if not os.path.exists(path):
         if os.path.isdir(workdir) and os.listdir(workdir):
-            raise ValueError(f"The workdir {workdir} is not empty and holds no {STUDY_FILE}: it is not a "
-                             "tuning study. Nothing was changed. Use an empty or new --workdir.")
+            raise ValueError(f"The workdir {workdir} is not empty and holds no {STUDY_FILE}: it "
+                             "is not a tuning study. Nothing was changed. Use an empty or new "
+                             "--workdir.")
         return False
     stored = read_json(path)
     if not isinstance(stored, dict) or "space" not in stored:
-        raise ValueError(f"{path} is not a keras-preact study. Nothing was changed. Use a new --workdir.")
+        raise ValueError(f"{path} is not a keras-preact study. Nothing was changed. "
+                         "Use a new --workdir.")
     ignored = RUNTIME_KEYS + ("keras_preact_version",)
-    a, b = ({k: v for k, v in _normal(d).items() if k not in ignored} for d in (document, stored))
-    if a != b:
-        diff = [
-            f"{key}: stored {b['space'].get(key)!r}, requested {a['space'].get(key)!r}"
-            for key in sorted(set(a["space"]) | set(b["space"]))
-            if a["space"].get(key) != b["space"].get(key)
-        ]
-        if a.get("tuner") != b.get("tuner"):
-            diff.append(f"tuner: stored {b.get('tuner')!r}, requested {a.get('tuner')!r}")
-        raise ValueError(f"The workdir {workdir} holds another study ({'; '.join(diff)}). Nothing was "
-                         "changed, not even with --overwrite. Re-run with the same settings to resume, "
-                         "or use a new --workdir.")
-    return True
+    # Through JSON, as stored: tuples become lists.
+    a, b = ({k: v for k, v in json.loads(json.dumps(d)).items() if k not in ignored}
+            for d in (document, stored))
+    if a == b:
+        return True
+    diff = [
+        f"{key}: stored {b['space'].get(key)!r}, requested {a['space'].get(key)!r}"
+        for key in sorted(set(a["space"]) | set(b["space"]))
+        if a["space"].get(key) != b["space"].get(key)
+    ]
+    if a.get("tuner") != b.get("tuner"):
+        diff.append(f"tuner: stored {b.get('tuner')!r}, requested {a.get('tuner')!r}")
+    raise ValueError(f"The workdir {workdir} holds another study ({'; '.join(diff)}). Nothing "
+                     "was changed, not even with --overwrite. Re-run with the same settings to "
+                     "resume, or use a new --workdir.")
 
 
 def tune(workdir, *, tuner="random", max_trials=10, overwrite=False, export=True,
@@ -161,9 +154,6 @@ def tune(workdir, *, tuner="random", max_trials=10, overwrite=False, export=True
         ValueError: for an invalid space, a budget no candidate fits, or a workdir
             holding another study -- before anything is written.
     """
-    from keras_preact.tuning.hypermodel import PreActResNetHyperModel
-    from keras_preact.tuning.hypermodel import search_space_spec
-
     if not isinstance(workdir, (str, os.PathLike)) or not os.fspath(workdir):
         raise ValueError(f"`workdir` must be a folder path. Received: workdir={workdir!r}")
     workdir = os.path.abspath(os.fspath(workdir))
@@ -185,7 +175,7 @@ def tune(workdir, *, tuner="random", max_trials=10, overwrite=False, export=True
                 if os.path.exists(os.path.join(workdir, name)):
                     os.remove(os.path.join(workdir, name))
         atomic_write_json(os.path.join(workdir, STUDY_FILE), document)
-    kt_tuner = make_tuner(hypermodel, tuner, directory=workdir, max_trials=max_trials, overwrite=False,
+    kt_tuner = make_tuner(hypermodel, tuner, directory=workdir, max_trials=max_trials,
                           distribution_strategy=distribution_strategy, seed=spec["seed"])
     if role == "chief":
         serve_chief(kt_tuner, verbose=verbose)
@@ -203,8 +193,9 @@ def _wait_for_study(workdir, timeout_s=WORKER_WAIT_S):
     deadline = time.time() + timeout_s
     while not os.path.exists(path):
         if time.time() > deadline:
-            raise ValueError(f"No {STUDY_FILE} appeared in {workdir} within {timeout_s} s: start the chief "
-                             "(KERASTUNER_TUNER_ID=chief) with the same --workdir on a shared disk.")
+            raise ValueError(f"No {STUDY_FILE} appeared in {workdir} within {timeout_s} s: start "
+                             "the chief (KERASTUNER_TUNER_ID=chief) with the same --workdir on a "
+                             "shared disk.")
         time.sleep(0.5)
 
 
@@ -239,8 +230,6 @@ def serve_chief(kt_tuner, *, verbose=1, poll_s=0.5):
 
 def results_rows(oracle, hypermodel):
     """The results table: one dict per trial (`CSV_COLUMNS`), in trial order."""
-    from keras_preact.tuning.hypermodel import valid_blocks
-
     rows = []
     for trial_id in sorted(oracle.trials):
         trial = oracle.trials[trial_id]
@@ -277,7 +266,7 @@ def write_results(kt_tuner, hypermodel, workdir, *, export=True):
     atomic_write_text(csv_path, buf.getvalue())
     png_path = os.path.join(workdir, RESULTS_PNG)
     budget = hypermodel.budget.to_dict() if hypermodel.budget else None
-    atomic_write_bytes(png_path, plot_results(rows, budget=budget, title=f"{hypermodel.dataset}"))
+    atomic_write_bytes(png_path, plot_results(rows, budget=budget, title=hypermodel.dataset))
     out = {"rows": rows, "best": best_row(rows), "csv": csv_path, "png": png_path}
     if export and out["best"] is not None:
         out.update(export_best(kt_tuner, out["best"], workdir))
@@ -291,7 +280,6 @@ def export_best(kt_tuner, row, workdir):
     trial = kt_tuner.oracle.get_trial(row["trial"])
     model = kt_tuner.load_model(trial)
     best_dir = os.path.join(workdir, BEST_DIR)
-    os.makedirs(best_dir, exist_ok=True)
     keras_path = os.path.join(best_dir, "model.keras")
     atomic_save(keras_path, model.save)
     saved = export_saved_model(model, os.path.join(best_dir, "saved_model"), overwrite=True,
@@ -313,19 +301,19 @@ def retrain(workdir, trial=None, *, verbose=0):
     Raises:
         ValueError: if the workdir holds no study or the trial is unknown / unfinished.
     """
-    from keras_preact.tuning.hypermodel import PreActResNetHyperModel
-
     path = os.path.join(os.path.abspath(workdir), STUDY_FILE)
     if not os.path.exists(path):
-        raise ValueError(f"No study in {workdir} ({STUDY_FILE} missing). Received: workdir={workdir!r}")
+        raise ValueError(f"No study in {workdir} ({STUDY_FILE} missing). "
+                         f"Received: workdir={workdir!r}")
     doc = read_json(path)
     hypermodel = PreActResNetHyperModel(**doc["space"])
     kt_tuner = make_tuner(hypermodel, doc["tuner"], directory=os.path.abspath(workdir),
-                          max_trials=doc["max_trials"], overwrite=False)
+                          max_trials=doc["max_trials"])
     rows = results_rows(kt_tuner.oracle, hypermodel)
     row = best_row(rows) if trial is None else next((r for r in rows if r["trial"] == trial), None)
     if row is None or row["status"] != "COMPLETED":
-        raise ValueError(f"No finished trial {trial!r} in {workdir}. Trials: {[r['trial'] for r in rows]}")
+        raise ValueError(f"No finished trial {trial!r} in {workdir}. "
+                         f"Trials: {[r['trial'] for r in rows]}")
     hp = kt_tuner.oracle.get_trial(row["trial"]).hyperparameters.copy()
     model = hypermodel.build(hp)
     metrics = hypermodel.fit(hp, model, callbacks=[], verbose=verbose)
@@ -348,8 +336,8 @@ def plot_results(rows, *, budget=None, title=""):
         for block, marker in (("basic", "o"), ("bottleneck", "s")):
             pts = [r for r in done if r["block"] == block]
             if pts:
-                ax.scatter([r[key] / scale[key] for r in pts], [100 * r["val_accuracy"] for r in pts],
-                           marker=marker, label=block)
+                ax.scatter([r[key] / scale[key] for r in pts],
+                           [100 * r["val_accuracy"] for r in pts], marker=marker, label=block)
         if best is not None:
             ax.scatter([best[key] / scale[key]], [100 * best["val_accuracy"]], s=160,
                        facecolors="none", edgecolors="red", label="best")
@@ -369,7 +357,3 @@ def plot_results(rows, *, budget=None, title=""):
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
-
-
-def _normal(value):
-    return json.loads(json.dumps(value))

@@ -1,10 +1,6 @@
-"""Pretrained weights: the catalog, the verified download cache and weights files.
-
-- `list_entries`, `get_entry`: the catalog's typed entries (``zoo/weights/*.json``);
-- `fetch_weights`: the verified cached `.weights.h5` of an entry, converted into the
-  model its `build` argument makes (e.g. ``build=keras_preact.get_model``);
-- `save_weights_file`, `load_weights_file`: `.weights.h5` files that record the
-  model's variable layout, so another architecture fails loudly instead of loading.
+"""Pretrained weights: the catalog (`list_entries`, `get_entry`), the verified download
+cache (`fetch_weights`) and `.weights.h5` files that record the model's variable layout
+(`save_weights_file`, `load_weights_file`), so another architecture fails loudly.
 """
 
 from keras_preact.weights.catalog import get_entry

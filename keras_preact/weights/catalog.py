@@ -1,9 +1,8 @@
 """The pretrained-weights catalog: typed entries parsed from ``zoo/weights/*.json``.
 
 A manifest is ``{"_source": str, "defaults": {...}, "entries": {"<model>.<tag>": {...}}}``;
-each entry is the manifest's ``defaults`` updated by its own fields (see `WeightsEntry`;
-``class_names`` names a list in ``zoo/classes/<name>.json``). Exactly one entry per
-model is its ``default``. Keys follow timm's ``arch.tag``.
+each entry is the manifest's ``defaults`` updated by its own fields (see `WeightsEntry`).
+Exactly one entry per model is its ``default``. Keys follow timm's ``arch.tag``.
 """
 
 import dataclasses
@@ -14,6 +13,7 @@ from importlib import resources
 from typing import Optional
 
 from keras_preact.files import atomic_write_text
+from keras_preact.layers.utils import deprecated_alias, pop_deprecated
 from keras_preact.weights.converters import CONVERTERS
 from keras_preact.zoo_catalog import load_json
 
@@ -22,7 +22,7 @@ URL_SCHEMES = ("https://", "http://", "file://")
 #: The fields every catalog entry has (`classes` may come from `architecture`).
 REQUIRED_FIELDS = (
     "model", "tag", "default", "url", "hash", "converter", "architecture", "dataset",
-    "classes", "class_names", "preprocessing", "input_size", "metrics", "license",
+    "classes", "class_names", "preprocessing", "input_shape", "metrics", "license",
     "params", "converter_max_abs_diff",
 )
 #: The fields `fetch_weights` needs: entry dicts passed to it may leave the others out.
@@ -69,7 +69,7 @@ class WeightsEntry:
     dataset: Optional[str] = None
     class_names: Optional[tuple] = None
     preprocessing: Optional[str] = None
-    input_size: Optional[tuple] = None
+    input_shape: Optional[tuple] = None
     metrics: Metrics = Metrics()
     license: Optional[str] = None
     params: Optional[int] = None
@@ -79,6 +79,8 @@ class WeightsEntry:
     notes: dict = dataclasses.field(default_factory=dict)
     manifest: Optional[str] = None
     manifest_source: Optional[str] = None
+
+    input_size = deprecated_alias("input_size", "input_shape", "WeightsEntry")
 
     @property
     def key(self):
@@ -101,38 +103,34 @@ def _is_name(value):
     return isinstance(value, str) and bool(value) and "." not in value
 
 
-def _optional(check):
-    return lambda value: value is None or check(value)
-
-
 def _is_str(value):
     return isinstance(value, str) and bool(value)
 
 
-def _is_number(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+def _optional(check):
+    return lambda value: value is None or check(value)
 
 
 def _class_list(value):
+    """The names a list or a ``zoo/classes/`` name gives; None for a bad value."""
     if isinstance(value, list) and all(isinstance(n, str) for n in value):
         return tuple(value)
-    if not _is_name(value) or not resources.files("keras_preact.zoo").joinpath(
-            f"classes/{value}.json").is_file():
+    name = f"classes/{value}.json"
+    if not _is_name(value) or not resources.files("keras_preact.zoo").joinpath(name).is_file():
         return None
-    return tuple(load_json(f"classes/{value}.json"))
+    return tuple(load_json(name))
 
 
 def _preprocessing(value):
     from keras_preact.layers.preprocessing import resolve_preprocessing
 
     try:
-        resolve_preprocessing(value)
+        return resolve_preprocessing(value) is not None
     except ValueError:
         return False
-    return True
 
 
-#: field -> (check, what is valid). The checks return False (or None) for a bad value.
+#: field -> (check, what is valid). The checks return a false value for a bad value.
 _CHECKS = {
     "model": (_is_name, "a non-empty name without dots"),
     "tag": (_is_name, "a non-empty name without dots"),
@@ -147,14 +145,15 @@ _CHECKS = {
     "dataset": (_optional(_is_str), "a dataset name"),
     "class_names": (_optional(_class_list), "the name of a list in zoo/classes/"),
     "preprocessing": (_optional(_preprocessing), "a preprocessing name"),
-    "input_size": (_optional(lambda v: isinstance(v, list) and len(v) == 3
+    "input_shape": (_optional(lambda v: isinstance(v, list) and len(v) == 3
                              and all(_is_int(s) for s in v)), "[height, width, channels]"),
     "metrics": (lambda v: isinstance(v, dict) and set(v) <= set(_METRIC_FIELDS),
                 f"a dict with the keys {_METRIC_FIELDS}"),
     "license": (_optional(_is_str), "a license name"),
     "params": (_optional(_is_int), "an int >= 1"),
     "params_keras_count_params": (_optional(_is_int), "an int >= 1"),
-    "converter_max_abs_diff": (_optional(_is_number), "a number or null"),
+    "converter_max_abs_diff": (_optional(lambda v: isinstance(v, numbers.Real)
+                                         and not isinstance(v, bool)), "a number or null"),
     "upstream_name": (_optional(_is_str), "the publisher's model name"),
     "notes": (lambda v: isinstance(v, dict) and all(isinstance(n, str) for n in v.values()),
               "a dict of strings"),
@@ -173,8 +172,10 @@ def validate_entry(entry, *, key=None, strict=True, manifest=None, manifest_sour
     if not isinstance(entry, dict):
         raise ValueError(f"A weights entry must be a dict. Received: {entry!r}")
     fields = dict(entry)
-    label = "The weights entry {!r}{}".format(
-        key or f"{fields.get('model')}.{fields.get('tag')}", f" of {manifest}" if manifest else "")
+    entry_key = key or f"{fields.get('model')}.{fields.get('tag')}"
+    label = f"The weights entry {entry_key!r}" + (f" of {manifest}" if manifest else "")
+    if "input_size" in fields:
+        fields.setdefault("input_shape", pop_deprecated(fields, "input_size", "input_shape", label))
     arch = fields.get("architecture")
     if isinstance(arch, dict) and "classes" not in fields and "classes" in arch:
         fields["classes"] = arch["classes"]
@@ -188,21 +189,25 @@ def validate_entry(entry, *, key=None, strict=True, manifest=None, manifest_sour
     fields["hash"] = parse_hash(fields["hash"], what=label)
     for name, (check, valid) in _CHECKS.items():
         if name in fields and not check(fields[name]):
-            raise ValueError(f"{label}: `{name}` must be {valid}. Received: {name}={fields[name]!r}")
+            raise ValueError(f"{label}: `{name}` must be {valid}. "
+                             f"Received: {name}={fields[name]!r}")
     out = WeightsEntry(**{
         **fields, "manifest": manifest, "manifest_source": manifest_source,
         "metrics": Metrics(**fields.get("metrics", {})),
         "class_names": _class_list(fields["class_names"]) if fields.get("class_names") else None,
-        "input_size": tuple(fields["input_size"]) if fields.get("input_size") else None,
+        "input_shape": tuple(fields["input_shape"]) if fields.get("input_shape") else None,
     })
     if key is not None and key != out.key:
-        raise ValueError(f"{label} says model={out.model!r}, tag={out.tag!r}; the key must be 'model.tag'.")
+        raise ValueError(f"{label} says model={out.model!r}, tag={out.tag!r}; "
+                         "the key must be 'model.tag'.")
     arch_classes = out.architecture.get("classes")
     if None not in (out.classes, arch_classes) and arch_classes != out.classes:
-        raise ValueError(f"{label} says classes={out.classes} but its architecture has classes={arch_classes}.")
+        raise ValueError(f"{label} says classes={out.classes} but its architecture has "
+                         f"classes={arch_classes}.")
     if out.class_names is not None and len(out.class_names) != out.classes:
-        raise ValueError(f"{label}: `class_names` must name a list of {out.classes} names. Received: "
-                         f"class_names={fields['class_names']!r} ({len(out.class_names)} names)")
+        raise ValueError(f"{label}: `class_names` must name a list of {out.classes} names. "
+                         f"Received: class_names={fields['class_names']!r} "
+                         f"({len(out.class_names)} names)")
     return out
 
 
@@ -219,8 +224,8 @@ def parse_hash(value, *, what="the weights"):
                          f"'algorithm:hex'. Received: hash={value!r}")
     algorithm, hexvalue = str(value["algorithm"]).lower(), str(value["value"]).lower()
     if algorithm not in HASH_LENGTHS:
-        raise ValueError(f"Unknown hash algorithm for {what}. Received: algorithm={value['algorithm']!r}. "
-                         f"Valid: {list(HASH_LENGTHS)}")
+        raise ValueError(f"Unknown hash algorithm for {what}. "
+                         f"Received: algorithm={value['algorithm']!r}. Valid: {list(HASH_LENGTHS)}")
     length = HASH_LENGTHS[algorithm]
     if len(hexvalue) != length or any(c not in "0123456789abcdef" for c in hexvalue):
         raise ValueError(f"The {algorithm} hash of {what} must be {length} hex digits. "
@@ -237,12 +242,6 @@ def record_max_diffs(manifest_path, doc, diffs):
     atomic_write_text(manifest_path, json.dumps(doc, indent=1) + "\n")
 
 
-def _manifests():
-    folder = resources.files("keras_preact.zoo").joinpath("weights")
-    files = sorted(folder.iterdir(), key=lambda f: f.name) if folder.is_dir() else []
-    return [f for f in files if f.name.endswith(".json")]
-
-
 @functools.lru_cache(maxsize=1)
 def load_catalog():
     """All catalog entries: dict "model.tag" -> `WeightsEntry`.
@@ -251,26 +250,28 @@ def load_catalog():
         ValueError: for a malformed manifest or entry, a key defined twice, or a model
             without exactly one default entry.
     """
+    folder = resources.files("keras_preact.zoo").joinpath("weights")
+    refs = sorted(folder.iterdir(), key=lambda f: f.name) if folder.is_dir() else []
     catalog = {}
-    for ref in _manifests():
+    for ref in (f for f in refs if f.name.endswith(".json")):
         try:
             doc = json.loads(ref.read_text(encoding="utf-8"))
         except json.JSONDecodeError as err:
             raise ValueError(f"The weights manifest {ref.name} is not valid JSON: {err}") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("entries"), dict):
-            raise ValueError(f"The weights manifest {ref.name} must be an object with an 'entries' object.")
+            raise ValueError(f"The weights manifest {ref.name} must be an object with an "
+                             "'entries' object.")
         for key, entry in doc["entries"].items():
             if key in catalog:
-                raise ValueError(
-                    f"The weights entry {key!r} is defined in both {catalog[key].manifest} and {ref.name}."
-                )
+                raise ValueError(f"The weights entry {key!r} is defined in both "
+                                 f"{catalog[key].manifest} and {ref.name}.")
             catalog[key] = validate_entry({**doc.get("defaults", {}), **entry}, key=key,
                                           manifest=ref.name, manifest_source=doc.get("_source"))
     for model in {e.model for e in catalog.values()}:
         defaults = [k for k, e in catalog.items() if e.model == model and e.default]
         if len(defaults) != 1:
-            raise ValueError(f"The model {model!r} must have exactly one default weights entry; it has "
-                             f"{len(defaults)}: {defaults}")
+            raise ValueError(f"The model {model!r} must have exactly one default weights entry; "
+                             f"it has {len(defaults)}: {defaults}")
     return catalog
 
 
@@ -278,7 +279,8 @@ def list_entries(model=None):
     """The catalog's `WeightsEntry`s (of `model`, default all), in the registry's
     model order (``zoo/models.json``), then by tag."""
     order = {name: i for i, name in enumerate(load_json("models.json")["models"])}
-    entries = sorted(load_catalog().values(), key=lambda e: (order.get(e.model, len(order)), e.model, e.tag))
+    entries = sorted(load_catalog().values(),
+                     key=lambda e: (order.get(e.model, len(order)), e.model, e.tag))
     return [e for e in entries if model is None or e.model == model]
 
 
@@ -287,13 +289,12 @@ def get_entry(key):
     valid keys) for an unknown one."""
     catalog = load_catalog()
     if not isinstance(key, str) or key not in catalog:
-        raise ValueError(
-            f"Unknown weights. Received: weights={key!r}. Valid: {sorted(catalog) or 'none (the catalog is empty)'}"
-        )
+        valid = sorted(catalog) or "none (the catalog is empty)"
+        raise ValueError(f"Unknown weights. Received: weights={key!r}. Valid: {valid}")
     return catalog[key]
 
 
-def tags_for(model):
+def _tags_for(model):
     """The tags the catalog holds for `model` (plus "DEFAULT" when it has any)."""
     tags = [e.tag for e in list_entries(model)]
     return tags + ["DEFAULT"] if tags else []
@@ -314,13 +315,14 @@ def resolve_tag(model, weights):
     entry_model, dot, tag = weights.rpartition(".")
     if dot and entry_model != model:
         raise ValueError(f"The weights {weights!r} are for {entry_model!r}, not {model!r}. "
-                         f"Valid for {model}: {tags_for(model) or 'none'}")
-    chosen = [e for e in list_entries(model)
-              if (e.default if tag in ("DEFAULT", "default") else e.tag == tag)]
+                         f"Valid for {model}: {_tags_for(model) or 'none'}")
+    default = tag in ("DEFAULT", "default")
+    chosen = [e for e in list_entries(model) if (e.default if default else e.tag == tag)]
     if not chosen:
-        raise ValueError(f"Unknown weights tag for {model}. Received: weights={weights!r}. Valid: "
-                         f"None, a path ending in '.weights.h5' or '.keras', a URL with its hash, or "
-                         f"one of {tags_for(model) or '(no pretrained weights for this model)'}")
+        tags = _tags_for(model) or "(no pretrained weights for this model)"
+        raise ValueError(f"Unknown weights tag for {model}. Received: weights={weights!r}. "
+                         "Valid: None, a path ending in '.weights.h5' or '.keras', a URL with "
+                         f"its hash, or one of {tags}")
     return chosen[0]
 
 
@@ -343,7 +345,8 @@ def render_zoo_readme(entries=None):
     models = load_json("models.json")["models"]
     lines = [
         README_HEADER,
-        "| weights (`model.tag`) | default | params | paper error % | published error % | max diff | source | license |",
+        "| weights (`model.tag`) | default | params | paper error % | published error % "
+        "| max diff | source | license |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for e in entries:

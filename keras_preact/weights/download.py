@@ -1,18 +1,10 @@
 """Verified download and cache of pretrained weights.
 
-`fetch_weights` holds a file lock per entry (concurrent processes download once),
-downloads into a private temporary folder of the cache, extracts the entry's
-``archive_member``, checks the publisher's hash (a mismatch deletes the file),
-converts it into the model the caller's `build` makes (weights/ never imports
-models/) and renames the `.weights.h5` and its sidecar ``<name>.weights.h5.json``
-(its SHA-256 and source) into the cache; every later use checks that SHA-256.
-`keras.utils.get_file` alone would keep a file whose hash failed, write straight to
-the final path and take no lock.
-
-Offline (``offline=True`` or ``KERAS_PREACT_OFFLINE=1``) no socket is opened: the
-file comes from the cache or ``$KERAS_PREACT_WEIGHTS_DIR``, a folder of converted
-``<model>.<tag>.weights.h5`` files or published files under their URL's file name,
-which is also looked at first online.
+`fetch_weights` adds to `keras.utils.get_file` a file lock per entry, a private
+temporary folder, the publisher's hash (a mismatch deletes the file), the conversion,
+and a sidecar ``<name>.weights.h5.json`` with the cached file's SHA-256, checked on
+every use. ``$KERAS_PREACT_WEIGHTS_DIR`` (converted ``<model>.<tag>.weights.h5`` or
+published files under their URL's name) is looked at first; offline, nothing else is.
 """
 
 import json
@@ -50,21 +42,12 @@ class WeightsIntegrityError(ValueError):
 
 
 def resolve_cache_dir(cache_dir=None):
-    """The weights cache folder: the argument, ``$KERAS_PREACT_HOME/weights`` or
+    """The weights cache folder: `cache_dir`, ``$KERAS_PREACT_HOME/weights`` or
     ``~/.keras/keras_preact/weights``."""
-    if cache_dir is not None:
-        return os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
-    home = os.environ.get("KERAS_PREACT_HOME")
-    if home:
-        return os.path.join(os.path.abspath(os.path.expanduser(home)), "weights")
-    return os.path.join(os.path.expanduser("~"), ".keras", "keras_preact", "weights")
-
-
-def is_offline(offline=None):
-    """`offline` if given, else whether ``KERAS_PREACT_OFFLINE`` is set to a true value."""
-    if offline is not None:
-        return bool(offline)
-    return os.environ.get("KERAS_PREACT_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    if cache_dir is None:
+        home = os.environ.get("KERAS_PREACT_HOME") or os.path.join("~", ".keras", "keras_preact")
+        cache_dir = os.path.join(home, "weights")
+    return os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
 
 
 def cached_paths(entry, cache=None):
@@ -81,9 +64,10 @@ def verify_cached(path, sidecar):
         record = json.load(f)
     actual = file_hash(path, "sha256")
     if actual != record.get("sha256"):
-        raise WeightsIntegrityError(f"The cached weights file {path} was altered on disk: its SHA-256 is "
-                                    f"{actual}, the cache recorded {record.get('sha256')}. It was not loaded. "
-                                    "Delete it (`keras-preact weights clear`) and fetch it again.")
+        raise WeightsIntegrityError(
+            f"The cached weights file {path} was altered on disk: its SHA-256 is {actual}, "
+            f"the cache recorded {record.get('sha256')}. It was not loaded. Delete it "
+            "(`keras-preact weights clear`) and fetch it again.")
     return record
 
 
@@ -106,6 +90,7 @@ def fetch_weights(key_or_entry, *, build, cache_dir=None, offline=None, progress
         build: ``build(model_name, **arguments)`` builds a registered model, e.g.
             `keras_preact.get_model`; a published file is converted into the entry's
             architecture built so (and a converted file is checked against it).
+        cache_dir: the cache folder (see `resolve_cache_dir`).
         offline: None (``KERAS_PREACT_OFFLINE``), True or False.
         progress: a progress bar while downloading (on a terminal only).
 
@@ -120,12 +105,14 @@ def fetch_weights(key_or_entry, *, build, cache_dir=None, offline=None, progress
         >>> path = fetch_weights("preact_resnet110.cifar10", build=keras_preact.get_model)
         >>> model = keras_preact.preact_resnet110(weights=path)
     """
-    if isinstance(key_or_entry, WeightsEntry):
-        entry = key_or_entry
-    elif isinstance(key_or_entry, dict):
-        entry = validate_entry(key_or_entry, strict=False)
-    else:
-        entry = get_entry(key_or_entry)
+    entry = key_or_entry
+    if isinstance(entry, dict):
+        entry = validate_entry(entry, strict=False)
+    elif not isinstance(entry, WeightsEntry):
+        entry = get_entry(entry)
+    if offline is None:
+        flag = os.environ.get("KERAS_PREACT_OFFLINE", "").strip().lower()
+        offline = flag in ("1", "true", "yes", "on")
     cache = resolve_cache_dir(cache_dir)
     found = _lookup_cache(entry, cache)
     if found is not None:
@@ -134,39 +121,41 @@ def fetch_weights(key_or_entry, *, build, cache_dir=None, offline=None, progress
 
     for folder in (LOCK_FOLDER, TMP_FOLDER):
         os.makedirs(os.path.join(cache, folder), exist_ok=True)
-    with filelock.FileLock(os.path.join(cache, LOCK_FOLDER, entry.key + ".lock"), timeout=LOCK_TIMEOUT_S):
+    lock = os.path.join(cache, LOCK_FOLDER, entry.key + ".lock")
+    with filelock.FileLock(lock, timeout=LOCK_TIMEOUT_S):
         # Another process may have finished while this one waited for the lock.
         found = _lookup_cache(entry, cache)
         if found is not None:
             return found
         work = tempfile.mkdtemp(prefix=entry.key + ".", dir=os.path.join(cache, TMP_FOLDER))
         try:
-            return _fetch_locked(entry, cache, work, build=build, offline=is_offline(offline),
-                                 progress=progress and getattr(sys.stdout, "isatty", bool)())
+            source, converted = _local_or_download(
+                entry, work, offline=bool(offline),
+                progress=progress and getattr(sys.stdout, "isatty", bool)())
+            return _commit(entry, cache, *_convert(entry, source, work, build, converted=converted))
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _fetch_locked(entry, cache, work, *, build, offline, progress):
+def _local_or_download(entry, work, *, offline, progress):
+    """(verified source file, whether it is a converted `.weights.h5`)."""
     folder = os.environ.get("KERAS_PREACT_WEIGHTS_DIR")
-    converted = os.path.join(folder or "", entry.key + ".weights.h5")
-    published = os.path.join(folder or "", _url_filename(entry.url))
-    if folder and os.path.isfile(converted):
-        return _commit(entry, cache, *_convert(entry, converted, work, build, converted=True))
-    if folder and os.path.isfile(published):
-        source = _extract_member(entry, published, work)
+    published_name = _url_filename(entry.url)
+    if folder and os.path.isfile(os.path.join(folder, entry.key + ".weights.h5")):
+        return os.path.join(folder, entry.key + ".weights.h5"), True
+    if folder and os.path.isfile(os.path.join(folder, published_name)):
+        source = _extract_member(entry, os.path.join(folder, published_name), work)
         _verify_publisher_hash(entry, source, delete=False)
-    elif offline:
+        return source, False
+    if offline:
         raise WeightsDownloadError(
             f"Offline mode: no local copy of the weights {entry.key!r}. Put "
-            f"{entry.key}.weights.h5 or the published file {_url_filename(entry.url)!r} "
-            f"into $KERAS_PREACT_WEIGHTS_DIR (now {folder!r}), or fetch it online first "
-            f"(`keras-preact weights fetch {entry.key}`)."
-        )
-    else:
-        source = _extract_member(entry, _download(entry.url, work, progress=progress), work)
-        _verify_publisher_hash(entry, source, delete=True)
-    return _commit(entry, cache, *_convert(entry, source, work, build, converted=False))
+            f"{entry.key}.weights.h5 or the published file {published_name!r} into "
+            f"$KERAS_PREACT_WEIGHTS_DIR (now {folder!r}), or fetch it online first "
+            f"(`keras-preact weights fetch {entry.key}`).")
+    source = _extract_member(entry, _download(entry.url, work, progress=progress), work)
+    _verify_publisher_hash(entry, source, delete=True)
+    return source, False
 
 
 def _url_filename(url):
@@ -174,8 +163,7 @@ def _url_filename(url):
 
 
 def _download(url, work, *, progress):
-    """Downloads `url` into the private folder `work` (`keras.utils.get_file` removes
-    a partial file on errors)."""
+    """Downloads `url` into `work` (`get_file` removes a partial file on errors)."""
     import keras
 
     logger.info("Downloading %s", url)
@@ -193,9 +181,10 @@ def _download(url, work, *, progress):
             reason = "the server answered with an HTTP error"
         else:
             reason = "the file could not be fetched (no network, or the host is unreachable)"
-        raise WeightsDownloadError(f"Could not download the weights from {url}: {reason} ({text}). Nothing was "
-                                   "cached. Set KERAS_PREACT_OFFLINE=1 and KERAS_PREACT_WEIGHTS_DIR to use a "
-                                   "local copy.") from None
+        raise WeightsDownloadError(
+            f"Could not download the weights from {url}: {reason} ({text}). Nothing was "
+            "cached. Set KERAS_PREACT_OFFLINE=1 and KERAS_PREACT_WEIGHTS_DIR to use a "
+            "local copy.") from None
     finally:
         if interactive:
             keras.config.enable_interactive_logging()
@@ -206,8 +195,9 @@ def _extract_member(entry, published, work):
     if member is None:
         return published
     if not zipfile.is_zipfile(published):
-        raise WeightsIntegrityError(f"The weights {entry.key!r} should be a zip holding {member!r}, but "
-                                    f"{entry.url} is not a zip file. Nothing was cached.")
+        raise WeightsIntegrityError(f"The weights {entry.key!r} should be a zip holding "
+                                    f"{member!r}, but {entry.url} is not a zip file. "
+                                    "Nothing was cached.")
     with zipfile.ZipFile(published) as archive:
         names = archive.namelist()
         if member not in names:
@@ -229,16 +219,12 @@ def _verify_publisher_hash(entry, path, *, delete):
         raise WeightsIntegrityError(
             f"The {expected.algorithm} hash of the weights {entry.key!r} from {entry.url} "
             f"is {actual}, the catalog expects {expected.value}. The file was deleted and "
-            "nothing was cached."
-        )
+            "nothing was cached.")
 
 
 def _convert(entry, source, work, build, *, converted):
-    """(path, facts): the keras-preact `.weights.h5` of a verified file, written into
-    `work`. A `converted` file (from $KERAS_PREACT_WEIGHTS_DIR) is loaded and saved
-    again, so it records the entry's architecture and preprocessing as a conversion
-    does; a ``verbatim`` entry (a URL-with-hash argument) is copied as published and
-    checked when loaded."""
+    """(path, facts): the `.weights.h5` of a verified file, saved in `work` (a converted
+    one again, to record the entry's architecture; a ``verbatim`` one copied)."""
     from keras_preact.weights.converters import get_converter
     from keras_preact.weights.local import load_weights_file
     from keras_preact.weights.local import save_weights_file
@@ -252,7 +238,8 @@ def _convert(entry, source, work, build, *, converted):
         shutil.copyfile(source, out)
         return out, {"verbatim": True}
     # The saved file records the preprocessing, so `weights=path` normalises as the entry.
-    architecture = {"classes": entry.classes, **entry.architecture, "preprocessing": entry.preprocessing}
+    architecture = {"classes": entry.classes, **entry.architecture,
+                    "preprocessing": entry.preprocessing}
     if architecture["classes"] is None:
         del architecture["classes"]
     model = build(entry.model, **architecture)
@@ -279,14 +266,14 @@ def _commit(entry, cache, tmp, facts):
     return path
 
 
-def _cache_names(cache):
+def _cache_files(cache):
     folder = resolve_cache_dir(cache)
     return folder, sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 
 
 def cached_entries(cache=None):
     """The cache's files: list of dicts with key, path, size and recorded sha256."""
-    folder, names = _cache_names(cache)
+    folder, names = _cache_files(cache)
     out = []
     for name in (n for n in names if n.endswith(".weights.h5")):
         path = os.path.join(folder, name)
@@ -301,7 +288,7 @@ def cached_entries(cache=None):
 
 def clear_cache(key=None, cache=None):
     """Deletes cached weights (all, or one key's); returns the paths removed."""
-    folder, names = _cache_names(cache)
+    folder, names = _cache_files(cache)
     removed = []
     for name in (n for n in names if key is None or n.startswith(key + ".weights.h5")):
         full = os.path.join(folder, name)

@@ -1,16 +1,11 @@
 """The `weights=` argument of the model factories, validated before any layer is built.
 
 Accepted: None (random He initialisation); a catalog tag of the model ("cifar10",
-"cifar100", "svhn", "imagenet", "DEFAULT") or a full key ("preact_resnet110.cifar10");
-a local `.weights.h5` path; a local `.keras` path (loaded with ``safe_mode=True``, its
-weights copied into the factory's architecture); or a URL with its hash,
-``"https://host/f.weights.h5#sha256=<hex>"`` (also ``sha1=``/``md5=``, ``file://``,
-``http://``) or ``{"url": ..., "hash": "sha256:<hex>"}``: a keras-preact `.weights.h5`,
-verified and cached as catalog files are.
-
-With ``include_top=True`` the requested `classes` must equal the weights' (None takes
-theirs). The weights' recorded preprocessing is built in unless `preprocessing=` is
-passed.
+"DEFAULT", ...) or key ("preact_resnet110.cifar10"); a local `.weights.h5` or `.keras`
+path (the latter loaded with ``safe_mode=True``); or a keras-preact `.weights.h5` URL
+with its hash, ``"https://host/f.weights.h5#sha256=<hex>"`` (also ``sha1=``/``md5=``,
+``file://``, ``http://``) or ``{"url": ..., "hash": "sha256:<hex>"}``. With
+``include_top=True`` the requested `classes` must equal the weights' (None takes theirs).
 """
 
 import dataclasses
@@ -28,6 +23,8 @@ VALID_FORMS = (
     "or {'url': ..., 'hash': 'sha256:<hex>'})"
 )
 DEFAULT_CLASSES = 10
+#: Architecture keys the factory itself decides.
+_FACTORY_KEYS = ("classes", "include_top", "input_shape")
 
 
 def _bad(message, weights):
@@ -45,10 +42,8 @@ def parse_url_weights(weights):
         url, _, fragment = weights.partition("#")
         algorithm, sep, value = fragment.partition("=")
         if not sep:
-            raise _bad(
-                "A weights URL needs its hash, e.g. 'https://host/file.weights.h5#sha256=<hex>'.",
-                weights,
-            )
+            raise _bad("A weights URL needs its hash, e.g. "
+                       "'https://host/file.weights.h5#sha256=<hex>'.", weights)
         hash_value = {"algorithm": algorithm, "value": value}
     else:
         return None
@@ -59,25 +54,15 @@ def parse_url_weights(weights):
 
 def url_entry(model, url, hash_value):
     """The catalog entry of a URL-with-hash `weights` argument."""
+    if not urllib.parse.urlparse(url).path.endswith(local.WEIGHTS_SUFFIX):
+        raise ValueError("A weights URL must point to a keras-preact '.weights.h5' file "
+                         "(published files of other formats need a catalog entry with a "
+                         f"converter). Received: url={url!r}")
     digest = hashlib.sha256(f"{url}#{hash_value.value}".encode()).hexdigest()[:16]
-    name = os.path.basename(urllib.parse.urlparse(url).path)
-    if not name.endswith(local.WEIGHTS_SUFFIX):
-        raise ValueError(
-            "A weights URL must point to a keras-preact '.weights.h5' file (published "
-            "files of other formats need a catalog entry with a converter). "
-            f"Received: url={url!r}"
-        )
     return catalog.validate_entry(
-        {
-            "model": model,
-            "tag": f"url-{digest}",
-            "url": url,
-            "hash": hash_value,
-            "converter": "keras_weights",
-            "converter_args": {"verbatim": True},
-        },
-        strict=False,
-    )
+        {"model": model, "tag": f"url-{digest}", "url": url, "hash": hash_value,
+         "converter": "keras_weights", "converter_args": {"verbatim": True}},
+        strict=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,14 +90,12 @@ class WeightsRequest:
 def plan_weights(request):
     """Validates `request.weights` against the other factory arguments; builds nothing.
 
-    Weights that record their architecture and preprocessing are planned with them:
-    the caller's explicit arguments win where they don't conflict (e.g.
-    `preprocessing=None`); a conflicting architecture argument is a ValueError that
-    says which value to pass.
+    The weights' recorded architecture, preprocessing and input shape are planned in
+    unless the caller passed them; a conflicting architecture argument is a ValueError
+    that says which value to pass.
 
     Returns a dict: "kind" (None, "entry", "url", "weights_h5" or "keras"), "classes"
-    (resolved), "overrides" (the weights' architecture, preprocessing and input shape
-    to add), and "entry" / "path".
+    (resolved), "overrides" (arguments to add), and "entry" / "path".
     """
     weights = request.weights
     plan = {"kind": None, "classes": request.classes_or_default(), "overrides": {},
@@ -141,11 +124,9 @@ def plan_weights(request):
             _apply_recorded(plan, info, info["architecture"], request)
         return plan
     if not weights.endswith(local.WEIGHTS_SUFFIX):
-        raise _bad(
-            "`weights` must be None or a path to a Keras weights file ending in "
-            f"'{local.WEIGHTS_SUFFIX}' or a model file ending in '{local.KERAS_SUFFIX}'.",
-            weights,
-        )
+        raise _bad("`weights` must be None or a path to a Keras weights file ending in "
+                   f"'{local.WEIGHTS_SUFFIX}' or a model file ending in '{local.KERAS_SUFFIX}'.",
+                   weights)
     plan.update(kind="weights_h5", path=local.resolve_weights_argument(path))
     _plan_h5(plan, request)
     return plan
@@ -153,17 +134,13 @@ def plan_weights(request):
 
 def _plan_h5(plan, request):
     _check_info(plan, local.inspect_weights_file(plan["path"]), request)
-    _, architecture = local.read_recorded_layout(plan["path"])
-    _apply_recorded(plan, local.read_recorded_defaults(plan["path"]), architecture or {}, request)
+    _, architecture, defaults = local.read_recorded(plan["path"])
+    _apply_recorded(plan, defaults or {}, architecture or {}, request)
 
 
 def _same(a, b):
     """Equal as recorded (a tuple equals the list a file records)."""
     return json.dumps(a, default=str) == json.dumps(b, default=str)
-
-
-#: Architecture keys the factory itself decides.
-_FACTORY_KEYS = ("classes", "include_top", "input_shape")
 
 
 def _apply_recorded(plan, recorded, architecture, request):
@@ -184,8 +161,7 @@ def _apply_recorded(plan, recorded, architecture, request):
             raise ValueError(
                 f"The weights were made for {key}={value!r}. Received: {key}="
                 f"{kwargs[key]!r}, weights={request.weights!r}. Pass {key}={value!r} or "
-                f"leave {key} out."
-            )
+                f"leave {key} out.")
         else:
             overrides[key] = value
     if recorded.get("preprocessing") is not None and "preprocessing" not in kwargs:
@@ -197,19 +173,19 @@ def _apply_recorded(plan, recorded, architecture, request):
         overrides["input_shape"] = (h, w, c) if request.channels_last else (c, h, w)
 
 
-def _asked_channels(request):
+def _check_channels(request, channels, weights_name="weights"):
+    """Raises ValueError unless the requested input has the weights' `channels`."""
     shape = request.input_shape
-    return None if shape is None else shape[-1] if request.channels_last else shape[0]
+    want = None if shape is None else shape[-1] if request.channels_last else shape[0]
+    if None not in (want, channels) and want != channels:
+        raise ValueError(
+            f"The {weights_name} expect {channels}-channel input, but the model was asked "
+            f"for {want} channels. Received: input_shape={tuple(shape)}, "
+            f"weights={request.weights!r}")
 
 
 def _check_info(plan, info, request):
-    want = _asked_channels(request)
-    if want is not None and info["in_channels"] is not None and want != info["in_channels"]:
-        raise ValueError(
-            f"The weights expect {info['in_channels']}-channel input, but the model was "
-            f"asked for {want} channels. Received: input_shape with {want} channels, "
-            f"weights={request.weights!r}"
-        )
+    _check_channels(request, info["in_channels"])
     stem = request.kwargs.get("stem_filters", 16)
     if info["stem_filters"] != stem:
         raise request.bad(f"The weights have a stem of {info['stem_filters']} filters; this "
@@ -218,44 +194,36 @@ def _check_info(plan, info, request):
 
 
 def _resolve_classes(weights_classes, request):
-    classes = request.classes
     if not request.include_top:
         return request.classes_or_default()
     if weights_classes is None:
         raise ValueError("The weights have no classifier head; use include_top=False. "
                          f"Received: include_top=True, weights={request.weights!r}")
-    if classes is not None and classes != weights_classes:
+    if request.classes not in (None, weights_classes):
         raise ValueError(
             f"The weights' classifier has {weights_classes} classes. Received: "
-            f"classes={classes}. Pass classes={weights_classes} (or leave it out), or "
-            "include_top=False to reuse the features."
-        )
+            f"classes={request.classes}. Pass classes={weights_classes} (or leave it out), "
+            "or include_top=False to reuse the features.")
     return weights_classes
 
 
 def _apply_entry(plan, entry, request):
-    architecture = entry.architecture
-    if request.include_top and architecture.get("include_top") is False:
+    if request.include_top and entry.architecture.get("include_top") is False:
         raise ValueError(
             f"The weights {entry.key!r} have no classifier head (a feature-extraction "
             "file, e.g. keras.applications' '_notop'); use include_top=False. "
-            f"Received: include_top=True, weights={request.weights!r}"
-        )
+            f"Received: include_top=True, weights={request.weights!r}")
     plan["classes"] = _resolve_classes(entry.classes, request)
-    size, want = entry.input_size, _asked_channels(request)
-    if size is not None and want is not None and want != size[-1]:
-        raise ValueError(
-            f"The weights {entry.key!r} expect {size[-1]}-channel input, but the model "
-            f"was asked for {want} channels. Received: input_shape={tuple(request.input_shape)}"
-        )
+    size = entry.input_shape
+    _check_channels(request, None if size is None else size[-1], f"weights {entry.key!r}")
     recorded = {"preprocessing": entry.preprocessing, "input_shape": size}
-    _apply_recorded(plan, recorded, architecture, request)
+    _apply_recorded(plan, recorded, entry.architecture, request)
 
 
 def materialize(plan, request, *, build):
     """Fetches the plan's catalog or URL weights (a URL's file then checked like a
-    local one, still before the model is built); returns the local path or None.
-    `build` is `fetch_weights`' model builder."""
+    local one, before the model is built) with `fetch_weights`' `build`; returns the
+    local path or None."""
     if plan["kind"] in ("entry", "url"):
         from keras_preact.weights.download import fetch_weights
 

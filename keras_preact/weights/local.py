@@ -1,10 +1,9 @@
 """Local `.weights.h5` and `.keras` files, checked before anything loads.
 
-Keras matches `.weights.h5` variables by layer class and creation order, so a file of
-another architecture with equal shapes would load silently wrong: `save_weights_file`
-records the model's variable paths and architecture arguments, which
-`load_weights_file` compares. `.keras` files load with ``safe_mode=True`` after
-refusing Lambda layers.
+Keras matches `.weights.h5` variables by creation order, so another architecture with
+equal shapes would load silently wrong: `save_weights_file` records the variable paths
+and architecture arguments, which `load_weights_file` compares. `.keras` files load
+with ``safe_mode=True`` after refusing Lambda layers.
 """
 
 import json
@@ -13,22 +12,41 @@ import os
 from keras_preact.files import atomic_save
 
 WEIGHTS_SUFFIX = ".weights.h5"
+KERAS_SUFFIX = ".keras"
+#: Root attributes of the `.weights.h5` files keras-preact saves: the variables (path
+#: and shape) in creation order, the architecture arguments, and the model's
+#: `preprocessing`, `input_shape` and `data_format`.
+LAYOUT_ATTR = "keras_preact_layout"
+ARCHITECTURE_ATTR = "keras_preact_architecture"
+DEFAULTS_ATTR = "keras_preact_defaults"
+#: `PreActResNet` arguments that change what the weights mean, even at equal shapes.
+ARCHITECTURE_KEYS = (
+    "block", "stage_blocks", "stage_filters", "stage_strides", "stem_filters",
+    "stem_kernel_size", "stem_strides", "bottleneck_stride", "bottleneck_expansion",
+    "first_shared_preact",
+)
+#: Architecture keys older files record under another name.
+RENAMED_KEYS = {"first_unit_shared_preact": "first_shared_preact"}
+#: Arguments of the keras.applications layout and their defaults, recorded only when
+#: not at the default (a file without them had the defaults); ``stem`` only as
+#: "imagenet_preact" (the other stems differ in their variables anyway).
+OPTIONAL_ARCHITECTURE_KEYS = {"stride_position": "first", "strided_shortcut": "projection",
+                              "conv_bias": False, "stem": None}
+#: Variables of the classifier head (the `logits` Dense layer of `PreActResNet`).
+HEAD_LAYER = "logits"
 
 
 def resolve_weights_argument(weights):
     """A factory's `weights` argument (None or a path to an existing Keras
-    `.weights.h5` file) as None or the absolute path.
-
-    Raises:
-        ValueError: if the path does not exist, is not a `.weights.h5` or not HDF5.
-    """
+    `.weights.h5` file) as None or the absolute path; ValueError if the path does not
+    exist, is not a `.weights.h5` or not HDF5."""
     if weights is None:
         return None
     if not isinstance(weights, (str, os.PathLike)):
         raise ValueError("`weights` must be None or a path to a .weights.h5 file. "
                          f"Received: weights={weights!r}")
     path = os.path.abspath(os.fspath(weights))
-    if not str(path).endswith(WEIGHTS_SUFFIX):
+    if not path.endswith(WEIGHTS_SUFFIX):
         raise ValueError("`weights` must be None or a path to a Keras weights file ending in "
                          f"'{WEIGHTS_SUFFIX}'. Received: weights={weights!r}")
     if not os.path.isfile(path):
@@ -43,11 +61,8 @@ def resolve_weights_argument(weights):
 
 def inspect_weights_file(path):
     """The stem and head shapes of a keras-preact `.weights.h5` file: dict with
-    "in_channels", "stem_filters", "kernel_size" and "classes" (None without a head).
-
-    Raises:
-        ValueError: if the file does not hold a keras-preact model's weights.
-    """
+    "in_channels", "stem_filters", "kernel_size" and "classes" (None without a head);
+    ValueError if the file does not hold a keras-preact model's weights."""
     import h5py
 
     with h5py.File(path, "r") as f:
@@ -56,45 +71,16 @@ def inspect_weights_file(path):
             raise ValueError("The weights file does not hold a keras-preact model's weights (no "
                              f"stem convolution found). Received: weights={path!r}")
         dense = f.get("layers/dense/vars/0")
-        return {
-            "kernel_size": int(stem.shape[0]),
-            "in_channels": int(stem.shape[2]),
-            "stem_filters": int(stem.shape[3]),
-            "classes": None if dense is None else int(dense.shape[1]),
-        }
-
-
-#: Root attributes of the `.weights.h5` files keras-preact saves: the variables (path
-#: and shape) in creation order, and the architecture arguments.
-LAYOUT_ATTR = "keras_preact_layout"
-ARCHITECTURE_ATTR = "keras_preact_architecture"
-#: The model's `preprocessing`, `input_shape` and `data_format`.
-DEFAULTS_ATTR = "keras_preact_defaults"
-#: `PreActResNet` arguments that change what the weights mean, even at equal shapes.
-ARCHITECTURE_KEYS = (
-    "block", "stage_blocks", "stage_filters", "stage_strides", "stem_filters",
-    "stem_kernel_size", "stem_strides", "bottleneck_stride", "bottleneck_expansion",
-    "first_unit_shared_preact",
-)
-#: Arguments of the keras.applications layout and their defaults, recorded only when
-#: not at the default (a file without them had the defaults); ``stem`` only as
-#: "imagenet_preact" (the other stems differ in their variables anyway).
-OPTIONAL_ARCHITECTURE_KEYS = {
-    "stride_position": "first", "strided_shortcut": "projection", "conv_bias": False,
-    "stem": None,
-}
-#: Variables of the classifier head (the `logits` Dense layer of `PreActResNet`).
-HEAD_LAYER = "logits"
+        return {"kernel_size": int(stem.shape[0]), "in_channels": int(stem.shape[2]),
+                "stem_filters": int(stem.shape[3]),
+                "classes": None if dense is None else int(dense.shape[1])}
 
 
 def model_layout(model):
     """``[[path, shape], ...]`` of the model's variables in creation order (paths
     without the model's own name prefix, which says nothing about the architecture)."""
     prefix = model.name + "/"
-    return [
-        [v.path[len(prefix):] if v.path.startswith(prefix) else v.path, [int(d) for d in v.shape]]
-        for v in model.weights
-    ]
+    return [[v.path.removeprefix(prefix), [int(d) for d in v.shape]] for v in model.weights]
 
 
 def model_architecture(model):
@@ -117,8 +103,7 @@ def architecture_record(config):
 
 
 def _optional_architecture(arch, *, only_set=False):
-    """The `OPTIONAL_ARCHITECTURE_KEYS` of a config or record, defaults filled in
-    (or, with `only_set`, only those not at their default)."""
+    """The `OPTIONAL_ARCHITECTURE_KEYS` of a config, defaults filled in (or left out)."""
     out = {}
     for key, default in OPTIONAL_ARCHITECTURE_KEYS.items():
         value = arch.get(key, default)
@@ -142,7 +127,8 @@ def save_weights_file(model, path):
     with its layout recorded (see `record_model`); returns the absolute path."""
     path = os.path.abspath(os.fspath(path))
     if not path.endswith(WEIGHTS_SUFFIX):
-        raise ValueError(f"A weights file name must end in '{WEIGHTS_SUFFIX}'. Received: path={path!r}")
+        raise ValueError(f"A weights file name must end in '{WEIGHTS_SUFFIX}'. "
+                         f"Received: path={path!r}")
 
     def save(tmp):
         model.save_weights(tmp)
@@ -165,38 +151,39 @@ def record_model(model, path):
             f.attrs[ARCHITECTURE_ATTR] = json.dumps(arch)
             config = model.get_config()
             f.attrs[DEFAULTS_ATTR] = json.dumps(
-                {k: config.get(k) for k in ("preprocessing", "input_shape", "data_format")}
-            )
+                {k: config.get(k) for k in ("preprocessing", "input_shape", "data_format")})
 
 
-def _root_attrs(path, *names):
+def read_recorded(path):
+    """The (layout, architecture, defaults: preprocessing, input shape and data format)
+    recorded in a file by `save_weights_file`, or Nones."""
     import h5py
 
+    names = (LAYOUT_ATTR, ARCHITECTURE_ATTR, DEFAULTS_ATTR)
     with h5py.File(path, "r") as f:
-        return [None if f.attrs.get(n) is None else json.loads(f.attrs[n]) for n in names]
+        layout, arch, defaults = (None if f.attrs.get(n) is None else json.loads(f.attrs[n])
+                                  for n in names)
+    if arch is not None:
+        arch = {RENAMED_KEYS.get(k, k): v for k, v in arch.items()}
+    return layout, arch, defaults
 
 
 def read_recorded_layout(path):
     """The (layout, architecture) recorded in a file by `save_weights_file`, or Nones."""
-    return tuple(_root_attrs(path, LAYOUT_ATTR, ARCHITECTURE_ATTR))
-
-
-def read_recorded_defaults(path):
-    """The preprocessing, input shape and data format recorded by
-    `save_weights_file` (an empty dict for other files)."""
-    return _root_attrs(path, DEFAULTS_ATTR)[0] or {}
+    return read_recorded(path)[:2]
 
 
 def _h5_datasets(path):
     import h5py
 
     out = {}
-    with h5py.File(path, "r") as f:
-        def visit(name, obj):
-            # The optimizer's state (in training checkpoints) is not the model's.
-            if isinstance(obj, h5py.Dataset) and not name.startswith("optimizer"):
-                out[name] = [int(d) for d in obj.shape]
 
+    def visit(name, obj):
+        # The optimizer's state (in training checkpoints) is not the model's.
+        if isinstance(obj, h5py.Dataset) and not name.startswith("optimizer"):
+            out[name] = [int(d) for d in obj.shape]
+
+    with h5py.File(path, "r") as f:
         f.visititems(visit)
     return out
 
@@ -217,11 +204,8 @@ def _mismatch(model, path, detail):
 
 
 def compare_layouts(model, stored_layout, stored_arch, *, source):
-    """Raises ValueError unless a stored layout and architecture fit `model`.
-
-    A model without the classifier head (include_top=False) accepts a layout that
-    has one: the head's variables are the only ones it may skip.
-    """
+    """Raises ValueError unless a stored layout and architecture fit `model`; a model
+    without the classifier head (include_top=False) skips the head's variables."""
     expected = model_layout(model)
     found = [[p, list(s)] for p, s in stored_layout]
     if not _has_head(model):
@@ -229,26 +213,27 @@ def compare_layouts(model, stored_layout, stored_arch, *, source):
     if found != expected:
         i, want, got = first_difference(expected, found)
         raise _mismatch(model, source, f"the file holds {len(found)} variables, the model "
-                        f"{len(expected)}; the first difference is variable {i} (model: {want}, file: {got})")
+                        f"{len(expected)}; the first difference is variable {i} "
+                        f"(model: {want}, file: {got})")
     arch = model_architecture(model)
-    if arch is not None and stored_arch is not None:
-        diff = {k: (stored_arch.get(k), arch[k]) for k in ARCHITECTURE_KEYS if stored_arch.get(k) != arch[k]}
-        stored_opt, model_opt = _optional_architecture(stored_arch), _optional_architecture(arch)
-        diff.update({k: (stored_opt[k], model_opt[k]) for k in model_opt if stored_opt[k] != model_opt[k]})
-        if diff:
-            raise _mismatch(model, source, "architecture arguments differ (file, model): "
-                            + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in sorted(diff.items())))
+    if arch is None or stored_arch is None:
+        return
+    diff = {k: (stored_arch.get(k), arch[k]) for k in ARCHITECTURE_KEYS
+            if stored_arch.get(k) != arch[k]}
+    stored_opt, model_opt = _optional_architecture(stored_arch), _optional_architecture(arch)
+    diff.update({k: (stored_opt[k], model_opt[k]) for k in model_opt
+                 if stored_opt[k] != model_opt[k]})
+    if diff:
+        raise _mismatch(model, source, "architecture arguments differ (file, model): "
+                        + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in sorted(diff.items())))
 
 
 def check_weights_file_layout(model, path):
     """Raises ValueError unless the `.weights.h5` at `path` fits `model` exactly.
 
-    Files of `save_weights_file` are compared by variable paths (a reordering is
-    caught); other Keras files by their variables and shapes against what `model`
-    writes (another depth, unit or head is caught, a reordering is not).
-
-    Returns:
-        "recorded" or "structure": how the file was compared.
+    Returns how: "recorded" (a file of `save_weights_file`, by variable paths: a
+    reordering is caught) or "structure" (another Keras file, by its variables and
+    shapes against what `model` writes: another depth, unit or head is caught).
     """
     layout, arch = read_recorded_layout(path)
     if layout is not None:
@@ -262,25 +247,22 @@ def check_weights_file_layout(model, path):
         expected = _h5_datasets(own)
     found = _h5_datasets(path)
     if not _has_head(model):
-        head = {k for k in set(found) - set(expected) if k.startswith("layers/dense/")}
-        found = {k: v for k, v in found.items() if k not in head}
+        found = {k: v for k, v in found.items()
+                 if k in expected or not k.startswith("layers/dense/")}
     if found != expected:
         missing = sorted(set(expected) - set(found))[:3]
         extra = sorted(set(found) - set(expected))[:3]
         shapes = sorted(k for k in set(found) & set(expected) if found[k] != expected[k])[:3]
         raise _mismatch(model, path, f"the file holds {len(found)} variables, the model "
-                        f"{len(expected)} (missing in the file: {missing}; not in the model: {extra}; "
-                        f"other shapes: {[(k, found[k], expected[k]) for k in shapes]})")
+                        f"{len(expected)} (missing in the file: {missing}; not in the model: "
+                        f"{extra}; other shapes: {[(k, found[k], expected[k]) for k in shapes]})")
     return "structure"
 
 
 def load_weights_file(model, path):
-    """Loads `path` into `model` after checking that the file fits it exactly.
-
-    Raises:
-        ValueError: when the file holds another architecture (another depth, unit,
-            head, or the same shapes in another order); nothing is loaded then.
-    """
+    """Loads `path` into `model` after checking that the file fits it exactly;
+    ValueError, with nothing loaded, when it holds another architecture (another depth,
+    unit, head, or the same shapes in another order)."""
     check_weights_file_layout(model, path)
     try:
         model.load_weights(path)
@@ -288,16 +270,9 @@ def load_weights_file(model, path):
         raise _mismatch(model, path, str(err)) from None
 
 
-KERAS_SUFFIX = ".keras"
-
-
 def read_keras_file_config(path):
-    """The model config stored in a `.keras` file, read without building anything.
-
-    Raises:
-        ValueError: if the file is not a `.keras` archive, or holds a Lambda layer
-            (arbitrary Python code, which keras-preact never loads).
-    """
+    """The model config stored in a `.keras` file, read without building anything;
+    ValueError if the file is not a `.keras` archive or holds a Lambda layer."""
     import zipfile
 
     try:
@@ -312,40 +287,38 @@ def read_keras_file_config(path):
             f"The .keras file holds a Lambda layer ({lambdas[0]!r}); Lambda layers run "
             "arbitrary Python code, so keras-preact refuses to load them (it loads "
             "model files only with safe_mode=True). Re-save the model without the "
-            f"Lambda layer, or save its weights as a .weights.h5. Received: weights={path!r}"
-        )
+            f"Lambda layer, or save its weights as a .weights.h5. Received: weights={path!r}")
     return config
 
 
 def _find_class(node, class_name):
+    """The names of the layers of class `class_name` in a nested config."""
     if isinstance(node, dict):
         if node.get("class_name") == class_name:
             yield (node.get("config") or {}).get("name", class_name)
-        for value in node.values():
-            yield from _find_class(value, class_name)
-    elif isinstance(node, list):
+        node = list(node.values())
+    if isinstance(node, list):
         for value in node:
             yield from _find_class(value, class_name)
 
 
 def keras_file_info(path):
-    """Stem and head facts of a `.keras` file holding a `PreActResNet`, from its
-    config: a dict like `inspect_weights_file`'s, or None for another model (checked
-    after loading instead)."""
+    """What a `.keras` file holding a `PreActResNet` records, from its config: a dict
+    like `inspect_weights_file`'s plus its defaults and architecture; None for another
+    model (checked after loading instead)."""
     config = read_keras_file_config(path)
     if config.get("class_name") != "PreActResNet":
         return None
     inner = config.get("config", {})
     shape = inner.get("input_shape") or [None, None, 3]
-    channels = shape[-1] if inner.get("data_format", "channels_last") == "channels_last" else shape[0]
+    data_format = inner.get("data_format", "channels_last")
     return {
-        "kernel_size": inner.get("stem_kernel_size", 3),
-        "in_channels": channels,
+        "in_channels": shape[-1] if data_format == "channels_last" else shape[0],
         "stem_filters": inner.get("stem_filters", 16),
         "classes": inner.get("classes") if inner.get("include_top", True) else None,
         "preprocessing": inner.get("preprocessing"),
         "input_shape": inner.get("input_shape"),
-        "data_format": inner.get("data_format", "channels_last"),
+        "data_format": data_format,
         "architecture": architecture_record(inner),
     }
 
@@ -363,14 +336,12 @@ def load_keras_file(path):
 
 
 def copy_weights_from_model(source, target, *, source_label):
-    """Assigns `source`'s weights to `target` after checking their layouts match.
-
-    Raises:
-        ValueError: if the layouts or architecture arguments differ (nothing is
-            assigned then); a `target` without a head skips only the head.
-    """
-    compare_layouts(target, model_layout(source), model_architecture(source), source=source_label)
+    """Assigns `source`'s weights to `target` (without a head: all but the head's);
+    ValueError, with nothing assigned, if the layouts or architectures differ."""
+    compare_layouts(target, model_layout(source), model_architecture(source),
+                    source=source_label)
     # Equal layouts: the variables correspond one to one, in order.
-    keep = [v for v in source.weights if _has_head(target) or not v.path.startswith(HEAD_LAYER + "/")]
+    keep = [v for v in source.weights
+            if _has_head(target) or not v.path.startswith(HEAD_LAYER + "/")]
     for variable, value in zip(target.weights, keep):
         variable.assign(value)

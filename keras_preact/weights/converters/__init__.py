@@ -1,18 +1,13 @@
-"""Converters: a published weights file into the weights of a built keras-preact model.
-
-A converter is ``convert(source_path, model, entry) -> dict``: it loads the verified
-published file (for a zip release, its extracted ``archive_member``) into `model`,
-built from the catalog entry's architecture, and returns facts about the conversion
-(at least ``{"converted_tensors": int}``); a file of another architecture raises
-ValueError before any variable changes. Converters are imported on first use, so
-torch is needed only for the PyTorch one.
+"""Converters ``convert(source_path, model, entry) -> dict``: load a verified published
+file into `model`, built from the catalog entry's architecture, and return facts (at least
+``{"converted_tensors": int}``); another architecture raises ValueError, changing nothing.
 """
 
 import importlib
 
 import numpy as np
 
-#: name -> "module:function". Only the named module is imported, on first use.
+#: name -> "module:function", imported on first use (torch only for "pytorchcv").
 CONVERTERS = {
     # The published file already is a Keras `.weights.h5` of this architecture.
     "keras_weights": "keras_preact.weights.converters.keras_weights:convert",
@@ -33,8 +28,8 @@ def get_converter(name):
 
 
 def require_preact_resnet(model, converter):
-    """Raises ValueError unless `model` is a `PreActResNet`, told apart by its stages,
-    not its class: weights/ never imports models/."""
+    """Raises ValueError unless `model` is a `PreActResNet` (told apart by its stages:
+    weights/ never imports models/)."""
     if not hasattr(model, "stage_blocks"):
         raise ValueError(f"The {converter} converter loads into a keras_preact PreActResNet. "
                          f"Received: {type(model).__name__}")
@@ -44,10 +39,9 @@ def match_arrays(assignments, arrays):
     """Pairs each variable with its source arrays, checking the shapes; assigns nothing.
 
     `assignments` yields ``(variable, [(key, transform or None), ...], stacked)`` (a
-    stacked variable takes one key per row); `arrays` maps key -> numpy array.
-    Returns (plan: [(variable, value)], missing keys, shape mismatches:
-    [(keys, value shape, variable)], keys of `arrays` no variable used).
-    """
+    stacked variable takes one key per row); `arrays` maps key -> numpy array. Returns
+    (plan: [(variable, value)], missing keys, mismatches: [(keys, shape, variable)],
+    unused keys)."""
     used, missing, mismatched, plan = set(), [], [], []
     for var, sources, stacked in assignments:
         keys = [k for k, _ in sources]
@@ -65,8 +59,20 @@ def match_arrays(assignments, arrays):
     return plan, missing, mismatched, [k for k in arrays if k not in used]
 
 
+def describe_mismatches(mismatched, *, source, rows, key_name=str):
+    """``["N shape mismatches, e.g. [...]"]`` for `match_arrays`' mismatches (``[]`` for
+    none): `source` names the file's side, `rows` a stacked variable's rows."""
+    if not mismatched:
+        return []
+    examples = []
+    for keys, shape, var in mismatched[:3]:
+        more = f" (+{len(keys) - 1} {rows})" if len(keys) > 1 else ""
+        examples.append(f"{key_name(keys[0])}{more}: {source} {shape}, "
+                        f"model {tuple(var.shape)} ({var.path})")
+    return [f"{len(mismatched)} shape mismatches, e.g. {examples}"]
+
+
 def assign_all(plan):
-    """Assigns a `match_arrays` plan; returns the number of variables assigned."""
+    """Assigns a `match_arrays` plan."""
     for var, value in plan:
         var.assign(value.astype(var.dtype))
-    return len(plan)

@@ -1,31 +1,21 @@
-"""Converter for the keras.applications ResNet50V2 / ResNet101V2 / ResNet152V2 ImageNet
-weights (``resnet{50,101,152}v2_weights_tf_dim_ordering_tf_kernels[_notop].h5``).
-
-The published files are legacy Keras HDF5 weight files, as Keras 2's
-``model.save_weights("....h5")`` wrote them: a root attribute ``layer_names`` and one
-group per layer whose ``weight_names`` attribute lists its arrays
-(``conv1_conv/kernel:0``, ...). They are read with h5py by layer name (no pickled
-code, no Keras model of the publisher needed) and mapped one to one onto a
-keras-preact model built in the keras.applications layout (`KERAS_LAYOUT`; block u
-of stage s is ``conv{s+1}_block{u}``, see `assignments`). Keras strides the *last*
-block of each stage: it is ``unit_last``. Every array must be used exactly once and
-every variable assigned exactly once, with equal shapes; anything else raises
-``ValueError`` naming the file, the layers and the shapes, before any variable changes.
+"""Converter for the keras.applications ResNet50V2 / 101V2 / 152V2 ImageNet weights
+(``resnet{50,101,152}v2_weights_tf_dim_ordering_tf_kernels[_notop].h5``): legacy Keras 2
+HDF5 files, read with h5py by layer name and mapped one to one onto a model built in
+`KERAS_LAYOUT` (block u of stage s is ``conv{s+1}_block{u}``).
 """
 
 import numpy as np
 
 from keras_preact.weights.converters import assign_all
+from keras_preact.weights.converters import describe_mismatches
 from keras_preact.weights.converters import match_arrays
 from keras_preact.weights.converters import require_preact_resnet
 
 #: The `PreActResNet` arguments of the keras.applications ResNetV2 layout (with the
-#: depth's stages and widths of `preact_resnet50/101/152`): the 7x7 stride-2 stem
-#: conv with a bias and no BN-ReLU before the zero-padded max pool, the stride on
-#: the last unit of stages 1-3 (strides 2, 2, 2, 1) with a max-pool-subsampled
-#: identity shortcut there, a 1x1 projection (with bias) in the first unit of each
-#: stage, the 3x3 conv carrying the stride, a bias on each unit's last conv, and
-#: BatchNorm epsilon 1.001e-5.
+#: stages and widths of `preact_resnet50/101/152`): a 7x7 stem conv with a bias and no
+#: BN-ReLU, the stride on the 3x3 conv of the last unit of stages 1-3 with a subsampled
+#: identity shortcut there, a bias on the stem, projection and each unit's last conv,
+#: and BatchNorm epsilon 1.001e-5.
 KERAS_LAYOUT = {
     "stem": "imagenet_preact",
     "stage_strides": [2, 2, 2, 1],
@@ -45,44 +35,37 @@ _BN_FIELDS = ("gamma", "beta", "moving_mean", "moving_variance")
 
 
 def read_legacy_h5(path):
-    """Reads a legacy Keras HDF5 weights file (Keras 2's ``save_weights("....h5")``,
-    or the ``model_weights`` group of a whole-model ``.h5``) by layer name.
-
-    Returns:
-        dict layer name -> dict weight name (``"kernel"``, ``"gamma"``, ...: Keras'
-        names without the layer and ``:0``) -> numpy array, for layers with weights.
-
-    Raises:
-        ValueError: when the file is not HDF5 or not a legacy Keras weights file.
-    """
+    """Reads a legacy Keras HDF5 weights file (Keras 2's ``save_weights("....h5")``, or
+    the ``model_weights`` group of a whole-model ``.h5``) as dict layer name -> dict
+    weight name (``"kernel"``, ``"gamma"``, ...) -> numpy array, for layers with weights;
+    ValueError when the file is not HDF5 or not a legacy Keras weights file."""
     import h5py
 
     if not h5py.is_hdf5(path):
-        raise ValueError(f"The keras.applications weights file is not an HDF5 file. Received: {path!r}")
+        raise ValueError("The keras.applications weights file is not an HDF5 file. "
+                         f"Received: {path!r}")
     out = {}
     with h5py.File(path, "r") as f:
         group = f["model_weights"] if "model_weights" in f and "layer_names" not in f.attrs else f
         layer_names = _string_list_attr(group, "layer_names")
         if layer_names is None:
-            raise ValueError("The file is not a legacy Keras HDF5 weights file (no 'layer_names' "
-                             f"attribute; a Keras 3 '.weights.h5' has another format). Received: {path!r}")
+            raise ValueError("The file is not a legacy Keras HDF5 weights file (no "
+                             "'layer_names' attribute; a Keras 3 '.weights.h5' has another "
+                             f"format). Received: {path!r}")
         for name in layer_names:
             if name not in group:
-                raise ValueError(f"The weights file lists the layer {name!r} but holds no group for it. "
-                                 f"Received: {path!r}")
+                raise ValueError(f"The weights file lists the layer {name!r} but holds no "
+                                 f"group for it. Received: {path!r}")
             layer = group[name]
-            weights = {}
-            for weight_name in _string_list_attr(layer, "weight_names") or []:
-                short = weight_name.split("/")[-1].split(":")[0]
-                weights[short] = np.asarray(layer[weight_name][()])
+            weights = {w.split("/")[-1].split(":")[0]: np.asarray(layer[w][()])
+                       for w in _string_list_attr(layer, "weight_names") or []}
             if weights:
                 out[name] = weights
     return out
 
 
 def _string_list_attr(group, name):
-    """A list-of-strings attribute, also when Keras split it into chunks
-    (``name0``, ``name1``, ... for lists beyond HDF5's header limit)."""
+    """A list-of-strings attribute, also split in chunks (``name0``, ...); None if absent."""
     if name in group.attrs:
         values = list(group.attrs[name])
     elif f"{name}0" in group.attrs:
@@ -147,7 +130,7 @@ def assignments(model):
             sources = [next(_unit_targets(f"{prefix}{u}", {name: None}))[1] for u in rows]
             yield var, sources, True
         if stage.unit_last is not None:
-            for var, source in _unit_targets(f"{prefix}{stage.units}", stage.unit_last._vars):
+            for var, source in _unit_targets(f"{prefix}{stage.num_blocks}", stage.unit_last._vars):
                 yield var, [source], False
     post = model.get_layer("post_bn")
     for field in _BN_FIELDS:
@@ -159,35 +142,29 @@ def assignments(model):
 
 
 def load_weights(model, weights, *, source="weights"):
-    """Loads keras.applications ResNetV2 weights (layer -> weight name -> array, see
-    `read_legacy_h5`) into a `PreActResNet` built with `KERAS_LAYOUT` (e.g.
-    ``preact_resnet50(**KERAS_LAYOUT)``; include_top=False for a ``_notop`` file).
-
-    Returns:
-        dict with "converted_tensors" (int).
+    """Loads keras.applications ResNetV2 weights (see `read_legacy_h5`) into a
+    `PreActResNet` built with `KERAS_LAYOUT` (e.g. ``preact_resnet50(**KERAS_LAYOUT)``;
+    include_top=False for a ``_notop`` file); returns ``{"converted_tensors": n}``.
 
     Raises:
-        ValueError: when the model is not in the layout, or the file and the model do
-            not match one to one (another depth, a missing or extra layer, a head
-            that is or is not there, another shape); nothing is changed then.
+        ValueError: with nothing changed, when the model is not in the layout, or the
+            file and the model do not match one to one (depth, layers, head, shapes).
     """
     check_layout(model)
     arrays = {(layer, field): v for layer, fields in weights.items() for field, v in fields.items()}
-    plan, missing, mismatched, unexpected = match_arrays(
-        ((var, [(k, None) for k in keys], stacked) for var, keys, stacked in assignments(model)),
-        arrays)
-    if missing or mismatched or unexpected:
-        problems = [f"{len(mismatched)} shape mismatches, e.g. " + str([
-            f"{'/'.join(keys[0])}{f' (+{len(keys) - 1} blocks)' if len(keys) > 1 else ''}: "
-            f"file {shape}, model {tuple(var.shape)} ({var.path})" for keys, shape, var in mismatched[:3]
-        ])] if mismatched else []
-        for keys, what in ((missing, "weights missing from the file"),
-                           (unexpected, "weights of the file have no place in the model")):
-            layers = list(dict.fromkeys(layer for layer, _ in keys))
-            if keys:
-                problems.append(f"{len(keys)} {what}, in the layers {layers[:5]}"
-                                + (f" and {len(layers) - 5} more" if len(layers) > 5 else ""))
-        expected_layers = len({layer for _, keys, _ in assignments(model) for layer, _ in keys})
+    targets = [(var, [(k, None) for k in keys], stacked)
+               for var, keys, stacked in assignments(model)]
+    plan, missing, mismatched, unexpected = match_arrays(targets, arrays)
+    problems = describe_mismatches(mismatched, source="file", rows="blocks",
+                                   key_name="/".join)
+    for keys, what in ((missing, "weights missing from the file"),
+                       (unexpected, "weights of the file have no place in the model")):
+        layers = list(dict.fromkeys(layer for layer, _ in keys))
+        if keys:
+            more = f" and {len(layers) - 5} more" if len(layers) > 5 else ""
+            problems.append(f"{len(keys)} {what}, in the layers {layers[:5]}{more}")
+    if problems:
+        expected_layers = len({layer for _, sources, _ in targets for (layer, _), _ in sources})
         upstream = UPSTREAM_NAMES.get(model.depth, f"depth {model.depth}")
         head = f"{model.classes} classes" if model.include_top else "no head (include_top=False)"
         raise ValueError(
@@ -204,58 +181,3 @@ def load_weights(model, weights, *, source="weights"):
 def convert(source_path, model, entry):
     """Catalog converter (see `keras_preact.weights.converters`)."""
     return load_weights(model, read_legacy_h5(source_path), source=repr(source_path))
-
-
-# --- the reference, for the tests and the benchmark ------------------------------------
-
-
-def keras_reference(depth, *, include_top=True, input_shape=None, seed=0):
-    """keras.applications' ResNet{depth}V2 (depth 50, 101 or 152; logits, default
-    224x224 input) with random weights, BatchNorm statistics included."""
-    import keras
-
-    if depth not in UPSTREAM_NAMES:
-        raise ValueError(f"No keras.applications ResNetV2 of depth {depth}. Valid: {sorted(UPSTREAM_NAMES)}")
-    keras.utils.set_random_seed(seed)
-    kwargs = dict(weights=None, include_top=include_top, classifier_activation=None)
-    if input_shape is not None:
-        kwargs["input_shape"] = tuple(input_shape)
-    net = getattr(keras.applications, UPSTREAM_NAMES[depth])(**kwargs)
-    rng = np.random.RandomState(seed + 1)
-    bns = [layer for layer in net.layers if isinstance(layer, keras.layers.BatchNormalization)]
-    # Scales below 1 (shrinking with depth) keep a deep random net's logits of the
-    # order of a trained net's, where float32 rounding is far below the 1e-4 bound.
-    shrink = min(1.0, (60.0 / max(len(bns), 1)) ** 0.5)
-    for layer in bns:
-        n = layer.gamma.shape[0]
-        layer.gamma.assign(rng.uniform(0.2 * shrink, 0.6 * shrink, n).astype("float32"))
-        layer.beta.assign(rng.uniform(-0.1, 0.1, n).astype("float32"))
-        layer.moving_mean.assign(rng.uniform(-0.1, 0.1, n).astype("float32"))
-        layer.moving_variance.assign(rng.uniform(0.5, 1.5, n).astype("float32"))
-    for layer in net.layers:
-        if isinstance(layer, (keras.layers.Conv2D, keras.layers.Dense)) and layer.bias is not None:
-            layer.bias.assign(rng.uniform(-0.1, 0.1, layer.bias.shape).astype("float32"))
-    return net
-
-
-def save_legacy_h5(net, path, *, keras_version="2.2.4", backend="tensorflow"):
-    """Writes a Keras model's weights as Keras 2's ``save_weights("....h5")`` did,
-    the format of the published keras.applications files (for tests and benchmarks):
-    ``layer_names`` lists every layer, weights or not, and each layer's arrays are in
-    Keras' legacy order (trainable, then non-trainable).
-    """
-    import h5py
-
-    # Fixed-length byte strings, as h5py 2 stored Keras 2's lists of bytes.
-    with h5py.File(path, "w") as f:
-        f.attrs["layer_names"] = np.asarray([layer.name.encode("utf8") for layer in net.layers])
-        f.attrs["backend"] = np.bytes_(backend.encode("utf8"))
-        f.attrs["keras_version"] = np.bytes_(keras_version.encode("utf8"))
-        for layer in net.layers:
-            group = f.create_group(layer.name)
-            weights = layer.trainable_weights + layer.non_trainable_weights
-            names = [f"{layer.name}/{w.name}:0".encode("utf8") for w in weights]
-            group.attrs["weight_names"] = np.asarray(names)
-            for name, w in zip(names, weights):
-                group.create_dataset(name.decode("utf8"), data=np.asarray(w))
-    return path

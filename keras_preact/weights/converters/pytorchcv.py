@@ -1,22 +1,14 @@
 """Converter for the imgclsmob / pytorchcv pre-activation ResNet checkpoints (CIFAR,
-SVHN and ImageNet).
-
-The published files are PyTorch ``state_dict`` pickles (``{name}-{error}-{sha1[:8]}.pth``
-inside a ``.pth.zip`` release asset), read with ``torch.load(..., weights_only=True)``,
-which refuses anything but tensors and plain containers, so a checkpoint cannot run code.
-
-The mapping (``features.stage{s}.unit{u}.body.conv{i}`` -> ``conv{i}_kernel``, its BN
--> ``preact_bn_*`` for i = 1, else ``bn{i}_*``) is `_cifar_assignments`. Every tensor
-must be used exactly once and every variable assigned exactly once, with
-equal shapes; anything else raises ``ValueError`` listing the differences. The
-architecture itself (``first_unit_shared_preact=False`` for the basic nets, whose first
-unit keeps an identity shortcut on the raw stem output; the bottleneck stride on the
-3x3 conv) comes from the catalog entry.
+SVHN and ImageNet): PyTorch ``state_dict`` pickles (``{name}-{error}-{sha1[:8]}.pth`` in
+a ``.pth.zip``), read with ``torch.load(..., weights_only=True)`` so that a checkpoint
+cannot run code. The architecture (e.g. ``first_shared_preact=False`` for the basic
+nets) comes from the catalog entry.
 """
 
 import numpy as np
 
 from keras_preact.weights.converters import assign_all
+from keras_preact.weights.converters import describe_mismatches
 from keras_preact.weights.converters import match_arrays
 from keras_preact.weights.converters import require_preact_resnet
 
@@ -27,9 +19,13 @@ _BN_FIELDS = {
     "running_mean": "moving_mean",
     "running_var": "moving_variance",
 }
+_TORCH_BN = {v: k for k, v in _BN_FIELDS.items()}
 
 
-def _import_torch():
+def read_state_dict(path):
+    """Reads a `.pth` state dict as numpy arrays (dict name -> array), without running
+    pickled code; ModuleNotFoundError without torch, ValueError for a file that is not
+    a readable weights-only state dict."""
     try:
         import torch
     except ImportError:
@@ -37,24 +33,6 @@ def _import_torch():
             "Converting PyTorch checkpoints needs PyTorch. Install the CPU build with "
             "`pip install \"keras-preact[torch]\"` (or `pip install torch==2.13.0`)."
         ) from None
-    return torch
-
-
-def _numpy(state):
-    # num_batches_tracked is bookkeeping with no counterpart in Keras.
-    return {k: v.detach().cpu().numpy() for k, v in state.items()
-            if not k.endswith("num_batches_tracked")}
-
-
-def read_state_dict(path):
-    """Reads a `.pth` state dict as numpy arrays (dict name -> array), without
-    running pickled code.
-
-    Raises:
-        ModuleNotFoundError: when torch is not installed (with the install command).
-        ValueError: when the file is not a readable weights-only state dict.
-    """
-    torch = _import_torch()
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError...
@@ -64,9 +42,9 @@ def read_state_dict(path):
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
-        raise ValueError("The checkpoint does not hold a state dict (a mapping of names to tensors). "
-                         f"Received: {path!r}")
-    return _numpy(state)
+        raise ValueError("The checkpoint does not hold a state dict (a mapping of names to "
+                         f"tensors). Received: {path!r}")
+    return {k: v.detach().cpu().numpy() for k, v in state.items()}
 
 
 def _conv_kernel(w):
@@ -74,44 +52,46 @@ def _conv_kernel(w):
     return np.transpose(w, (2, 3, 1, 0))
 
 
-def _cifar_assignments(model):
-    """Yields (variable, [(torch key, transform), ...], stacked) for every variable;
-    a stacked variable lists one key per stacked unit (rows in order)."""
+def _unit_source(stage, unit, var_name):
+    """(torch key, transform) of a unit variable: ``body.conv{i}`` is ``conv{i}_kernel``,
+    its BN ``preact_bn_*`` for i = 1, else ``bn{i}_*``."""
     from keras_preact.layers.functional import BN_FIELDS
 
-    torch_bn = {v: k for k, v in _BN_FIELDS.items()}
+    prefix = f"features.stage{stage}.unit{unit}."
+    if var_name == "shortcut_kernel":
+        return prefix + "identity_conv.weight", _conv_kernel
+    head, _, field = var_name.partition("_")
+    if var_name.startswith("preact_bn_"):
+        return prefix + f"body.conv1.bn.{_TORCH_BN[var_name[len('preact_bn_'):]]}", None
+    if head.startswith("bn") and field in BN_FIELDS:
+        return prefix + f"body.conv{int(head[2:])}.bn.{_TORCH_BN[field]}", None
+    if head.startswith("conv") and field == "kernel":
+        return prefix + f"body.{head}.conv.weight", _conv_kernel
+    raise ValueError(f"No pytorchcv counterpart for unit variable {var_name!r}")
 
-    def unit_key(stage, unit, var_name):
-        prefix = f"features.stage{stage}.unit{unit}."
-        if var_name == "shortcut_kernel":
-            return prefix + "identity_conv.weight", _conv_kernel
-        head, _, field = var_name.partition("_")
-        if var_name.startswith("preact_bn_"):
-            return prefix + f"body.conv1.bn.{torch_bn[var_name[len('preact_bn_'):]]}", None
-        if head.startswith("bn") and field in BN_FIELDS:
-            return prefix + f"body.conv{int(head[2:])}.bn.{torch_bn[field]}", None
-        if head.startswith("conv") and field == "kernel":
-            return prefix + f"body.{head}.conv.weight", _conv_kernel
-        raise ValueError(f"No pytorchcv counterpart for unit variable {var_name!r}")
 
-    def batchnorm(layer, prefix):
-        for torch_name, field in _BN_FIELDS.items():
-            yield getattr(layer, field), [(f"{prefix}.{torch_name}", None)], False
+def _batchnorm(layer, prefix):
+    for torch_name, field in _BN_FIELDS.items():
+        yield getattr(layer, field), [(f"{prefix}.{torch_name}", None)], False
 
+
+def _assignments(model):
+    """Yields (variable, [(torch key, transform), ...], stacked) for every variable;
+    a stacked variable lists one key per stacked unit (rows in order)."""
     stem = model.get_layer("stem_conv")
     if getattr(model, "stem", "cifar") == "imagenet":
         # PreResInitBlock: 7x7/2 conv, BN, ReLU, 3x3/2 max pool.
         yield stem.kernel, [("features.init_block.conv.weight", _conv_kernel)], False
-        yield from batchnorm(model.get_layer("stem_bn"), "features.init_block.bn")
+        yield from _batchnorm(model.get_layer("stem_bn"), "features.init_block.bn")
     else:
         yield stem.kernel, [("features.init_block.weight", _conv_kernel)], False
     for s in range(1, len(model.stage_blocks) + 1):
         stage = model.get_layer(f"stage{s}")
         for name, var in stage.unit1._vars.items():
-            yield var, [unit_key(s, 1, name)], False
+            yield var, [_unit_source(s, 1, name)], False
         for name, var in stage._stacked.items():
-            yield var, [unit_key(s, u, name) for u in range(2, stage.units + 1)], True
-    yield from batchnorm(model.get_layer("post_bn"), "features.post_activ.bn")
+            yield var, [_unit_source(s, u, name) for u in range(2, stage.num_blocks + 1)], True
+    yield from _batchnorm(model.get_layer("post_bn"), "features.post_activ.bn")
     if model.include_top:
         dense = model.get_layer("logits")
         yield dense.kernel, [("output.weight", np.transpose)], False
@@ -119,18 +99,16 @@ def _cifar_assignments(model):
 
 
 def load_state_dict(model, state, *, source="checkpoint"):
-    """Loads a pytorchcv pre-activation ResNet state dict (name -> numpy array, see
-    `read_state_dict`) into a `PreActResNet` of the checkpoint's architecture.
-
-    Returns:
-        dict with "converted_tensors" (int).
+    """Loads a pytorchcv pre-activation ResNet state dict (name -> numpy array) into a
+    `PreActResNet` of the checkpoint's architecture; returns ``{"converted_tensors": n}``.
 
     Raises:
-        ValueError: when the checkpoint and the model do not match one to one
-            (another depth, block, width or number of classes), before any variable
-            of the model is changed.
+        ValueError: before any variable changes, when the checkpoint and the model do
+            not match one to one (another depth, block, width or number of classes).
     """
     require_preact_resnet(model, "pytorchcv")
+    # num_batches_tracked is bookkeeping with no counterpart in Keras.
+    state = {k: v for k, v in state.items() if not k.endswith("num_batches_tracked")}
     imagenet_checkpoint = "features.init_block.conv.weight" in state
     imagenet_model = getattr(model, "stem", "cifar") == "imagenet"
     if imagenet_checkpoint != imagenet_model:
@@ -138,11 +116,8 @@ def load_state_dict(model, state, *, source="checkpoint"):
                  "BatchNorm and max pooling)")
         raise ValueError(f"The checkpoint is {kinds[imagenet_checkpoint]}, but {model.name!r} is "
                          f"{kinds[imagenet_model]}. Received: {source}")
-    plan, missing, mismatched, unexpected = match_arrays(_cifar_assignments(model), state)
-    problems = [f"{len(mismatched)} shape mismatches, e.g. " + str([
-        f"{keys[0]}{f' (+{len(keys) - 1} units)' if len(keys) > 1 else ''}: checkpoint "
-        f"{shape} vs model {tuple(var.shape)} ({var.path})" for keys, shape, var in mismatched[:3]
-    ])] if mismatched else []
+    plan, missing, mismatched, unexpected = match_arrays(_assignments(model), state)
+    problems = describe_mismatches(mismatched, source="checkpoint", rows="units")
     for keys, what in ((missing, "tensors missing"), (sorted(unexpected), "unexpected tensors")):
         if keys:
             problems.append(f"{len(keys)} {what}, e.g. {keys[:3]}")
@@ -160,52 +135,3 @@ def load_state_dict(model, state, *, source="checkpoint"):
 def convert(source_path, model, entry):
     """Catalog converter (see `keras_preact.weights.converters`)."""
     return load_state_dict(model, read_state_dict(source_path), source=f"{source_path!r}")
-
-
-def pytorchcv_reference(upstream_name, *, seed=0):
-    """pytorchcv's model `upstream_name` (a torch module in eval mode) with random
-    weights, BatchNorm parameters and running statistics included.
-
-    Needs ``pytorchcv`` (install it with ``pip install --no-deps pytorchcv==0.0.74``
-    after torch: its model provider imports torchvision, which we do not need).
-    """
-    torch = _import_torch()
-    try:
-        # The modules themselves: pytorchcv's model provider imports torchvision.
-        from pytorchcv.models import preresnet
-        from pytorchcv.models import preresnet_cifar
-    except ImportError:
-        raise ModuleNotFoundError("Comparing against the reference models needs pytorchcv: "
-                                  "`pip install --no-deps pytorchcv==0.0.74` (after torch).") from None
-    names = [n for m in (preresnet_cifar, preresnet) for n in m.__all__ if n.startswith("preresnet")]
-    if upstream_name not in names:
-        raise ValueError(f"pytorchcv has no pre-activation model {upstream_name!r}. Valid: {names}")
-    module = preresnet_cifar if upstream_name in preresnet_cifar.__all__ else preresnet
-    torch.manual_seed(seed)
-    net = getattr(module, upstream_name)()
-    g = torch.Generator().manual_seed(seed + 1)
-    bns = [m for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)]
-    # Every unit adds to the residual stream: shrink the scales with depth so that the
-    # logits of a 1202-layer net stay of the order of a trained net's, where float32
-    # rounding is far below the 1e-4 bound.
-    shrink = min(1.0, (60.0 / max(len(bns), 1)) ** 0.5)
-    with torch.no_grad():
-        for m in bns:
-            m.weight.uniform_(0.2 * shrink, 0.6 * shrink, generator=g)
-            m.bias.uniform_(-0.1, 0.1, generator=g)
-            m.running_mean.uniform_(-0.1, 0.1, generator=g)
-            m.running_var.uniform_(0.5, 1.5, generator=g)
-    return net.eval()
-
-
-def reference_logits(net, images_nhwc):
-    """Logits of a torch reference model for NHWC float images (already normalised)."""
-    torch = _import_torch()
-    with torch.no_grad():
-        x = torch.from_numpy(np.ascontiguousarray(np.transpose(images_nhwc, (0, 3, 1, 2))))
-        return net(x).numpy()
-
-
-def state_dict_arrays(net):
-    """A torch module's state dict as numpy arrays (bookkeeping buffers dropped)."""
-    return _numpy(net.state_dict())
