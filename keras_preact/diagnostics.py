@@ -11,22 +11,19 @@ import keras
 import numpy as np
 
 from keras_preact.data.registry import check_int
-from keras_preact.files import atomic_save
-from keras_preact.files import atomic_write_text
+from keras_preact.files import atomic_save, atomic_write_text
 from keras_preact.layers.blocks import PreActStage
 from keras_preact.layers.utils import pop_deprecated
 from keras_preact.layers.variants import check_unit_name
-from keras_preact.models.registry import get_model
-from keras_preact.models.registry import model_info
+from keras_preact.models.registry import get_model, model_info
 
 CSV_FIELDS = ("unit", "stage", "index_in_stage", "grad_rms", "act_mean", "act_std", "act_rms")
 
 
 @dataclasses.dataclass
 class GradientFlowReport:
-    """Per-unit measurements of one model on one batch: `rows` holds one dict per unit in
-    depth order with `CSV_FIELDS` (``unit`` counts from 1 over the network, ``grad_rms``
-    is the per-element RMS of dL/dx at its input); `loss` is the mean cross-entropy."""
+    """Per-unit measurements of one model on one batch: `rows`, one dict of `CSV_FIELDS`
+    per unit in depth order (``unit`` counts from 1); `loss`, the mean cross-entropy."""
 
     label: str
     rows: list
@@ -34,7 +31,7 @@ class GradientFlowReport:
 
     @property
     def grad_rms(self):
-        """The rows' ``grad_rms`` as a NumPy array."""
+        """The per-element RMS of dL/dx at each unit's input, as a NumPy array."""
         return np.array([r["grad_rms"] for r in self.rows])
 
     @property
@@ -60,9 +57,9 @@ def _as_reports(reports):
 
 
 def random_batch(model, batch_size=16, seed=0):
-    """A fixed random batch ``(float32 images, int32 labels)`` for `model`: standard normal
-    values, or uniform 0..255 when the model has a preprocessing layer (raw pixels).
-    ValueError for a bad batch size or seed, or a model with a free input size."""
+    """A fixed random batch ``(float32 images, int32 labels)`` for `model`: standard normal,
+    or uniform 0..255 for a model with a preprocessing layer. ValueError for a bad batch
+    size or seed, or a model with a free input size."""
     _check_batch(batch_size, seed)
     shape = tuple(model.inputs[0].shape[1:])
     if None in shape:
@@ -78,13 +75,9 @@ def random_batch(model, batch_size=16, seed=0):
 
 def gradient_flow(model, images=None, labels=None, *, batch_size=16, seed=0, label=None):
     """The `GradientFlowReport`, labelled `label` (default: the model's name), of a
-    `PreActResNet` with ``include_top=True`` on `images`, `labels` (None:
-    `random_batch(model, batch_size, seed)`). The model's variables are left unchanged.
-
-    Raises:
-        ValueError: on another backend than TensorFlow, for a model without residual
-            stages or classifier, or a bad batch.
-    """
+    `PreActResNet` with ``include_top=True`` on `images`, `labels` (None: `random_batch`),
+    leaving the model's variables unchanged. ValueError on another backend than
+    TensorFlow, for a model without residual stages or classifier, or a bad batch."""
     import tensorflow as tf
 
     if keras.backend.backend() != "tensorflow":
@@ -143,14 +136,9 @@ def gradient_flow(model, images=None, labels=None, *, batch_size=16, seed=0, lab
 def compare_units(model_name, units=("original", "full_preact"), *, batch_size=16, seed=0,
                   input_shape=(32, 32, 3), classes=10, **model_kwargs):
     """`gradient_flow` reports (labelled by unit) of one registered network built with
-    each of `units` after ``keras.utils.set_random_seed(seed)`` (a reproducible He
-    initialisation), on the same random batch of images of `input_shape`
-    (``input_size=n``, a deprecated alias, means ``(n, n, 3)``).
-
-    Raises:
-        ValueError: for an unknown model or unit, or a bad size, batch or seed; before
-            any model is built.
-    """
+    each of `units` after ``keras.utils.set_random_seed(seed)``, on the same random batch
+    (``input_size=n``, deprecated, means ``input_shape=(n, n, 3)``). ValueError for an
+    unknown model or unit, or a bad size, batch or seed, before any model is built."""
     size = pop_deprecated(model_kwargs, "input_size", "input_shape", "compare_units")
     input_shape = input_shape if size is None else (size, size, 3)
     model_info(model_name)  # raises for an unknown name, listing the valid ones
@@ -163,10 +151,8 @@ def compare_units(model_name, units=("original", "full_preact"), *, batch_size=1
     reports = []
     for unit in units:
         keras.utils.set_random_seed(seed)
-        model = get_model(
-            model_name, unit=unit, classes=classes, input_shape=input_shape,
-            classifier_activation=None, **model_kwargs,
-        )
+        model = get_model(model_name, unit=unit, classes=classes, input_shape=input_shape,
+                          classifier_activation=None, **model_kwargs)
         reports.append(gradient_flow(model, batch_size=batch_size, seed=seed, label=unit))
         del model  # freed before the next one is built
     return reports
@@ -197,8 +183,7 @@ def format_table(reports, *, every=None):
 
 
 def write_csv(reports, path):
-    """Writes the per-unit rows of one or more reports as CSV (a "model" column first),
-    atomically; returns `path`."""
+    """Writes the rows of one or more reports as CSV, a "model" column first; returns `path`."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=("model",) + CSV_FIELDS)
     writer.writeheader()
@@ -212,16 +197,15 @@ def read_csv(path):
     by_label = {}
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
-            label = row.pop("model")
-            parsed = {k: (int(v) if k in ("unit", "stage", "index_in_stage") else float(v))
-                      for k, v in row.items()}
-            by_label.setdefault(label, []).append(parsed)
+            by_label.setdefault(row.pop("model"), []).append(
+                {k: int(v) if k in ("unit", "stage", "index_in_stage") else float(v)
+                 for k, v in row.items()})
     return [GradientFlowReport(label=k, rows=v, loss=math.nan) for k, v in by_label.items()]
 
 
 def plot_gradient_flow(reports, path, *, title=None):
-    """Saves a PNG (atomically) of RMS of dL/dx_l (top) and std of x_l (bottom) against
-    depth for one or more reports; returns `path`. `matplotlib.pyplot` is not touched."""
+    """Saves a PNG of RMS of dL/dx_l (top) and std of x_l (bottom) against depth for one
+    or more reports, without `matplotlib.pyplot`; returns `path`."""
     from matplotlib.figure import Figure
 
     reports = _as_reports(reports)

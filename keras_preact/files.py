@@ -9,20 +9,14 @@ import uuid
 
 
 def atomic_save(path, save_fn):
-    """Calls ``save_fn(temporary_path)``, flushes the file to disk and renames it to
-    `path` (`os.replace` is atomic on POSIX and Windows).
-
-    Args:
-        path: the file to write; its folder is created.
-        save_fn: callable writing a complete file at the path it is given: a path
-            beside `path` with its suffix (Keras picks a format from it) and no file.
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    base = os.path.basename(path)
-    suffix = ".weights.h5" if base.endswith(".weights.h5") else os.path.splitext(base)[1]
+    """Calls ``save_fn(tmp)``, flushes `tmp` to disk and renames it to `path` (atomic on
+    POSIX and Windows); `tmp` is a free path beside `path`, with its suffix (Keras picks a
+    format from it). The folder of `path` is created."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    suffix = ".weights.h5" if path.endswith(".weights.h5") else os.path.splitext(path)[1]
     # A name no file has: Keras refuses to overwrite without asking on some paths.
-    tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}{suffix}")
+    tmp = os.path.join(os.path.dirname(path), f".tmp-{uuid.uuid4().hex}{suffix}")
     try:
         save_fn(tmp)
         with open(tmp, "rb+") as f:
@@ -35,7 +29,7 @@ def atomic_save(path, save_fn):
 
 
 def atomic_write_bytes(path, data):
-    """Writes `data` (bytes) to `path` with `atomic_save`."""
+    """Writes `data` to `path` with `atomic_save`."""
     atomic_save(path, lambda tmp: pathlib.Path(tmp).write_bytes(data))
 
 
@@ -45,8 +39,7 @@ def atomic_write_text(path, text):
 
 
 def atomic_write_json(path, value, *, indent=2):
-    """Writes `value` as JSON (sorted keys, a final newline; NumPy values as lists and
-    numbers) with `atomic_save`."""
+    """Writes `value` as JSON (sorted keys, NumPy values as lists and numbers)."""
     atomic_write_text(path, json.dumps(value, indent=indent, sort_keys=True, default=_plain) + "\n")
 
 

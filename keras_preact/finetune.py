@@ -1,18 +1,13 @@
-"""Fine-tuning a pretrained pre-activation ResNet on a new task.
-
-Parts are "stem", "stage1" ... "stageN" (the final BN-ReLU belongs to the last stage)
-and "head". Frozen parts keep BatchNorm in inference mode, even inside ``fit``. Keras 3
-has no per-layer learning rates: freeze stages, train the head, then unfreeze and
-continue at a lower rate.
-"""
+"""Fine-tuning a pretrained pre-activation ResNet on a new task. Parts are "stem", "stage1"
+... "stageN" (with the final BN-ReLU) and "head"; frozen parts keep BatchNorm in inference
+mode, even inside ``fit``. Keras 3 has no per-layer learning rates: freeze stages, train
+the head, then unfreeze and continue at a lower rate."""
 
 import os
 
 from keras_preact.models.preact_resnet import PreActResNet
 from keras_preact.models.registry import get_model
-from keras_preact.weights import catalog
-from keras_preact.weights import hooks
-from keras_preact.weights import local
+from keras_preact.weights import catalog, hooks, local
 from keras_preact.weights.download import fetch_weights
 
 
@@ -53,18 +48,15 @@ def unfreeze(model, which="all"):
 
 def _set(model, which, trainable):
     valid = parts(model)
-    if which == "all":
-        chosen = valid
-    else:
-        if isinstance(which, str):
-            which = [v.strip() for v in which.split(",") if v.strip()]
-        backbone = [p for p in valid if p != "head"]
-        try:
-            chosen = [c for part in which for c in (backbone if part == "backbone" else [part])]
-        except TypeError:
-            raise ValueError("`which` must be a list of part names. "
-                             f"Received: which={which!r}") from None
-    layers = [layer for part in chosen for layer in _layers_of(model, part)]
+    if isinstance(which, str):
+        which = valid if which == "all" else [v.strip() for v in which.split(",") if v.strip()]
+    backbone = [p for p in valid if p != "head"]
+    try:
+        chosen = [c for part in which for c in (backbone if part == "backbone" else [part])]
+    except TypeError:
+        raise ValueError("`which` must be a list of part names. "
+                         f"Received: which={which!r}") from None
+    layers = [layer for part in chosen for layer in _layers_of(model, part)]  # all checked first
     for layer in layers:
         layer.trainable = trainable
     return chosen
@@ -105,8 +97,8 @@ def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
     """Loads pretrained weights into `model`, whose head may be for another task.
 
     Args:
-        weights: as the factories' `weights=`: a catalog tag, a `.weights.h5` or
-            `.keras` path, or a URL with its hash.
+        model: a `PreActResNet`.
+        weights: a catalog tag, a `.weights.h5` or `.keras` path, or a URL with its hash.
         model_name: the registered name for tags (default: `model.name`).
         copy_head: "auto": copy the classifier too when its shape fits; False: keep
             the model's fresh head.
@@ -116,29 +108,26 @@ def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
         weights' head, or None).
 
     Raises:
-        ValueError: if the weights hold another architecture (another depth, unit,
-            stem, or the same shapes in another order); nothing is loaded.
+        ValueError: if the weights hold another architecture; nothing is loaded.
     """
     _check_model(model)
     model_name = model_name or model.name
-    parsed = hooks.parse_url_weights(weights)
-    source = None
-    if parsed is not None:
-        path = fetch_weights(hooks.url_entry(model_name, *parsed), build=get_model)
+    entry = hooks.url_entry(model_name, weights)
+    if entry is not None:
+        path = fetch_weights(entry, build=get_model)
     elif catalog.looks_like_tag(weights):
         path = fetch_weights(catalog.resolve_tag(model_name, weights), build=get_model)
     else:
         path = os.path.abspath(os.path.expanduser(os.fspath(weights)))
-        if path.endswith(local.KERAS_SUFFIX):
-            if not os.path.isfile(path):
-                raise ValueError(f"The .keras file does not exist. Received: weights={weights!r}")
-            source = local.load_keras_file(path)
-            _check_model(source)
-        else:
-            path = local.resolve_weights_argument(path)
-    if source is not None:
+    source = None
+    if path.endswith(local.KERAS_SUFFIX):
+        if not os.path.isfile(path):
+            raise ValueError(f"The .keras file does not exist. Received: weights={weights!r}")
+        source = local.load_keras_file(path)
+        _check_model(source)
         classes = source.classes if source.include_top else None
     else:
+        path = local.resolve_weights_argument(path)
         try:
             classes = local.inspect_weights_file(path)["classes"]
         except OSError as err:  # h5py's error for a truncated or damaged file names no file

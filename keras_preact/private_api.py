@@ -4,14 +4,12 @@ Keras 3.15.1 and TensorFlow 2.21."""
 
 
 def flatten_layers(model):
-    """Every layer inside `model`, nested ones included (`Layer._flatten_layers`):
-    `model.layers` lists only the top level, not our stages' units."""
+    """Every layer inside `model`, nested ones too (`model.layers` has only the top level)."""
     return list(model._flatten_layers(include_self=False, recursive=True))
 
 
 def is_functional(model):
-    """Whether `model` is a functional Keras model (it has `_operations`), whose
-    layers can be walked in graph order with their input shapes."""
+    """Whether `model` is a functional Keras model (it has `_operations`)."""
     return hasattr(model, "_operations")
 
 
@@ -22,8 +20,7 @@ def initializer_seed(initializer):
 
 
 def onednn_enabled():
-    """Whether this TensorFlow process runs its oneDNN kernels (fixed when TensorFlow
-    is imported); TensorFlow has no public query (`_pywrap_util_port.IsMklEnabled`)."""
+    """Whether TensorFlow runs its oneDNN kernels (fixed at import; it has no public query)."""
     from tensorflow.python.util import _pywrap_util_port
 
     return bool(_pywrap_util_port.IsMklEnabled())
@@ -40,8 +37,7 @@ def configure_coordination_service(*, leader, job_counts, register_timeout_ms,
         register_timeout_ms, heartbeat_timeout_ms: int.
 
     Returns:
-        True when configured, False when already configured, None when this TensorFlow
-        has no importable coordination config.
+        True when configured, False if it already was, None without an importable config.
     """
     from tensorflow.python.eager import context
 
@@ -55,11 +51,9 @@ def configure_coordination_service(*, leader, job_counts, register_timeout_ms,
     if context.context().coordination_service is not None:
         return False
     context.context().configure_coordination_service(
-        service_type="standalone",
-        service_leader=leader,
+        service_type="standalone", service_leader=leader,
         cluster_register_timeout_in_ms=register_timeout_ms,
         heartbeat_timeout_in_ms=heartbeat_timeout_ms,
         coordinated_jobs=[coordination_config_pb2.CoordinatedJob(name=job, num_tasks=count)
-                          for job, count in job_counts.items()],
-    )
+                          for job, count in job_counts.items()])
     return True

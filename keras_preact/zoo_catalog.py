@@ -5,11 +5,7 @@ from importlib import resources
 
 
 def load_json(name):
-    """Loads `name` (e.g. "models.json") from the installed catalog.
-
-    Raises:
-        ValueError: if the catalog has no such file.
-    """
+    """Loads `name` (e.g. "models.json") from the installed catalog; ValueError if absent."""
     ref = resources.files("keras_preact.zoo").joinpath(name)
     if not ref.is_file():
         raise ValueError(f"The catalog has no file {name!r}.")

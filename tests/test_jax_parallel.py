@@ -60,10 +60,11 @@ print("RESULT" + json.dumps(out))
 
 @pytest.mark.e2e
 def test_data_parallel_on_two_host_devices_matches_one_device():
-    proc = run_python(SCRIPT, env={
-        "KERAS_BACKEND": "jax",
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-    }, timeout=900)
+    # XLA:CPU aborts the process when one device's thread reaches an all-reduce 40 s
+    # after the other, which a loaded 2-core machine can cause (the run takes ~40 s alone).
+    flags = ("--xla_force_host_platform_device_count=2 "
+             "--xla_cpu_collective_call_terminate_timeout_seconds=600")
+    proc = run_python(SCRIPT, env={"KERAS_BACKEND": "jax", "XLA_FLAGS": flags}, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
     out = json.loads(line[len("RESULT"):])

@@ -1,28 +1,18 @@
-"""The `keras-preact` command: a module per command group, each command a thin function
-over the library, imported inside it so that ``--help`` loads neither Keras nor TensorFlow.
-
-Errors are reported here for every command: a user's error becomes one line on stderr
-and an exit status from `EPILOG` (``--debug`` shows the traceback instead).
-"""
+"""The `keras-preact` command: a module per command group, each command a thin function over
+the library, imported inside it so that ``--help`` loads neither Keras nor TensorFlow. A user's
+error becomes one line on stderr and an exit status of `EPILOG` (``--debug``: the traceback)."""
 
 import argparse
+import logging
 import os
 import re
 import sys
 import tempfile
 import traceback
 
-from keras_preact.cli import diagnostics
-from keras_preact.cli import export
-from keras_preact.cli import models
-from keras_preact.cli import train
-from keras_preact.cli import tune
-from keras_preact.cli import weights
-from keras_preact.cli.common import EXIT_BUG
-from keras_preact.cli.common import EXIT_ERROR
-from keras_preact.cli.common import EXIT_INTERRUPTED
-from keras_preact.cli.common import EXIT_PARTIAL
-from keras_preact.cli.common import error_message
+from keras_preact.cli import diagnostics, export, models, train, tune, weights
+from keras_preact.cli.common import (
+    EXIT_BUG, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_PARTIAL, error_message)
 
 __all__ = ["EXIT_BUG", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_PARTIAL", "build_parser", "main"]
 
@@ -39,21 +29,18 @@ TensorFlow's C++ start-up log is kept off the terminal unless TF_CPP_MIN_LOG_LEV
 set or --debug is given.
 """
 
-#: TensorFlow's C++ start-up lines: absl's pre-initialisation notice, absl-format log
-#: lines and the CPU-feature note's second line.
+#: TensorFlow's C++ start-up lines: absl's notice, absl log lines, the CPU-feature note's 2nd.
 _TENSORFLOW_STARTUP_LOG = re.compile(
     r"WARNING: All log messages before absl::InitializeLog\(\)"
     r"|[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\] "
-    r"|To enable the following instructions:"
-)
+    r"|To enable the following instructions:")
 
 
 def build_parser():
     """The `keras-preact` parser; each subcommand sets ``func`` (args -> exit status)."""
     parser = argparse.ArgumentParser(
         prog="keras-preact", description="Pre-activation ResNets (He et al. 2016) for Keras 3.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks and "
                         "TensorFlow's start-up log (before the command: keras-preact --debug "
                         "train ...)")
@@ -65,11 +52,10 @@ def build_parser():
 
 
 def _quiet_tensorflow():
-    """Loads Keras (and TensorFlow) without TensorFlow's C++ start-up lines on file
-    descriptor 2, unless the user set TF_CPP_MIN_LOG_LEVEL (known only before TensorFlow
-    loads: it then sets the variable itself). The variable does not reach the lines written
-    before absl is initialised, hence the filter; the device probe runs inside it because
-    without a GPU it logs a "failed call to cuInit" error."""
+    """Loads Keras (and TensorFlow) without TensorFlow's C++ start-up lines on descriptor 2,
+    unless the user set TF_CPP_MIN_LOG_LEVEL (told only before TensorFlow loads: it sets it).
+    The variable misses lines written before absl starts, hence the filter; the device probe
+    runs inside it (without a GPU it logs a cuInit error)."""
     if "tensorflow" not in sys.modules and "TF_CPP_MIN_LOG_LEVEL" in os.environ:
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keeps TensorFlow's errors
@@ -96,8 +82,6 @@ def _quiet_tensorflow():
 
 def _setup_logging():
     """The package's warnings, and the progress of training and tuning, on stderr."""
-    import logging
-
     class Formatter(logging.Formatter):
         def format(self, record):
             text = super().format(record)
@@ -113,12 +97,10 @@ def _setup_logging():
 
 
 def _is_users_error(err):
-    """Whether `err` is about the user's input or environment rather than a bug: ValueError,
-    OSError, ModuleNotFoundError (other ImportErrors are bugs), the package's own error
-    types and anything h5py raises (damaged files)."""
-    if isinstance(err, (ValueError, OSError, ModuleNotFoundError)):
-        return True
-    if type(err).__module__.startswith("keras_preact."):
+    """Whether `err` is the user's input or environment, not a bug: also ModuleNotFoundError
+    (not other ImportErrors), the package's own errors and h5py's (damaged files)."""
+    if (isinstance(err, (ValueError, OSError, ModuleNotFoundError))
+            or type(err).__module__.startswith("keras_preact.")):
         return True
     frames = traceback.extract_tb(err.__traceback__)
     return bool(frames) and "h5py/" in frames[-1].filename.replace(os.sep, "/")
@@ -128,18 +110,15 @@ def main(argv=None):
     """Runs ``keras-preact`` with `argv` (default: the command line); returns the exit status."""
     args = build_parser().parse_args(argv)
     _setup_logging()
+    if args.debug:  # tracebacks and TensorFlow's log as they come
+        return args.func(args)
     try:
-        if not args.debug:
-            _quiet_tensorflow()
+        _quiet_tensorflow()
         return args.func(args)
     except KeyboardInterrupt:
-        if args.debug:
-            raise
         print("interrupted; run the same command again to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as err:
-        if args.debug:
-            raise
         if _is_users_error(err):
             print(f"error: {error_message(err)}", file=sys.stderr)
             return EXIT_ERROR

@@ -12,14 +12,12 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 
 #: What to do about the operating-system errors users meet, by errno.
 _OS_ADVICE = {
-    errno.EACCES: "check its permissions, or choose another path",
-    errno.EPERM: "check its permissions, or choose another path",
+    **dict.fromkeys((errno.EACCES, errno.EPERM), "check its permissions, or choose another path"),
     errno.EROFS: "choose a path on a writable file system",
     errno.ENOTDIR: "a part of that path is a file, not a folder: choose another path",
     errno.ENOSPC: "free some space, or choose another disk",
     errno.ENOENT: "check the path",
-    errno.EISDIR: "give a file, not a folder",
-}
+    errno.EISDIR: "give a file, not a folder"}
 
 
 def error_message(err):
@@ -63,22 +61,19 @@ def verbosity(value):
     return int(value)
 
 
-def _number_list(kind, what):
+def _list_of(kind, what):
     def parse(value):
         try:
-            return [kind(v) for v in value.split(",") if v.strip()]
+            return [kind(v.strip()) for v in value.split(",") if v.strip()]
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be comma-separated {what}, "
                                              f"not {value!r}") from None
     return parse
 
 
-int_list = _number_list(int, "integers")
-float_list = _number_list(float, "numbers")
-
-
-def str_list(value):
-    return [v.strip() for v in value.split(",") if v.strip()]
+int_list = _list_of(int, "integers")
+float_list = _list_of(float, "numbers")
+str_list = _list_of(str, "names")
 
 
 def json_dict(value):

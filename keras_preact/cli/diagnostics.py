@@ -4,18 +4,13 @@ import os
 
 
 def add_commands(subparsers):
-    """Adds ``diagnose`` to the `keras-preact` parser."""
     p = subparsers.add_parser(
-        "diagnose",
-        help="gradient flow at initialisation: RMS of dL/dx at every unit's input",
-        description=(
-            "Build MODEL with each --unit (He initialisation, seeded by --seed), run one "
-            "random batch with BatchNorm in training mode, and report the per-element "
-            "RMS of dL/dx_l at every residual unit's input and the statistics of x_l. "
-            "Prints a table with the first-to-last ratio and writes "
-            "OUT_DIR/MODEL_gradient_flow.csv and .png. TensorFlow backend."
-        ),
-    )
+        "diagnose", help="gradient flow at initialisation: RMS of dL/dx at every unit's input",
+        description="Build MODEL with each --unit (He initialisation, seeded by --seed), run one "
+        "random batch with BatchNorm in training mode, and report the per-element RMS of dL/dx_l "
+        "at every residual unit's input and the statistics of x_l. Prints a table with the "
+        "first-to-last ratio and writes OUT_DIR/MODEL_gradient_flow.csv and .png. TensorFlow "
+        "backend.")
     p.add_argument("model", help="a model name from `keras-preact list`, e.g. preact_resnet164")
     p.add_argument("--unit", action="append", default=None, metavar="UNIT",
                    help="residual unit (repeat to compare several; default: full_preact). "
@@ -26,8 +21,7 @@ def add_commands(subparsers):
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--out-dir", default="diagnostics",
                    help="where the CSV and PNG go (default ./diagnostics)")
-    p.add_argument("--every", type=int, default=None,
-                   help="print every n-th unit (default: about 20 lines)")
+    p.add_argument("--every", type=int, help="print every n-th unit (default: about 20 lines)")
     p.set_defaults(func=cmd_diagnose)
 
 
@@ -39,8 +33,7 @@ def cmd_diagnose(args):
 
     reports = diagnostics.compare_units(
         args.model, args.unit or ["full_preact"], batch_size=args.batch, seed=args.seed,
-        input_shape=(args.input_size, args.input_size, 3), classes=args.classes,
-    )
+        input_shape=(args.input_size, args.input_size, 3), classes=args.classes)
     print(f"{args.model}, batch {args.batch} of random {args.input_size}x{args.input_size} "
           f"images, seed {args.seed}, BatchNorm in training mode")
     print(diagnostics.format_table(reports, every=args.every))

@@ -7,8 +7,7 @@ from keras_preact.cli.common import print_table
 
 def add_commands(subparsers):
     p = subparsers.add_parser("list", help="list the models with parameters and multiply-adds")
-    p.add_argument("pattern", nargs="?", default=None,
-                   help="shell wildcard, e.g. 'preact_resnet1*'")
+    p.add_argument("pattern", nargs="?", help="shell wildcard, e.g. 'preact_resnet1*'")
     p.set_defaults(func=cmd_list)
     p = subparsers.add_parser("summary", help="print a model's layers and costs")
     p.add_argument("name", help="a model name from `keras-preact list`")
@@ -26,16 +25,15 @@ def cmd_list(args):
                          f"Models: {', '.join(models.list_models())}")
     from keras.utils import Progbar
 
-    bar = Progbar(len(names), unit_name="model") if sys.stderr.isatty() else None
+    bar = Progbar(len(names), unit_name="model", verbose=1 if sys.stderr.isatty() else 0)
     rows = []
     for i, name in enumerate(names):
         info = models.model_info(name)
         model = models.get_model(name)
         rows.append((name, str(info["depth"]), info["block"], f"{models.count_params(model):,}",
                      f"{models.count_macs(model) / 1e6:,.1f}M"))
-        del model
-        if bar is not None:
-            bar.update(i + 1)
+        del model  # freed before the next one is built
+        bar.update(i + 1)
     print_table(("model", "depth", "block", "parameters", "multiply-adds"), rows, right=(3, 4))
     return 0
 

@@ -4,19 +4,15 @@ import argparse
 import dataclasses
 import typing
 
-from keras_preact.cli.common import float_list
-from keras_preact.cli.common import json_dict
-from keras_preact.cli.common import verbosity
+from keras_preact.cli.common import float_list, json_dict, verbosity
 from keras_preact.training.config import TrainConfig
-from keras_preact.training.demo import DEMO_EPOCHS
-from keras_preact.training.demo import DEMO_WORKDIR
+from keras_preact.training.demo import DEMO_EPOCHS, DEMO_WORKDIR
 
 #: Short second spellings of some `train` flags.
-_ALIASES = {"learning_rate": "--lr", "warmup_learning_rate": "--warmup-lr",
-            "lr_scaling": "--lr-scale"}
+_ALIASES = {"learning_rate": ("--lr",), "warmup_learning_rate": ("--warmup-lr",),
+            "lr_scaling": ("--lr-scale",)}
 #: Argument types the annotations do not tell (`TrainConfig` splits `freeze` at the commas).
-_TYPES = {"model_kwargs": json_dict, "boundaries": float_list, "freeze": str,
-          "verbose": verbosity}
+_TYPES = {"model_kwargs": json_dict, "boundaries": float_list, "freeze": str, "verbose": verbosity}
 #: The first field of each group of `keras-preact train --help`.
 _GROUPS = {"model": "what to train", "batch_size": "recipe", "deterministic": "how to run"}
 
@@ -24,24 +20,19 @@ _GROUPS = {"model": "what to train", "batch_size": "recipe", "deterministic": "h
 def add_commands(subparsers):
     p = subparsers.add_parser(
         "train", help="train a model with the paper's recipe (resumes an interrupted run)",
-        description=(
-            "Train with the paper's CIFAR recipe: batch 128, SGD momentum 0.9, coupled "
-            "weight decay 1e-4, lr 0.1 (0.01 for the first 400 iterations), /10 at 32k "
-            "and 48k iterations, stop at 64k. --epochs/--steps stretch that schedule "
-            "to the given length; other batch sizes scale it (--lr-scale). Running the "
-            "same command again resumes from the last completed epoch."
-        ),
-    )
+        description="Train with the paper's CIFAR recipe: batch 128, SGD momentum 0.9, coupled "
+        "weight decay 1e-4, lr 0.1 (0.01 for the first 400 iterations), /10 at 32k and 48k "
+        "iterations, stop at 64k. --epochs/--steps stretch that schedule to the given length; "
+        "other batch sizes scale it (--lr-scale). Running the same command again resumes from "
+        "the last completed epoch.")
     p.add_argument("--workdir", required=True, help="folder for checkpoints, metrics and the model")
     _add_config_arguments(p)
     p.set_defaults(func=cmd_train)
 
     p = subparsers.add_parser(
         "evaluate", help="loss and accuracy of a trained model on a test split",
-        description="Evaluate a run (--workdir) or a weights file (--model + --weights).",
-    )
-    p.add_argument("--workdir",
-                   help="a training workdir (uses its model.keras or newest checkpoint)")
+        description="Evaluate a run (--workdir) or a weights file (--model + --weights).")
+    p.add_argument("--workdir", help="a training workdir (its model.keras or newest checkpoint)")
     p.add_argument("--model", help="a model name from `keras-preact list` (for a .weights.h5)")
     p.add_argument("--weights", help="a .keras file, or a .weights.h5 file with --model")
     p.add_argument("--dataset", help="dataset name (default: the workdir's)")
@@ -56,8 +47,7 @@ def add_commands(subparsers):
     p = subparsers.add_parser(
         "demo", help="offline demo: preact ResNet-20 on scikit-learn's digits (minutes on a CPU)",
         description="Train pre-activation ResNet-20 on the digits that ship with scikit-learn "
-        "(no download), report held-out accuracy and write the training curve.",
-    )
+        "(no download), report held-out accuracy and write the training curve.")
     p.add_argument("--workdir", default=DEMO_WORKDIR)
     p.add_argument("--epochs", type=int, default=DEMO_EPOCHS)
     p.add_argument("--seed", type=int, default=0)
@@ -71,9 +61,7 @@ def _add_config_arguments(parser):
     defaults, group = TrainConfig(), parser
     for field in dataclasses.fields(TrainConfig):
         group = parser.add_argument_group(_GROUPS[field.name]) if field.name in _GROUPS else group
-        flags = ["--" + field.name.replace("_", "-")]
-        if field.name in _ALIASES:
-            flags.append(_ALIASES[field.name])
+        flags = ["--" + field.name.replace("_", "-"), *_ALIASES.get(field.name, ())]
         default = getattr(defaults, field.name)
         kwargs = dict(dest=field.name, default=default, help=field.metadata["help"],
                       choices=field.metadata["choices"])
@@ -131,8 +119,7 @@ def cmd_evaluate(args):
     result = evaluate(
         args.workdir, model=args.model, weights=args.weights, dataset=args.dataset,
         data_dir=args.data_dir, data_source=args.data_source, data_path=args.data_path,
-        batch_size=args.batch_size, split=args.split, verbose=args.verbose,
-    )
+        batch_size=args.batch_size, split=args.split, verbose=args.verbose)
     print(f"{result['dataset']} {result['split']}: accuracy {100 * result['accuracy']:.2f}%  "
           f"loss {result['loss']:.4f}  ({result['num_examples']} images; {result['source']})")
     return 0

@@ -1,32 +1,21 @@
 """`keras-preact tune`: a resumable depth sweep with KerasTuner (`keras_preact.tuning`)."""
 
-from keras_preact.cli.common import float_list
-from keras_preact.cli.common import int_list
-from keras_preact.cli.common import print_table
-from keras_preact.cli.common import str_list
-from keras_preact.cli.common import verbosity
+from keras_preact.cli.common import float_list, int_list, print_table, str_list, verbosity
 
 
 def add_commands(subparsers):
-    """Adds ``tune`` to the `keras-preact` parser."""
     p = subparsers.add_parser(
-        "tune",
-        help="search depth / unit / recipe with KerasTuner under a cost budget (resumable)",
-        description=(
-            "Depth sweep with KerasTuner. Writes WORKDIR/results.csv, results.png and the "
-            "best trial as best/model.keras and best/saved_model/. Running the same command "
-            "again continues the search; --overwrite starts it again. Distributed: run it in "
-            "several processes with KERASTUNER_ORACLE_IP, KERASTUNER_ORACLE_PORT and "
-            "KERASTUNER_TUNER_ID=chief (one) / tuner0, tuner1, ... (workers)."
-        ),
-    )
+        "tune", help="search depth / unit / recipe with KerasTuner under a cost budget (resumable)",
+        description="Depth sweep with KerasTuner. Writes WORKDIR/results.csv, results.png and "
+        "the best trial as best/model.keras and best/saved_model/. Running the same command again "
+        "continues the search; --overwrite starts it again. Distributed: run it in several "
+        "processes with KERASTUNER_ORACLE_IP, KERASTUNER_ORACLE_PORT and "
+        "KERASTUNER_TUNER_ID=chief (one) / tuner0, tuner1, ... (workers).")
     g = p.add_argument_group("search space")
     g.add_argument("--dataset", default="cifar10", help="cifar10, cifar100, digits or folder")
-    g.add_argument("--depths", type=int_list, default=None,
-                   help="comma-separated CIFAR depths, e.g. 20,56,110,164 (default 20..1001)")
+    g.add_argument("--depths", type=int_list, help="CIFAR depths, e.g. 20,56 (default 20..1001)")
     g.add_argument("--blocks", type=str_list, default=["auto"], help="auto, basic, bottleneck")
-    g.add_argument("--units", type=str_list, default=None,
-                   help="residual unit variants to search (default: the library's default unit)")
+    g.add_argument("--units", type=str_list, help="residual unit variants (default: the library's)")
     g.add_argument("--widths", type=float_list, default=[1], help="width multipliers, e.g. 1,2")
     g.add_argument("--lrs", type=float_list, default=[0.1], help="learning rates at batch 128")
     g.add_argument("--weight-decays", type=float_list, default=[1e-4])
@@ -34,10 +23,9 @@ def add_commands(subparsers):
                    help="warm-up iterations of the paper's 64k schedule (stretched with the run)")
     g = p.add_argument_group("budget (one of)")
     b = g.add_mutually_exclusive_group()
-    b.add_argument("--max-params", type=float, default=None, help="trainable parameters")
-    b.add_argument("--max-macs", type=float, default=None, help="multiply-adds per image")
-    b.add_argument("--max-step-time", type=float, default=None,
-                   help="seconds per training step at --batch-size (measured)")
+    b.add_argument("--max-params", type=float, help="trainable parameters")
+    b.add_argument("--max-macs", type=float, help="multiply-adds per image")
+    b.add_argument("--max-step-time", type=float, help="measured seconds per step at --batch-size")
     g = p.add_argument_group("search")
     g.add_argument("--tuner", default="random", help="random, bayesian or hyperband")
     g.add_argument("--max-trials", type=int, default=10)
@@ -51,11 +39,10 @@ def add_commands(subparsers):
     g.add_argument("--no-export", action="store_true", help="skip exporting the best trial")
     g.add_argument("--strategy", default=None, choices=("default", "mirrored", "tpu"),
                    help="mirrored: each trial on every local device (one worker)")
-    g.add_argument("--cpu-devices", type=int, default=None,
-                   help="split the CPU into N logical devices (mirrored on a CPU-only host)")
-    g.add_argument("--data-dir", default=None)
+    g.add_argument("--cpu-devices", type=int, help="split the CPU into N devices (for mirrored)")
+    g.add_argument("--data-dir")
     g.add_argument("--data-source", default="auto")
-    g.add_argument("--data-path", default=None)
+    g.add_argument("--data-path")
     g.add_argument("--verbose", default="auto", type=verbosity,
                    help="auto (progress bars on a terminal, else a line per epoch), 0, 1, 2")
     p.set_defaults(func=cmd_tune)
@@ -121,7 +108,6 @@ def _print_results(rows):
             "" if r["params"] is None else f"{r['params']:,}",
             "" if r["macs"] is None else f"{r['macs'] / 1e6:,.1f}M",
             (acc or r["status"]) + over,
-            "" if r["train_time_s"] is None else f"{r['train_time_s']:.1f}",
-        ))
+            "" if r["train_time_s"] is None else f"{r['train_time_s']:.1f}"))
     header = ("trial", "depth", "block", "width", "lr", "wd", "params", "MACs", "val acc", "time s")
     print_table(header, lines)

@@ -3,31 +3,15 @@
 import os
 import sys
 
-from keras_preact.cli.common import EXIT_PARTIAL
-from keras_preact.cli.common import partial_status
-from keras_preact.cli.common import print_error
-from keras_preact.cli.common import print_table
-
-#: What `weights verify` prints for each status of `verify_cache`.
-_VERIFY_LINES = {
-    "ok": "{key}: ok (sha256 {sha256})",
-    "not cached": "{key}: not cached",
-    "no record": "{key}: NO RECORD (no sidecar {path}.json; not trusted)",
-    "altered": "{key}: ALTERED ({error})",
-}
+from keras_preact.cli.common import EXIT_PARTIAL, partial_status, print_error, print_table
 
 
 def add_commands(subparsers):
     p = subparsers.add_parser(
-        "weights",
-        help="pretrained weights: list the catalog, fetch, verify, locate, clear the cache",
-        description=(
-            "The pretrained-weights catalog and its verified cache (default "
-            "~/.keras/keras_preact/weights, or $KERAS_PREACT_HOME/weights). Offline "
-            "mode: KERAS_PREACT_OFFLINE=1 resolves only from $KERAS_PREACT_WEIGHTS_DIR "
-            "and the cache."
-        ),
-    )
+        "weights", help="pretrained weights: list the catalog, fetch, verify, locate, clear cache",
+        description="The pretrained-weights catalog and its verified cache (default "
+        "~/.keras/keras_preact/weights, or $KERAS_PREACT_HOME/weights). Offline mode: "
+        "KERAS_PREACT_OFFLINE=1 resolves only from $KERAS_PREACT_WEIGHTS_DIR and the cache.")
     sub = p.add_subparsers(dest="weights_command", required=True)
 
     def command(name, func, help):
@@ -36,7 +20,7 @@ def add_commands(subparsers):
         return q
 
     q = command("list", cmd_list, "the catalog's weights (and which are cached)")
-    q.add_argument("--model", default=None, help="only this model's weights")
+    q.add_argument("--model", help="only this model's weights")
     q = command("fetch", cmd_fetch, "download, verify, convert and cache weights")
     q.add_argument("keys", nargs="+", help="catalog keys, e.g. preact_resnet110.cifar10")
     q.add_argument("--offline", action="store_true", help="only from $KERAS_PREACT_WEIGHTS_DIR")
@@ -95,13 +79,18 @@ def cmd_fetch(args):
     return partial_status(failed, len(args.keys))
 
 
+#: What `weights verify` prints for each status of `verify_cache`.
+_VERIFY_LINES = {"ok": "{key}: ok (sha256 {sha256})", "not cached": "{key}: not cached",
+                 "no record": "{key}: NO RECORD (no sidecar {path}.json; not trusted)",
+                 "altered": "{key}: ALTERED ({error})"}
+
+
 def cmd_verify(args):
     from keras_preact.weights.download import verify_cache
 
     rows = verify_cache(args.keys, args.cache_dir)
     if not rows:
         print("The cache holds no weights.")
-        return 0
     for row in rows:
         print(_VERIFY_LINES[row["status"]].format(**row))
     return 0 if all(row["status"] == "ok" for row in rows) else EXIT_PARTIAL
@@ -109,8 +98,7 @@ def cmd_verify(args):
 
 def cmd_path(args):
     from keras_preact.weights.catalog import get_entry
-    from keras_preact.weights.download import cached_paths
-    from keras_preact.weights.download import resolve_cache_dir
+    from keras_preact.weights.download import cached_paths, resolve_cache_dir
 
     if args.key is None:
         print(resolve_cache_dir(args.cache_dir))
@@ -132,10 +120,9 @@ def cmd_readme(args):
     from keras_preact.files import atomic_write_text
     from keras_preact.weights.catalog import render_zoo_readme
 
-    text = render_zoo_readme()
     if args.output is None:
-        sys.stdout.write(text)
-        return 0
-    atomic_write_text(args.output, text)
-    print(f"Wrote {args.output}")
+        sys.stdout.write(render_zoo_readme())
+    else:
+        atomic_write_text(args.output, render_zoo_readme())
+        print(f"Wrote {args.output}")
     return 0

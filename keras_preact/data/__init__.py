@@ -2,25 +2,12 @@
 
 Importing this package does not import TensorFlow; the tf.data functions
 (`keras_preact.data.pipeline`) and the TFDS and folder sources import it on first use.
-
-Example:
-    >>> from keras_preact import data
-    >>> data.list_datasets()
-    ['cifar10', 'cifar100', 'digits', 'folder']
-    >>> train = data.make_dataset("digits", "train", batch_size=64, seed=0, epoch=0,
-    ...                           repeat_epochs=10)
 """
 
-from keras_preact.data.registry import AUGMENTATIONS
-from keras_preact.data.registry import CIFAR10_CLASSES
-from keras_preact.data.registry import CIFAR100_CLASSES
-from keras_preact.data.registry import channel_stats
-from keras_preact.data.registry import list_datasets
+from keras_preact.data.registry import (AUGMENTATIONS, CIFAR10_CLASSES, CIFAR100_CLASSES,
+                                        channel_stats, list_datasets)
 from keras_preact.data.safe_pickle import safe_load_pickle
-from keras_preact.data.sources import SOURCES
-from keras_preact.data.sources import clear_cache
-from keras_preact.data.sources import dataset_info
-from keras_preact.data.sources import load_arrays
+from keras_preact.data.sources import SOURCES, clear_cache, dataset_info, load_arrays
 
 __all__ = [
     "AUGMENTATIONS", "CIFAR10_CLASSES", "CIFAR100_CLASSES", "SOURCES", "channel_stats",

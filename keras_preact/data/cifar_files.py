@@ -4,6 +4,7 @@ Python layout: pickled dicts, read with `safe_pickle`; binary layout: fixed-size
 """
 
 import os
+import pathlib
 import tarfile
 import zlib
 
@@ -41,13 +42,9 @@ _ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 
 
 def find_cifar_files(name, location):
-    """Finds the CIFAR files of `name` at `location`: an archive, an extracted folder, or
-    a folder holding one of those.
-
-    Returns:
-        ``(kind, layout, path)`` with kind "dir" or "tar", layout "python", "binary" or
-        None (a tar whose layout is read from its members), or None when nothing is found.
-    """
+    """Finds the CIFAR files of `name` at `location` (an archive, an extracted folder or a
+    folder holding one): ``(kind, layout, path)``, kind "dir" or "tar", layout "python",
+    "binary" or None (a tar: read from its members); None when nothing is found."""
     location = os.path.abspath(os.fspath(location))
     if os.path.isfile(location):
         return ("tar", None, location) if location.endswith(_ARCHIVE_SUFFIXES) else None
@@ -76,32 +73,27 @@ def describe_expected(name):
 
 
 def read_cifar(name, split, location):
-    """Reads one split of CIFAR-10/100 from its original files at `location`.
-
-    Returns:
-        ``(images, labels, meta)``: uint8 (N, 32, 32, 3) RGB, int64 (N,), and a dict
-        with "layout", "kind", "path" and "files".
-
-    Raises:
-        ValueError: when no CIFAR files are there, or a batch file is missing, truncated,
-            corrupt or of the wrong shape (naming the file).
-    """
+    """Reads one split of CIFAR-10/100 from its original files at `location`: ``(images,
+    labels, meta)``, uint8 (N, 32, 32, 3) RGB, int64 (N,) and a dict with "layout", "kind",
+    "path" and "files". ValueError, naming the file, for missing, corrupt or bad files."""
     found = find_cifar_files(name, location)
     if found is None:
         raise ValueError(f"No {name} files found at {os.fspath(location)!r}. Expected one of: "
                          f"{describe_expected(name)} (or a path to one of them).")
     kind, layout, path = found
     if kind == "tar":
-        layout, blobs = _read_tar(name, split, path, layout)
+        layout, members = _read_tar(name, split, path, layout)
+        where = f"{path}:{LAYOUTS[name][layout]['dir']}/"
     else:
-        files = LAYOUTS[name][layout][split]
-        blobs = []
-        for fpath in (os.path.join(path, f) for f in files):
-            if not os.path.isfile(fpath):
-                raise ValueError(f"The {name} file {fpath!r} is missing (the {layout} layout "
-                                 f"needs {', '.join(files)} for split={split!r}).")
-            with open(fpath, "rb") as f:
-                blobs.append((fpath, f.read()))
+        where = path + os.sep
+        members = {f: pathlib.Path(where + f).read_bytes() for f in LAYOUTS[name][layout][split]
+                   if os.path.isfile(where + f)}
+    files = LAYOUTS[name][layout][split]
+    missing = [f for f in files if f not in members]
+    if missing:
+        raise ValueError(f"The {name} file {where + missing[0]!r} is missing (the {layout} "
+                         f"layout needs {', '.join(files)} for split={split!r}).")
+    blobs = [(where + f, members[f]) for f in files]
     parse = _parse_pickle_batch if layout == "python" else _parse_binary_batch
     images, labels = zip(*(parse(name, source, data) for source, data in blobs))
     meta = {"layout": layout, "kind": kind, "path": path, "files": [s for s, _ in blobs]}
@@ -109,7 +101,8 @@ def read_cifar(name, split, location):
 
 
 def _read_tar(name, split, archive, layout):
-    """Reads the members of `split` in one pass over the (compressed) archive stream."""
+    """Reads the files of `split` in one pass over the (compressed) archive stream; returns
+    the layout and ``{file name: bytes}``."""
     layouts = LAYOUTS[name]
     candidates = [layout] if layout else list(layouts)
     wanted = {f"{layouts[lay]['dir']}/{f}" for lay in candidates for f in layouts[lay][split]}
@@ -131,15 +124,8 @@ def _read_tar(name, split, archive, layout):
                              f"{' or '.join(spec['dir'] + '/' for spec in layouts.values())}).")
         # Prefer the python layout when an archive somehow holds both.
         layout = "python" if "python" in seen_layouts else "binary"
-    spec = layouts[layout]
-    blobs = []
-    for member_name in (f"{spec['dir']}/{fname}" for fname in spec[split]):
-        if member_name not in found:
-            raise ValueError(f"The archive {archive!r} has no member {member_name!r} (the "
-                             f"{layout} layout needs {', '.join(spec[split])} for "
-                             f"split={split!r}).")
-        blobs.append((f"{archive}:{member_name}", found[member_name]))
-    return layout, blobs
+    top = layouts[layout]["dir"] + "/"
+    return layout, {m.removeprefix(top): data for m, data in found.items() if m.startswith(top)}
 
 
 def _parse_pickle_batch(name, source, data):

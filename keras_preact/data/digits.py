@@ -1,16 +1,11 @@
-"""scikit-learn's 8 x 8 handwritten digits (1,797 real images, UCI "Optical Recognition of
-Handwritten Digits"), shaped like CIFAR (32 x 32 x 3 uint8): offline, real images, seconds.
-
-The values 0..16 are scaled to 0..255 (``round(v * 255 / 16)``), each pixel repeated into
-a 4 x 4 block (nearest-neighbour: no new intensities) and the grey plane copied to three
-channels. Split: 20% of every class held out with seed 0 (`registry.stratified_split`):
-1,438 train and 359 test images.
+"""scikit-learn's 8 x 8 handwritten digits (1,797 real images), shaped like CIFAR: 0..16
+scaled to uint8 0..255, each pixel a 4 x 4 block (no new intensities), grey copied to three
+channels; 20% of every class held out with seed 0 (1,438 train and 359 test images).
 """
 
 import numpy as np
 
-from keras_preact.data.registry import SPLITS
-from keras_preact.data.registry import stratified_split
+from keras_preact.data.registry import SPLITS, stratified_split
 from keras_preact.layers.utils import check_choice
 
 UPSAMPLE = 4
@@ -28,6 +23,5 @@ def read_digits(split):
     small = np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)  # (N, 8, 8)
     big = np.repeat(np.repeat(small, UPSAMPLE, axis=1), UPSAMPLE, axis=2)
     images = np.repeat(big[..., None], 3, axis=-1)
-    train, test = stratified_split(bunch.target)
-    idx = train if split == "train" else test
+    idx = stratified_split(bunch.target)[0 if split == "train" else 1]
     return images[idx], bunch.target[idx].astype(np.int64), {"indices": idx, "source": "sklearn"}

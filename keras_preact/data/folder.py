@@ -1,10 +1,6 @@
-"""Any folder of images with one sub-folder per class, read into uint8 arrays with
-`keras.utils.image_dataset_from_directory` (TensorFlow, imported only when read).
-
-Layouts: ``root/train/<class>/*`` and ``root/test/<class>/*`` (class ids from the sorted
-class names of ``train``), or ``root/<class>/*`` (20% of every class held out as "test"
-with seed 0, `registry.stratified_split`). Images are resized to `image_size` (bilinear,
-aspect ratio not kept); images already of that size come through unchanged.
+"""A folder of images, ``root/train/<class>/*`` and ``root/test/<class>/*`` or
+``root/<class>/*`` (20% of every class held out as "test" with seed 0), read into uint8
+arrays with `keras.utils.image_dataset_from_directory` (TensorFlow, imported when read).
 """
 
 import os
@@ -31,8 +27,8 @@ def folder_layout(path):
 
 
 def class_folders(directory, *, within=None):
-    """The sorted class sub-folder names of `directory`; raises ValueError when there
-    are none, or (given `within`, the train classes) some are not in `within`."""
+    """The sorted class sub-folder names of `directory`; ValueError when there are none or
+    some are not in `within` (the train classes)."""
     names = sorted(d for d in os.listdir(directory) if os.path.isdir(os.path.join(directory, d)))
     if not names:
         raise ValueError(f"The image folder {directory!r} has no class sub-folders (expected "
@@ -51,8 +47,7 @@ def _read_directory(directory, class_names, image_size):
         ds = keras.utils.image_dataset_from_directory(
             directory, labels="inferred", label_mode="int", class_names=class_names,
             color_mode="rgb", batch_size=256, image_size=image_size, shuffle=False,
-            interpolation="bilinear", data_format="channels_last", verbose=False,
-        )
+            interpolation="bilinear", data_format="channels_last", verbose=False)
     except ValueError as err:
         raise ValueError(f"Cannot read the image folder {directory!r}: {err}") from None
     images, labels = [], []
@@ -70,16 +65,9 @@ def _read_directory(directory, class_names, image_size):
 
 
 def read_image_folder(path, split, *, image_size=(32, 32)):
-    """Reads one split of the image folder `path`, resized to `image_size` (H, W).
-
-    Returns:
-        ``(images, labels, meta)``: uint8 (N, H, W, 3), int64 (N,), and a dict with
-        "class_names", "layout" and "path".
-
-    Raises:
-        ValueError: for a missing path, a folder without classes or images, or an image
-            that cannot be decoded.
-    """
+    """Reads one split of the image folder `path`, resized to `image_size` (H, W; bilinear,
+    aspect ratio not kept): ``(images, labels, meta)``, uint8 (N, H, W, 3), int64 (N,) and a
+    dict with "class_names", "layout" and "path". ValueError for missing or bad files."""
     try:
         size = tuple(int(v) for v in image_size)
     except (TypeError, ValueError):
@@ -97,8 +85,7 @@ def read_image_folder(path, split, *, image_size=(32, 32)):
         labels = np.array([class_names.index(n) for n in own], np.int64)[labels]
     else:
         images, labels = _read_directory(train_dir, class_names, size)
-        train, test = stratified_split(labels)
-        idx = train if split == "train" else test
+        idx = stratified_split(labels)[0 if split == "train" else 1]
         images, labels = images[idx], labels[idx]
     root = train_dir if layout == "flat" else os.path.dirname(train_dir)
     return images, labels, {"class_names": class_names, "layout": layout, "path": root}

@@ -1,10 +1,7 @@
 """ImageNet-style input pipelines, streamed from image folders or TFDS `imagenet2012`.
 
-Files are listed, shuffled in a ``(seed, epoch)`` order and decoded per example; the
-randomness of example ``i`` of epoch ``e`` is a function of ``(seed, e, i)`` only, so a
-resumed run sees the same crops. Training: random-resized crop and horizontal flip (as in
-fb.resnet.torch, which trained the paper's ImageNet models); evaluation: shorter side to
-`resize_size` (256), centre crop of `image_size` (224), the paper's single-crop test.
+The order and the crops of example ``i`` of epoch ``e`` are functions of ``(seed, e, i)``
+only, so a resumed run sees the same crops. Transforms as in fb.resnet.torch.
 """
 
 import math
@@ -14,12 +11,9 @@ import numpy as np
 import tensorflow as tf
 
 from keras_preact.data.folder import class_folders
-from keras_preact.data.pipeline import ALG
-from keras_preact.data.pipeline import stateless_key
-from keras_preact.data.registry import MAX_SEED
-from keras_preact.data.registry import check_int
-from keras_preact.layers.utils import check_bool
-from keras_preact.layers.utils import check_choice
+from keras_preact.data.pipeline import ALG, stateless_key
+from keras_preact.data.registry import MAX_SEED, check_int
+from keras_preact.layers.utils import check_bool, check_choice
 
 IMAGE_SIZE = 224
 RESIZE_SIZE = 256
@@ -34,10 +28,9 @@ _STREAM_ORDER, _STREAM_AUGMENT = 2, 3
 
 def random_resized_crop(image, key, *, image_size=IMAGE_SIZE, scale=CROP_SCALE,
                         ratio=CROP_RATIO, flip=True):
-    """The training transform of a uint8 (H, W, 3) `image`: a random crop of `scale`
-    (min, max) of the area and `ratio` (min, max) width / height, resized (bilinear) to
-    `image_size` squared, then with `flip` a left-right flip with probability 1/2; float32
-    in [0, 255]. `key`: int64 (2,), this example's stateless seed."""
+    """The training transform of a uint8 (H, W, 3) `image`, keyed by `key`: a random crop
+    of `scale` of the area and `ratio` width / height, resized to `image_size` squared, with
+    `flip` flipped left-right half of the time; float32 in [0, 255]."""
     shape = tf.shape(image)
     h, w = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)
     keys = tf.random.experimental.stateless_split(key, num=4, alg=ALG)
@@ -74,9 +67,8 @@ def random_resized_crop(image, key, *, image_size=IMAGE_SIZE, scale=CROP_SCALE,
 
 
 def resize_center_crop(image, *, image_size=IMAGE_SIZE, resize_size=RESIZE_SIZE):
-    """The evaluation transform: shorter side to `resize_size`, centre `image_size` crop
-    (float32 in [0, 255]). An image whose shorter side already equals `resize_size` is
-    not resampled, so the crop is an exact slice of it."""
+    """The evaluation transform: shorter side to `resize_size` (not resampled if equal), the
+    centre `image_size` crop; float32 in [0, 255]."""
     hw = tf.shape(image)[:2]
     short = tf.reduce_min(hw)
     scale = tf.cast(resize_size, tf.float32) / tf.cast(short, tf.float32)
@@ -93,9 +85,8 @@ def resize_center_crop(image, *, image_size=IMAGE_SIZE, resize_size=RESIZE_SIZE)
 
 
 def list_image_folder(root, split):
-    """Lists ``(paths, labels, class_names)`` of one split of a folder holding train/ and
-    val/ (or test/), each with one sub-folder per class (classes: those of train/);
-    raises ValueError when the folder, the split, its classes or images are missing."""
+    """``(paths, labels, class_names)`` of one split of a folder holding train/ and val/ (or
+    test/), each with one sub-folder per class; ValueError for missing folders or images."""
     if root is None:
         raise ValueError("source='folder' needs `path`: a folder with train/<class>/ and "
                          "val/<class>/ sub-folders. Received: path=None")
@@ -155,10 +146,9 @@ def _tfds_examples(split, *, data_dir, manual_dir):
     except (AssertionError, FileNotFoundError, tf.errors.NotFoundError):
         if manual_dir is None:
             raise ValueError(
-                f"TFDS' imagenet2012 is not prepared in data_dir={builder.data_dir!r}. ImageNet "
-                "cannot be downloaded automatically: put ILSVRC2012_img_train.tar and "
-                "ILSVRC2012_img_val.tar in a folder and pass it as manual_dir (prepared once "
-                "into data_dir).") from None
+                f"TFDS' imagenet2012 is not prepared in data_dir={builder.data_dir!r} and cannot "
+                "be downloaded: pass the folder holding ILSVRC2012_img_train.tar and "
+                "ILSVRC2012_img_val.tar as manual_dir.") from None
         builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
             manual_dir=os.path.expanduser(os.fspath(manual_dir))))
         ds = read()
@@ -166,22 +156,22 @@ def _tfds_examples(split, *, data_dir, manual_dir):
     return ds.map(lambda ex: (ex["image"], tf.cast(ex["label"], tf.int32))), names
 
 
-def make_imagenet_dataset(split, *, source="folder", path=None, data_dir=None,
-                          manual_dir=None, batch_size=256, image_size=IMAGE_SIZE,
-                          resize_size=RESIZE_SIZE, shuffle=None, augment=None,
-                          normalize=False, mean=(0.485, 0.456, 0.406),
-                          std=(0.229, 0.224, 0.225), seed=0, epoch=0,
-                          drop_remainder=None, shuffle_buffer=10000):
-    """A streamed ImageNet-style pipeline for one epoch (see the module docstring).
+def make_imagenet_dataset(split, *, source="folder", path=None, data_dir=None, manual_dir=None,
+                          batch_size=256, image_size=IMAGE_SIZE, resize_size=RESIZE_SIZE,
+                          shuffle=None, augment=None, normalize=False,
+                          mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), seed=0,
+                          epoch=0, drop_remainder=None, shuffle_buffer=10000):
+    """A streamed ImageNet-style pipeline for one epoch.
 
     Args:
         split: "train" or "val" ("test" is an alias of "val").
         source: "folder" (`path` holds train/ and val/) or "tfds" (`data_dir`: TFDS'
             folder; `manual_dir`: the official tar files, used once to prepare it).
+        batch_size, image_size, resize_size: the batches, crops and evaluation resize.
         shuffle, augment, drop_remainder: None (True for train) or bool; augment is the
             random-resized crop + flip, else resize + centre crop.
-        normalize: False: raw float32 pixels in [0, 255]; True: ``(x / 255 - mean) /
-            std`` with `mean`, `std` in [0, 1] units.
+        normalize: False: float32 pixels in [0, 255]; True: ``(x / 255 - mean) / std``.
+        mean, std: per channel, in [0, 1] units.
         seed, epoch: the order and the crops are functions of them.
         shuffle_buffer: "tfds" only (folders are shuffled exactly).
 
@@ -190,9 +180,6 @@ def make_imagenet_dataset(split, *, source="folder", path=None, data_dir=None,
 
     Raises:
         ValueError: for invalid arguments or missing data, before reading images.
-
-    Example:
-        >>> train, classes = make_imagenet_dataset("train", path="~/imagenet", seed=0)
     """
     check_choice("split", split, ("train", "val", "test"))
     check_choice("source", source, SOURCES)

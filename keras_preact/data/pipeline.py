@@ -1,11 +1,8 @@
-"""The tf.data input pipeline and its stateless augmentation (TensorFlow; imported lazily
-by `keras_preact.data`).
+"""The tf.data input pipeline over in-memory uint8 arrays, with stateless augmentation.
 
-A split is decoded once into in-memory uint8 arrays (`load_arrays`). Step ``s`` is batch
-``b = s % steps`` of epoch ``e = epoch + s // steps``: positions ``b*B .. b*B+B-1`` of the
-permutation keyed by ``(seed, e)``, augmented on uint8 keyed by ``(seed, e, b)``, then
-``(x / 255 - mean) / std``. Randomness is a function of a key (`stateless_key`), never of
-a generator's state: a run resumed at epoch 3 sees the batches of an uninterrupted run's.
+Step ``s`` is batch ``b = s % steps`` of epoch ``e = epoch + s // steps``: the order is keyed
+by ``(seed, e)`` and the augmentation by ``(seed, e, b)`` (`stateless_key`), never by a
+generator's state, so a run resumed at epoch 3 sees the batches of an uninterrupted run's.
 """
 
 import math
@@ -13,11 +10,8 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from keras_preact.data.registry import AUGMENTATIONS
-from keras_preact.data.registry import MAX_SEED
-from keras_preact.data.registry import check_int
-from keras_preact.data.sources import dataset_info
-from keras_preact.data.sources import load_arrays
+from keras_preact.data.registry import AUGMENTATIONS, MAX_SEED, check_int
+from keras_preact.data.sources import dataset_info, load_arrays
 from keras_preact.layers.utils import check_bool
 
 # Distinct streams for the order and for the augmentation of the same (seed, epoch).
@@ -39,15 +33,12 @@ def stateless_key(seed, epoch, stream, index=None):
 
 
 def pad_crop_flip(images, key, *, pad=PAD, flip=True):
-    """Zero-pads (B, H, W, C) `images` by `pad` (>= 0), randomly crops back to (H, W) and
-    with `flip` flips left-right with probability 1/2, per image, keyed by `key` (int64
-    (2,)). Padding is black (0) in raw pixel space, as the paper's Torch code pads.
-    """
+    """Zero-pads (B, H, W, C) `images` by `pad` (black, as the paper's Torch code pads),
+    crops back to (H, W) at random and with `flip` flips half of them, keyed by `key`."""
     crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2, alg=ALG))
     shape = tf.shape(images)
-    offsets = tf.random.stateless_uniform(
-        [shape[0], 2], seed=crop_key, minval=0, maxval=2 * pad + 1, dtype=tf.int32, alg=ALG
-    )
+    offsets = tf.random.stateless_uniform([shape[0], 2], seed=crop_key, minval=0,
+                                          maxval=2 * pad + 1, dtype=tf.int32, alg=ALG)
     padded = tf.pad(images, [[0, 0], [pad, pad], [pad, pad], [0, 0]])
     rows = offsets[:, :1] + tf.range(shape[1])[tf.newaxis, :]  # (B, H)
     cols = offsets[:, 1:] + tf.range(shape[2])[tf.newaxis, :]  # (B, W)
@@ -60,8 +51,7 @@ def pad_crop_flip(images, key, *, pad=PAD, flip=True):
 
 
 def epoch_order(num_examples, *, seed=0, epoch=0):
-    """The order in which a shuffled epoch visits the examples: an int64 numpy
-    permutation of ``range(num_examples)``."""
+    """The order of a shuffled epoch: an int64 numpy permutation of ``range(num_examples)``."""
     check_int("num_examples", num_examples, minimum=1)
     check_int("seed", seed, minimum=0, maximum=MAX_SEED)
     check_int("epoch", epoch, minimum=0)
@@ -80,24 +70,20 @@ def dataset_from_arrays(images, labels, *, batch_size=128, shuffle=False, augmen
 
     Args:
         images, labels: uint8 (N, H, W, C) and ints (N,).
+        batch_size, drop_remainder: the batches (the last partial one dropped or not).
         shuffle: visit each epoch in the ``(seed, epoch)`` order.
         augment: a policy from `AUGMENTATIONS`.
-        normalize: True gives ``(x / 255 - mean) / std`` (`mean`, `std` per channel in
-            [0, 1] units), False raw float32 pixels in [0, 255] (for models that carry
-            their own `preprocessing`).
+        normalize: True: ``(x / 255 - mean) / std``; False: raw float32 pixels in [0, 255].
+        mean, std: per channel, in [0, 1] units.
         seed: keys the order and the augmentation; epoch: the first epoch yielded.
-        repeat_epochs: None (one epoch), an int k > 0 (epochs epoch .. epoch+k-1, each
-            in its own order) or -1 (without end).
+        repeat_epochs: None (one epoch), k > 0 (epochs epoch .. epoch+k-1) or -1 (no end).
 
     Returns:
-        `tf.data.Dataset` of ``(images float32 (B, H, W, C), labels int32 (B,))``, of
-        known cardinality unless `repeat_epochs` is -1.
+        `tf.data.Dataset` of ``(images float32 (B, H, W, C), labels int32 (B,))``.
     """
     images, labels = _check_arrays(images, labels)
     num = int(images.shape[0])
-    _check_common(batch_size, seed, epoch, normalize, repeat_epochs)
-    check_bool("shuffle", shuffle)
-    check_bool("drop_remainder", drop_remainder)
+    _check_common(batch_size, seed, epoch, normalize, repeat_epochs, shuffle, drop_remainder)
     if augment not in AUGMENTATIONS:
         raise ValueError(f"`augment` must be one of {list(AUGMENTATIONS)}. "
                          f"Received: augment={augment!r}")
@@ -125,46 +111,35 @@ def dataset_from_arrays(images, labels, *, batch_size=128, shuffle=False, augmen
         y = tf.gather(labels_t, positions)
         return tf.ensure_shape(x, batch_shape), tf.ensure_shape(y, batch_shape[:1])
 
-    if repeat_epochs == -1:
-        steps_ds = tf.data.Dataset.counter(dtype=tf.int64)
-    else:
-        steps_ds = tf.data.Dataset.range((repeat_epochs or 1) * steps)
+    steps_ds = (tf.data.Dataset.counter(dtype=tf.int64) if repeat_epochs == -1
+                else tf.data.Dataset.range((repeat_epochs or 1) * steps))
     ds = steps_ds.map(make_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
 def make_dataset(name, split, *, batch_size=128, data_dir=None, source="auto", path=None,
-                 download=False, shuffle=None, augment=None, normalize=True, seed=0,
-                 epoch=0, drop_remainder=None, cache=True, repeat_epochs=None,
-                 image_size=None):
-    """The tf.data input pipeline of a registered dataset, deterministic per epoch: to
-    resume at epoch 3, pass ``epoch=3`` and get the batches of an uninterrupted run's.
+                 download=False, shuffle=None, augment=None, normalize=True, seed=0, epoch=0,
+                 drop_remainder=None, cache=True, repeat_epochs=None, image_size=None):
+    """The tf.data input pipeline of a registered dataset, deterministic per epoch (to
+    resume at epoch 3, pass ``epoch=3``).
 
     Args:
         name, split: a name from `list_datasets()`; "train" or "test".
         data_dir, source, path, download, cache, image_size: see `load_arrays`.
         shuffle, drop_remainder: None (True for train, False for test) or a bool.
-        augment: None (the dataset's default policy for train, none for test), True
-            (the default policy: "pad_crop_flip", or "pad_crop" for digits, which a flip
-            would change), False (none) or a policy name from `AUGMENTATIONS`.
+        augment: None (True for train), True (the dataset's policy), False or a policy name.
         normalize: True: with the dataset's statistics; False: raw pixels.
-        batch_size (128, the paper's), seed, epoch (the resume point), repeat_epochs:
-            as in `dataset_from_arrays`.
+        batch_size, seed, epoch, repeat_epochs: see `dataset_from_arrays`.
 
     Returns:
         `tf.data.Dataset` of ``(float32 images (B, H, W, C), int32 labels (B,))``.
 
     Raises:
         ValueError: for invalid arguments (before anything is read) or missing data.
-
-    Example:
-        >>> ds = make_dataset("cifar10", "train", data_dir="~/data", source="archive",
-        ...                   seed=0, epoch=start_epoch, repeat_epochs=epochs - start_epoch)
     """
     check_bool("cache", cache)
-    _check_common(batch_size, seed, epoch, normalize, repeat_epochs)
-    check_bool("shuffle", shuffle, allow_none=True)
-    check_bool("drop_remainder", drop_remainder, allow_none=True)
+    _check_common(batch_size, seed, epoch, normalize, repeat_epochs, shuffle, drop_remainder,
+                  allow_none=True)
     if not (augment is None or isinstance(augment, bool) or augment in AUGMENTATIONS):
         raise ValueError(f"`augment` must be None, a bool or one of {list(AUGMENTATIONS)}. "
                          f"Received: augment={augment!r}")
@@ -173,8 +148,7 @@ def make_dataset(name, split, *, batch_size=128, data_dir=None, source="auto", p
     folder = {"path": path, "image_size": image_size} if name == "folder" else {}
     info = dataset_info(name, **folder)
     train = split == "train"
-    if augment is None:
-        augment = train
+    augment = train if augment is None else augment
     if isinstance(augment, bool):
         augment = info["augmentation"] if augment else "none"
     # Train drops the last partial batch: a constant batch shape (steady BatchNorm
@@ -183,15 +157,17 @@ def make_dataset(name, split, *, batch_size=128, data_dir=None, source="auto", p
         images, labels, batch_size=batch_size, shuffle=train if shuffle is None else shuffle,
         augment=augment, normalize=normalize, mean=info["mean"], std=info["std"], seed=seed,
         epoch=epoch, drop_remainder=train if drop_remainder is None else drop_remainder,
-        repeat_epochs=repeat_epochs,
-    )
+        repeat_epochs=repeat_epochs)
 
 
-def _check_common(batch_size, seed, epoch, normalize, repeat_epochs):
+def _check_common(batch_size, seed, epoch, normalize, repeat_epochs, shuffle, drop_remainder,
+                  allow_none=False):
     check_int("batch_size", batch_size, minimum=1)
     check_int("seed", seed, minimum=0, maximum=MAX_SEED)
     check_int("epoch", epoch, minimum=0)
     check_bool("normalize", normalize)
+    check_bool("shuffle", shuffle, allow_none=allow_none)
+    check_bool("drop_remainder", drop_remainder, allow_none=allow_none)
     if repeat_epochs is not None and repeat_epochs != -1:
         check_int("repeat_epochs", repeat_epochs, minimum=1, extra="None, -1 or ")
 

@@ -1,11 +1,10 @@
-"""The dataset registry (names, shapes, sizes, classes, statistics, augmentation) and the
-NumPy helpers the sources share. No TensorFlow and no file read here (`sources.dataset_info`
-adds what the files say). Statistics are per channel in [0, 1] units (pixels / 255).
-"""
+"""The dataset registry (names, shapes, sizes, classes, statistics in [0, 1] units,
+augmentation) and the NumPy helpers the sources share; no TensorFlow, no file read."""
 
 import numpy as np
 
 from keras_preact.layers.preprocessing import PRESETS
+from keras_preact.layers.utils import is_int
 
 CIFAR10_CLASSES = tuple("airplane automobile bird cat deer dog frog horse ship truck".split())
 # The 100 fine classes in label order (alphabetical, as in the dataset's meta file).
@@ -20,9 +19,8 @@ CIFAR100_CLASSES = tuple("""
     television tiger tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm
 """.split())
 
-#: Augmentation policies `make_dataset` knows. "pad_crop_flip" is the paper's CIFAR
-#: augmentation (He et al. 2016a, Sec. 4.2: 4-pixel padding, random 32 x 32 crop, random
-#: horizontal flip); "pad_crop" drops the flip, which would change a digit.
+#: "pad_crop_flip" is the paper's CIFAR augmentation (He et al. 2016a, Sec. 4.2: 4-pixel
+#: padding, random crop, random horizontal flip); "pad_crop" spares digits the flip.
 AUGMENTATIONS = ("pad_crop_flip", "pad_crop", "none")
 SPLITS = ("train", "test")
 MAX_SEED = 2**63 - 1
@@ -45,8 +43,7 @@ def _cifar(n, description, class_names):
 
 
 _COMPUTED = "computed on the train split"
-#: The registered datasets' published facts (`sources.dataset_info` adds those computed
-#: from the files: the digits' statistics, a folder's classes and sizes).
+#: The registered datasets' published facts (`sources.dataset_info` adds computed ones).
 DATASETS = {
     "cifar10": _cifar(10, "CIFAR-10 (Krizhevsky 2009): 32x32 colour images, 10 classes.",
                       CIFAR10_CLASSES),
@@ -72,13 +69,13 @@ def list_datasets():
 def check_dataset_name(name):
     """Raises ValueError listing the valid names when `name` is not registered."""
     if not isinstance(name, str) or name not in DATASETS:
-        raise ValueError(
-            f"Unknown dataset name. Received: name={name!r}. Valid: {list_datasets()}")
+        raise ValueError(f"Unknown dataset name. Received: name={name!r}. "
+                         f"Valid: {list_datasets()}")
 
 
 def check_int(name, value, *, minimum=None, maximum=None, extra=""):
     """Raises ValueError unless `value` is an int (not a bool) in [minimum, maximum]."""
-    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    ok = is_int(value)
     too_small = minimum is not None and ok and value < minimum
     too_big = maximum is not None and ok and value > maximum
     if not ok or too_small or too_big:
@@ -96,11 +93,8 @@ def channel_stats(images):
 
 
 def stratified_split(labels, *, test_fraction=0.2, seed=0):
-    """Splits example indices per class into sorted int64 ``(train, test)`` index arrays.
-
-    Each class gives ``round(test_fraction * count)`` examples to the test split, chosen
-    by NumPy's legacy `RandomState` (frozen across releases: the same split everywhere).
-    """
+    """Sorted int64 ``(train, test)`` example indices, ``round(test_fraction * count)`` of
+    each class in test, chosen by NumPy's legacy `RandomState` (frozen across releases)."""
     if not 0.0 < float(test_fraction) < 1.0:
         raise ValueError("`test_fraction` must be in (0, 1). "
                          f"Received: test_fraction={test_fraction!r}")

@@ -1,11 +1,8 @@
 """A pickle reader for the CIFAR batch files that never runs code from the file.
 
-A plain `pickle.load` imports and calls any global the file names (``os.system`` through
-``__reduce__``). Here only the globals CIFAR batches (and re-saves by current Python and
-numpy) use are admitted (`_ADMITTED`), each mapped to an inert stand-in; numpy's own
-reconstruction never sees the file's data. Arrays are rebuilt with `numpy.frombuffer` from
-the validated bytes, for plain numeric dtypes only. Everything else, including
-``builtins`` and object arrays, is refused with a ValueError.
+Only the globals CIFAR batches use are admitted (`_ADMITTED`), each mapped to an inert
+stand-in; arrays of plain numeric dtypes are rebuilt with `numpy.frombuffer` from the
+validated bytes. Everything else (other globals, object arrays) raises ValueError.
 """
 
 import io
@@ -78,8 +75,7 @@ class _ArraySpec:
     dtype = None
 
     def __setstate__(self, state):
-        # ndarray state: (version, shape, dtype, is_fortran, data); older numpy omits
-        # the version.
+        # (version, shape, dtype, is_fortran, data); older numpy omits the version.
         if isinstance(state, tuple) and len(state) == 5:
             state = state[1:]
         if not isinstance(state, tuple) or len(state) != 4:
@@ -92,11 +88,9 @@ class _ArraySpec:
             raise _Refused("array dtype is not a numpy.dtype")
         if not isinstance(shape, tuple) or not all(isinstance(s, int) and s >= 0 for s in shape):
             raise _Refused(f"invalid array shape {shape!r}")
-        if isinstance(data, str):
-            # Python 2 str decoded with encoding="latin1" by a caller; undo it.
+        if isinstance(data, str):  # a Python 2 str a caller decoded as latin1: undone
             data = data.encode("latin1")
-        if not isinstance(data, (bytes, bytearray)):
-            # Object arrays store a list of objects here: refused.
+        if not isinstance(data, (bytes, bytearray)):  # object arrays store a list here
             raise _Refused("array data is not raw bytes (object arrays are refused)")
         self.shape, self.dtype, self.fortran, self.data = shape, dtype, fortran, data
 
@@ -184,16 +178,16 @@ def _materialize(obj, depth=0):
 
 
 def safe_load_pickle(data, *, source):
-    """Unpickles CIFAR batch bytes without importing or calling anything from the file
-    (`source` names the file in error messages).
+    """Unpickles CIFAR batch bytes `data` without importing or calling anything from the
+    file; `source` names the file in error messages.
 
     Returns:
-        The unpickled object: dicts, lists, tuples, bytes, str, numbers and numpy arrays
-        of plain numeric dtypes (Python 2 strings come back as bytes, e.g. ``b"data"``).
+        dicts, lists, tuples, bytes (Python 2 strings too), str, numbers and numpy arrays
+        of plain numeric dtypes.
 
     Raises:
-        ValueError: naming `source`, when the pickle asks for any other global, holds
-            object arrays or other objects, or is truncated or corrupt.
+        ValueError: when the pickle asks for any other global, holds other objects, or is
+            truncated or corrupt.
     """
     try:
         return _materialize(_RestrictedUnpickler(io.BytesIO(data), encoding="bytes").load())

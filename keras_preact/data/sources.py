@@ -10,15 +10,10 @@ import threading
 
 import numpy as np
 
-from keras_preact.data import cifar_files
-from keras_preact.data import folder
+from keras_preact.data import cifar_files, folder
 from keras_preact.data.digits import read_digits
-from keras_preact.data.registry import DATASETS
-from keras_preact.data.registry import SPLITS
-from keras_preact.data.registry import channel_stats
-from keras_preact.data.registry import check_dataset_name
-from keras_preact.layers.utils import check_choice
-from keras_preact.layers.utils import warn_deprecated
+from keras_preact.data.registry import DATASETS, SPLITS, channel_stats, check_dataset_name
+from keras_preact.layers.utils import check_choice, warn_deprecated
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +38,8 @@ def load_arrays(name, split, *, data_dir=None, source="auto", path=None, downloa
     Args:
         data_dir: CIFAR only: a folder holding the original files (extracted or
             ``.tar.gz``) or TFDS' data folder (None: TFDS' default).
-        source: CIFAR only: "archive" (the original files at `path` or `data_dir`),
-            "tfds" (in `data_dir`) or "auto" (archive when `path` is given or `data_dir`
-            holds the files, else TFDS).
+        source: CIFAR only: "archive" (the files at `path` or `data_dir`), "tfds" or "auto"
+            (archive when `path` is given or `data_dir` holds the files, else TFDS).
         path: CIFAR: an archive or extracted CIFAR folder; "folder": the image folder.
         download: let TFDS download the data (default False: no network).
         cache: keep the decoded arrays in memory (they are then read-only).
@@ -55,8 +49,7 @@ def load_arrays(name, split, *, data_dir=None, source="auto", path=None, downloa
         ``(images, labels)``: uint8 (N, H, W, 3) RGB, and int64 (N,) class ids.
 
     Raises:
-        ValueError: for an unknown name, split or source, arguments that do not apply,
-            missing data, or corrupt files (naming the file).
+        ValueError: for invalid or inapplicable arguments, missing data or corrupt files.
     """
     return load_arrays_with_meta(name, split, data_dir=data_dir, source=source, path=path,
                                  download=download, cache=cache, image_size=image_size)[:2]
@@ -72,9 +65,8 @@ def load_arrays_with_meta(name, split, *, data_dir=None, source="auto", path=Non
         raise ValueError("`image_size` only applies to the 'folder' dataset. Received: "
                          f"name={name!r}, image_size={image_size!r}")
     if name in ("digits", "folder"):
-        extra = {"data_dir": data_dir, "download": download or None}
-        if name == "digits":
-            extra["path"] = path
+        extra = {"data_dir": data_dir, "download": download or None,
+                 "path": path if name == "digits" else None}
         given = ", ".join(f"{k}={v!r}" for k, v in extra.items() if v is not None)
         if source != "auto" or given:
             also = " or `path`" if name == "digits" else ""
@@ -97,9 +89,8 @@ def _load_cifar(name, split, data_dir, source, path, download, cache):
                          f"`data_dir`. Received: source='tfds', path={path!r}")
     arg, location = ("path", path) if path is not None else ("data_dir", data_dir)
     if source == "archive" and location is None:
-        raise ValueError("source='archive' needs `path` (an archive or extracted CIFAR folder) "
-                         "or `data_dir` (a folder holding one). Received: path=None, "
-                         "data_dir=None")
+        raise ValueError("source='archive' needs `path` (CIFAR files) or `data_dir` (a folder "
+                         "holding them). Received: path=None, data_dir=None")
     expected = cifar_files.describe_expected(name)
     found = None
     if source != "tfds" and location is not None:
@@ -114,9 +105,7 @@ def _load_cifar(name, split, data_dir, source, path, download, cache):
                              f"at {location!r}. Received: download=True")
         kind, _, resolved = found
         files = [resolved] if kind == "tar" else [
-            os.path.join(resolved, f) for spec in cifar_files.LAYOUTS[name].values()
-            for f in spec[split]
-        ]
+            os.path.join(resolved, f) for s in cifar_files.LAYOUTS[name].values() for f in s[split]]
         key = ("archive", name, split, _fingerprint(*files))
         return _cached(key, cache, lambda: cifar_files.read_cifar(name, split, location))
     key = ("tfds", name, split, None if data_dir is None else os.path.abspath(data_dir))
@@ -130,8 +119,7 @@ def _load_cifar(name, split, data_dir, source, path, download, cache):
 
 
 def _read_tfds(name, split, data_dir, download):
-    """One CIFAR split from TFDS' `data_dir` (None: TFDS' default); `download` lets TFDS
-    download and prepare it."""
+    """One CIFAR split from TFDS' `data_dir` (None: TFDS' default)."""
     import tensorflow_datasets as tfds
 
     if data_dir is not None:
@@ -163,8 +151,7 @@ def _read_tfds(name, split, data_dir, download):
 def _fingerprint(*paths):
     """(path, size, mtime) of every file at or under `paths`: a changed file is a new key."""
     out = []
-    for path in paths:
-        path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    for path in (os.path.abspath(os.path.expanduser(os.fspath(p))) for p in paths):
         files = [path]
         if os.path.isdir(path):
             files = sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names)
@@ -189,9 +176,8 @@ def _cached(key, cache, read):
     logger.info("Loaded %s: %d images of shape %s", key[:3], len(images), images.shape[1:])
     if not cache:
         return images, labels, meta
-    # Read-only, so a caller cannot corrupt what the next caller gets.
-    images.setflags(write=False)
-    labels.setflags(write=False)
+    for array in (images, labels):  # read-only: a caller cannot corrupt the next one's
+        array.setflags(write=False)
     with _cache_lock:
         _cache[key] = (images, labels, meta)
         while len(_cache) > _CACHE_SIZE:
@@ -219,16 +205,12 @@ class DatasetInfo(dict):
 
 def dataset_info(name, *, path=None, image_size=None):
     """What a registered dataset is: classes, shapes, sizes, statistics, augmentation.
-    `path` and `image_size` (default (32, 32)) are those of a "folder" dataset.
+    `path` and `image_size` are those of a "folder" dataset (see `load_arrays`).
 
     Returns:
         dict with "name", "description", "classes", "input_shape", "num_train",
         "num_test", "class_names", "mean" and "std" (per channel, [0, 1] units),
         "stats_source", "augmentation" (the train default), "sources" ("path" for folders).
-
-    Raises:
-        ValueError: for an unknown name, `path` or `image_size` for another dataset, or
-            "folder" without a usable `path`.
     """
     check_dataset_name(name)
     if name != "folder" and (path is not None or image_size is not None):
@@ -238,9 +220,9 @@ def dataset_info(name, *, path=None, image_size=None):
     if name == "digits":
         info["mean"], info["std"] = _digits_stats()
     elif name == "folder":
-        size = (32, 32) if image_size is None else image_size
-        train_x, _, meta = load_arrays_with_meta("folder", "train", path=path, image_size=size)
-        test_x, _, _ = load_arrays_with_meta("folder", "test", path=path, image_size=size)
+        kw = dict(path=path, image_size=image_size)
+        train_x, _, meta = load_arrays_with_meta("folder", "train", **kw)
+        test_x = load_arrays_with_meta("folder", "test", **kw)[0]
         info.update(class_names=meta["class_names"], classes=len(meta["class_names"]),
                     num_train=int(train_x.shape[0]), num_test=int(test_x.shape[0]),
                     input_shape=tuple(int(d) for d in train_x.shape[1:]), path=meta["path"])

@@ -10,7 +10,9 @@ import numpy as np
 import keras
 import tensorflow as tf
 
+import keras_preact
 from keras_preact.files import atomic_write_text
+from keras_preact.models.costs import count_macs, count_params
 
 MODEL_CARD_JSON = "model_card.json"
 MODEL_CARD_MD = "model_card.md"
@@ -22,8 +24,6 @@ PAPER = ("He, Zhang, Ren, Sun. Identity Mappings in Deep Residual Networks. ECCV
 
 
 def _versions(extra=()):
-    import keras_preact
-
     out = {"keras_preact": keras_preact.__version__, "keras": keras.__version__,
            "tensorflow": tf.__version__, "numpy": np.__version__,
            "python": platform.python_version()}
@@ -36,9 +36,6 @@ def _versions(extra=()):
 
 
 def _architecture(model):
-    from keras_preact.models.costs import count_macs
-    from keras_preact.models.costs import count_params
-
     try:
         macs = count_macs(model)
     except ValueError:
@@ -67,8 +64,7 @@ def make_model_card(model, parts, *, export_format, class_names, weights_info, m
                   "layout": "NHWC (batch, height, width, channels)", "range": "0..255"},
         "outputs": parts.describe_outputs(class_names if export_format == "saved_model" else None),
         "top_k": parts.top_k, "class_names": class_names, "metrics": metrics, "serving": serving,
-        "parity": None, "versions": _versions(extra_versions),
-    }
+        "parity": None, "versions": _versions(extra_versions)}
 
 
 def _fmt(value):
@@ -130,19 +126,15 @@ def read_model_card(path):
     """The ``model_card.json`` of an export (any path `load_export` takes) as a dict, or None."""
     folder = locate_export(path, must_exist=False)[1]
     card_path = folder and os.path.join(folder, MODEL_CARD_JSON)
-    if not (card_path and os.path.isfile(card_path)):
-        return None
-    with open(card_path, encoding="utf-8") as f:
-        return json.load(f)
+    if card_path and os.path.isfile(card_path):
+        with open(card_path, encoding="utf-8") as f:
+            return json.load(f)
+    return None
 
 
 def read_class_names(path):
-    """Class names from a file: one a line, or a JSON list of strings (``.json``).
-
-    Raises:
-        OSError: if the file cannot be read.
-        ValueError: for a ``.json`` file that does not hold a list of strings.
-    """
+    """Class names from the file `path`: one a line, or a JSON list of strings (``.json``);
+    ValueError for a ``.json`` file holding anything else."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
     if not str(path).endswith(".json"):
@@ -157,12 +149,9 @@ def read_class_names(path):
 
 
 def locate_export(path, *, must_exist=True):
-    """(kind, folder holding the card, file or folder to load) of an export path.
-
-    Kinds: "saved_model" (a version folder, or the latest version under a base
-    folder), "litert", "onnx" (an export folder or the file itself) and "keras".
-    Without `must_exist`, ``(None, None, None)`` for anything else; with it, ValueError.
-    """
+    """(kind, folder holding the card, file or folder to load) of a `load_export` path; kind
+    "saved_model" (latest version of a base folder), "litert", "onnx" or "keras". Anything
+    else: ``(None, None, None)``, or ValueError with `must_exist`."""
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"`path` must be a path. Received: path={path!r}")
     path = os.path.abspath(os.fspath(path))

@@ -1,40 +1,35 @@
 """Running exports (`load_export`), the model `keras-preact export` takes, images from files."""
 
 import dataclasses
-import json
 import logging
 import os
-import zipfile
 
 import numpy as np
 import tensorflow as tf
+from PIL import Image, UnidentifiedImageError
 
-from keras_preact.export.card import locate_export
-from keras_preact.export.card import read_model_card
+import keras_preact as kp
+from keras_preact.export.card import locate_export, read_model_card
 from keras_preact.export.saved_model import SIGNATURE_METADATA
-from keras_preact.export.serving import AUTO
-from keras_preact.export.serving import ServingParts
-from keras_preact.export.serving import validate_images
+from keras_preact.export.serving import AUTO, ServingParts, check_class_names, validate_images
 from keras_preact.export.single_file import RUNTIMES
 from keras_preact.files import file_hash
+from keras_preact.weights.local import load_keras_file, read_keras_file_config
 
 logger = logging.getLogger("keras_preact.export")
 
-#: Pillow modes read as they are (8 bits a channel), and those converted on reading
-#: (palette images: to RGB, or RGBA if transparent).
+#: Pillow modes read as they are (8 bits a channel), those converted on reading (palette
+#: images: to RGB, or RGBA if transparent), and the mode of each channel count (``resize``).
 _8BIT_MODES = ("L", "LA", "RGB", "RGBA", "CMYK")
 _CONVERTED_MODES = {"1": "L", "YCbCr": "RGB", "LAB": "RGB", "HSV": "RGB"}
-#: The Pillow mode of each channel count, for ``resize=True``.
 _CHANNEL_MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
 
 
 @dataclasses.dataclass
 class ExportedModel:
-    """A loaded export (or `.keras` model) that predicts from raw uint8 images; see `load_export`.
-
-    `kind` is "saved_model", "litert", "onnx" or "keras"; `input_shape` is
-    (height, width, channels); `class_names` and `model_card` may be None.
-    """
+    """A loaded export (or `.keras` model) predicting from uint8 images (`load_export`): `kind`
+    "saved_model", "litert", "onnx" or "keras"; `input_shape` (height, width, channels);
+    `class_names` and `model_card` may be None."""
 
     kind: str
     path: str
@@ -44,28 +39,20 @@ class ExportedModel:
     runner: object = dataclasses.field(repr=False)
 
     def predict(self, images):
-        """Runs the export on uint8 images ``[batch, H, W, C]`` (or one ``[H, W, C]``),
-        checked first (`validate_images`); returns a dict of numpy arrays: "probabilities",
-        "top_k_classes", "top_k_scores" (and "features" when exported with them)."""
+        """Runs the export on `images` (checked by `validate_images`); returns numpy arrays
+        "probabilities", "top_k_classes", "top_k_scores" (and "features" if exported)."""
         out = self.runner(validate_images(images, self.input_shape))
         return {k: np.asarray(v) for k, v in out.items() if k != "top_k_labels"}
 
 
 def expected_input_shape(path):
-    """(height, width, channels) an export or `.keras` file takes, read without loading it.
-
-    Returns None when it cannot be known without loading the model.
-    """
+    """(height, width, channels) an export or `.keras` file at `path` takes, read without
+    loading it; None when only loading it would tell."""
     kind, folder, target = locate_export(path)
     if kind != "keras":
         card = read_model_card(folder)
         return None if card is None else tuple(card["input"]["shape"][1:])
-    try:  # the model's config, without building the model
-        with zipfile.ZipFile(target) as zf:
-            config = json.loads(zf.read("config.json")).get("config", {})
-    except (zipfile.BadZipFile, KeyError, ValueError, OSError) as err:
-        raise ValueError(f"Not a readable .keras model file ({err}). "
-                         f"Received: path={target!r}") from None
+    config = read_keras_file_config(target).get("config", {})
     shape = config.get("input_shape")
     if shape is None:
         inputs = [layer.get("config", {}) for layer in config.get("layers", [])
@@ -79,11 +66,12 @@ def expected_input_shape(path):
 
 
 def load_export(path, *, preprocessing=AUTO, top_k=None):
-    """Loads an export (or a `.keras` model) as an `ExportedModel` predicting from uint8 images.
+    """Loads an export (or a `.keras` model) as an `ExportedModel`.
 
-    `path`: a SavedModel base folder (the latest version is used) or version folder, a
-    LiteRT or ONNX export folder, a ``.tflite`` / ``.onnx`` file, or a ``.keras`` model
-    file. `preprocessing` and `top_k` apply to ``.keras`` files (see `build_serving_model`).
+    Args:
+        path: a SavedModel base folder (its latest version) or version folder, a LiteRT or
+            ONNX export folder or file, or a ``.keras`` model file.
+        preprocessing, top_k: for a ``.keras`` file, as in `build_serving_model`.
 
     Raises:
         ValueError: if `path` is none of these.
@@ -91,8 +79,6 @@ def load_export(path, *, preprocessing=AUTO, top_k=None):
     """
     kind, folder, target = locate_export(path)
     if kind == "keras":
-        from keras_preact.weights.local import load_keras_file
-
         parts = ServingParts(load_keras_file(target), preprocessing=preprocessing, top_k=top_k,
                              include_features=False)
         return ExportedModel(kind, target, parts.input_shape, None, None,
@@ -111,19 +97,19 @@ def load_export(path, *, preprocessing=AUTO, top_k=None):
 def load_model_to_export(name_or_path, *, classes=10, preprocessing=AUTO):
     """A model to export, by registered name (random initialisation) or `.keras` file.
 
-    `classes` applies to a model built by name, which also gets `preprocessing` as its
-    own layer ("auto": "cifar10" for the CIFAR family, else "imagenet"); for a `.keras`
-    file `preprocessing` goes to the exporter.
+    Args:
+        name_or_path: a name of `keras_preact.list_models()` or a ``.keras`` file.
+        classes: the classes of a model built by name.
+        preprocessing: a built model's own layer ("auto": "cifar10" for the CIFAR family,
+            else "imagenet"); for a ``.keras`` file, the exporter's argument.
 
     Returns:
-        ``(model, described)``: the model and its `export_model` arguments
-        ``preprocessing``, ``weights_info`` and ``metrics`` (a run's, or None).
+        ``(model, described)``: the model and its `export_model` arguments ``preprocessing``,
+        ``weights_info`` and ``metrics`` (a run's, or None).
 
     Raises:
         ValueError: for an unknown name or a `.keras` file that does not exist.
     """
-    import keras_preact as kp
-
     if name_or_path in kp.list_models():
         if preprocessing == AUTO:
             family = kp.model_info(name_or_path)["family"]
@@ -140,7 +126,6 @@ def load_model_to_export(name_or_path, *, classes=10, preprocessing=AUTO):
     if not os.path.isfile(name_or_path):
         raise ValueError(f"The model file does not exist. Received: name_or_path={name_or_path!r}")
     from keras_preact.training.demo import run_metrics
-    from keras_preact.weights.local import load_keras_file
 
     weights_info = {"file": os.path.basename(name_or_path), "sha256": file_hash(name_or_path)}
     described = {"preprocessing": preprocessing, "weights_info": weights_info,
@@ -149,14 +134,14 @@ def load_model_to_export(name_or_path, *, classes=10, preprocessing=AUTO):
 
 
 def read_image_file(path, input_shape, *, resize=False):
-    """The images of one file, in the model's ``(height, width, channels)`` (`fit_image`).
+    """The images of one file, fitted to `input_shape` by `fit_image` (with `resize`).
 
-    `path` is an image file Pillow reads (PNG, JPEG, BMP, GIF, ...) or a ``.npy`` file
-    holding a uint8 array ``[H, W]``, ``[H, W, C]`` or ``[N, H, W, C]``.
+    Args:
+        path: an image file Pillow reads (PNG, JPEG, ...) or a ``.npy`` file holding a uint8
+            array ``[H, W]``, ``[H, W, C]`` or ``[N, H, W, C]``.
 
     Returns:
-        list of ``(name, uint8 [H, W, C] array)``: one for an image, ``N`` for a
-        ``.npy`` batch, named ``path[i]``.
+        list of ``(name, uint8 [H, W, C] array)``: one per image, named ``path[i]`` in a batch.
 
     Raises:
         ValueError: naming the file: missing, unreadable, not 8-bit, or not fitting.
@@ -186,9 +171,6 @@ def read_image_file(path, input_shape, *, resize=False):
 
 
 def _read_with_pillow(path):
-    from PIL import Image
-    from PIL import UnidentifiedImageError
-
     try:
         with Image.open(path) as image:
             image.load()
@@ -208,14 +190,14 @@ def _read_with_pillow(path):
 
 
 def fit_image(array, input_shape, *, resize=False, name="image"):
-    """One uint8 ``[H, W, C]`` image in the model's ``(height, width, channels)`` (None: any).
+    """One uint8 ``[H, W, C]`` `array` fitted to `input_shape`, (height, width, channels).
 
-    With `resize`, a mismatch is converted (Pillow's grey / RGB / RGBA conversions) and
-    resized (bilinear) instead of refused; `name` names the image in messages.
+    Args:
+        resize: convert a mismatch (Pillow's grey / RGB / RGBA) and resize it (bilinear).
+        name: the image's name in messages.
 
     Raises:
-        ValueError: naming the image, for a mismatch without `resize` or channels
-            that cannot be converted.
+        ValueError: for a mismatch without `resize`, or channels that cannot be converted.
     """
     height, width, channels = input_shape
     h, w, c = array.shape
@@ -231,8 +213,6 @@ def fit_image(array, input_shape, *, resize=False, name="image"):
     if c not in _CHANNEL_MODES or channels not in (1, 3, 4):
         raise ValueError(f"image {name!r} has {c} channel(s) and the model takes {channels}; "
                          "resizing converts 1 to 4 channels into 1, 3 or 4")
-    from PIL import Image
-
     image = Image.fromarray(array[..., 0] if c == 1 else array).convert(_CHANNEL_MODES[channels])
     image = image.resize((width or w, height or h), Image.Resampling.BILINEAR)
     out = np.asarray(image, dtype=np.uint8)
@@ -240,14 +220,14 @@ def fit_image(array, input_shape, *, resize=False, name="image"):
 
 
 def top_k_predictions(outputs, *, top_k=None, class_names=None):
-    """Each image's top classes from `ExportedModel.predict` outputs.
+    """Each image's top classes from `ExportedModel.predict` `outputs`.
 
-    `top_k` is 1 to the export's top-k (None: the export's); `class_names`, one per
-    class, adds ``"label"`` entries.
+    Args:
+        top_k: 1 to the export's top-k; None: the export's.
+        class_names: one per class, for ``"label"`` entries.
 
     Returns:
-        list, one per image, of ``{"class": int, "score": float[, "label": str]}``
-        lists, best first.
+        per image, a list of ``{"class": int, "score": float[, "label": str]}``, best first.
 
     Raises:
         ValueError: for a `top_k` out of range or class names not one per class.
@@ -257,10 +237,7 @@ def top_k_predictions(outputs, *, top_k=None, class_names=None):
     if not 1 <= k <= exported_k:
         raise ValueError(f"`top_k` must be 1 to the export's top-k ({exported_k}). "
                          f"Received: top_k={top_k}")
-    classes = outputs["probabilities"].shape[-1]
-    if class_names is not None and len(class_names) != classes:
-        raise ValueError(f"`class_names` has {len(class_names)} names; the model has {classes} "
-                         f"classes. Received: class_names={class_names!r}")
+    class_names = check_class_names(class_names, outputs["probabilities"].shape[-1])
     result = []
     for indices, scores in zip(outputs["top_k_classes"][:, :k], outputs["top_k_scores"][:, :k]):
         result.append([{"class": int(i), "score": float(s)} for i, s in zip(indices, scores)])

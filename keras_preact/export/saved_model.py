@@ -9,10 +9,8 @@ import tensorflow as tf
 
 from keras_preact.export.serving import check_path
 from keras_preact.export.staging import export_folder
-from keras_preact.layers.utils import check_bool
-from keras_preact.layers.utils import check_positive_int
+from keras_preact.layers.utils import check_bool, check_positive_int
 
-#: The signatures of a SavedModel export.
 SIGNATURE_RAW = "serving_default"
 SIGNATURE_PREPROCESSED = "serve_preprocessed"
 SIGNATURE_ENCODED = "serve_encoded"
@@ -20,12 +18,10 @@ SIGNATURE_METADATA = "metadata"
 
 
 def _serving_entry(parts, version, accept_encoded):
-    """The model card's "serving" entry: the layout and the signatures' inputs."""
     shape = [None, *parts.input_shape]
-    signatures = {
-        SIGNATURE_RAW: {"inputs": {"images": {"dtype": "uint8", "shape": shape}}},
-        SIGNATURE_PREPROCESSED: {"inputs": {"inputs": {"dtype": "float32", "shape": shape}}},
-    }
+    signatures = {SIGNATURE_RAW: {"inputs": {"images": {"dtype": "uint8", "shape": shape}}},
+                  SIGNATURE_PREPROCESSED: {"inputs": {
+                      "inputs": {"dtype": "float32", "shape": shape}}}}
     if accept_encoded:
         signatures[SIGNATURE_ENCODED] = {"inputs": {"image_bytes": {
             "dtype": "string", "shape": [None], "content": "JPEG, PNG, GIF or BMP bytes"}}}
@@ -36,14 +32,13 @@ def _serving_entry(parts, version, accept_encoded):
 
 def _write_archive(folder, parts, card, accept_encoded):
     shape = [None, *parts.input_shape]
+    floats = tf.TensorSpec(shape, tf.float32, name="inputs")
     height, width, channels = parts.input_shape
     names = card["class_names"]
     labels = tf.constant(names if names is not None else [], dtype=tf.string)
 
-    # Every signature calls this one traced function, so the network is traced and
-    # stored once (for ResNet-1001 tracing dominates the export time).
-    @tf.function(input_signature=[tf.TensorSpec(shape, tf.float32, name="inputs")],
-                 autograph=False)
+    # Every signature calls this one function, traced and stored once (the bulk of the time).
+    @tf.function(input_signature=[floats], autograph=False)
     def network(inputs):
         out = dict(parts.preprocessed(inputs, training=False))
         if names is not None:
@@ -52,9 +47,6 @@ def _write_archive(folder, parts, card, accept_encoded):
 
     def serve_images(images):
         return network(parts.normalize(images))
-
-    def serve_preprocessed(inputs):
-        return network(inputs)
 
     def decode(image_bytes):
         """One encoded image -> uint8 pixels, asserting the model's input size."""
@@ -73,25 +65,20 @@ def _write_archive(folder, parts, card, accept_encoded):
         spec = tf.TensorSpec(parts.input_shape, tf.uint8)
         return serve_images(tf.map_fn(decode, image_bytes, fn_output_signature=spec))
 
-    # The embedded card has no parity figures (measured after writing); the
-    # model_card.json beside the export has them.
+    # No parity figures in this copy (measured after writing); model_card.json has them.
     card_json = json.dumps(card, default=str)
 
     def metadata():
         return {"class_names": labels, "model_card": tf.constant(card_json)}
 
-    endpoints = [(SIGNATURE_RAW, serve_images, [tf.TensorSpec(shape, tf.uint8, name="images")]),
-                 (SIGNATURE_PREPROCESSED, serve_preprocessed,
-                  [tf.TensorSpec(shape, tf.float32, name="inputs")])]
-    if accept_encoded:
-        endpoints.append((SIGNATURE_ENCODED, serve_encoded,
-                          [tf.TensorSpec([None], tf.string, name="image_bytes")]))
-    endpoints.append((SIGNATURE_METADATA, metadata, []))
-    # No archive.track(model): the endpoints capture every variable, and tracking
-    # re-traces every layer's tf.functions (3x the export time of ResNet-110).
+    # No archive.track(model): the endpoints hold the variables; it re-traces (3x slower).
     archive = keras.export.ExportArchive()
-    for name, fn, signature in endpoints:
-        archive.add_endpoint(name, fn, input_signature=signature)
+    archive.add_endpoint(SIGNATURE_RAW, serve_images, [tf.TensorSpec(shape, tf.uint8, "images")])
+    archive.add_endpoint(SIGNATURE_PREPROCESSED, network, [floats])
+    if accept_encoded:
+        bytes_spec = tf.TensorSpec([None], tf.string, name="image_bytes")
+        archive.add_endpoint(SIGNATURE_ENCODED, serve_encoded, [bytes_spec])
+    archive.add_endpoint(SIGNATURE_METADATA, metadata, [])
     archive.write_out(folder, verbose=False)
 
 
@@ -107,28 +94,22 @@ def open_saved_model(path):
 
 
 def export_saved_model(model, path, *, version=1, accept_encoded=False, **options):
-    """Exports a classifier as a SavedModel for TF Serving, with a model card.
-
-    Written to ``path/<version>/`` (the layout TF Serving scans) with the signatures
-    ``serving_default`` (``images``: uint8 ``[batch, H, W, C]`` -> "probabilities",
+    """Exports a classifier as a SavedModel for TF Serving (in ``path/<version>/``), with a
+    model card. Signatures: ``serving_default`` (uint8 ``images`` -> "probabilities",
     "top_k_classes", "top_k_scores", + "features", + "top_k_labels" with class names),
-    ``serve_preprocessed`` (``inputs``: float32, already preprocessed -> the same),
-    ``serve_encoded`` (with `accept_encoded`; ``image_bytes``: JPEG/PNG strings of the
-    model's input size -> the same) and ``metadata`` (-> ``class_names``, ``model_card``).
+    ``serve_preprocessed`` (float32 ``inputs``, preprocessed), ``serve_encoded`` (JPEG/PNG
+    ``image_bytes`` of the input size) and ``metadata`` (``class_names``, ``model_card``).
 
     Args:
         model: a built classifier with one image input, e.g. a `PreActResNet`.
         path: the base folder (TF Serving's ``--model_base_path``).
         version: int >= 1, the version folder name.
         accept_encoded: add the ``serve_encoded`` signature.
-        **options: every exporter's keyword arguments: `top_k`, `include_features`,
-            `preprocessing` (see `build_serving_model`); `class_names` (a str per class,
-            for the outputs, ``class_names.txt`` and the model card); `weights_info`,
-            `metrics` (JSON dicts for the model card); `overwrite` (replace an existing
-            export; default False); `check_parity` (default True: compare the export with
-            the model on `parity_images`, default 8 seeded random ones, within
-            `parity_tolerance`, default `PARITY_TOLERANCES[format]`); `verbose` (a
-            progress bar over the stages).
+        **options: every exporter's: `top_k`, `include_features`, `preprocessing` (see
+            `build_serving_model`); `class_names` (a str per class); `weights_info`, `metrics`
+            (JSON dicts for the model card); `overwrite` (default False); `check_parity`
+            (default True: compare with the model on `parity_images`, default 8 seeded random
+            ones, within `parity_tolerance`, default `PARITY_TOLERANCES`); `verbose`.
 
     Returns:
         str, the version folder written (``path/<version>``).
@@ -148,5 +129,4 @@ def export_saved_model(model, path, *, version=1, accept_encoded=False, **option
         serving=lambda parts: _serving_entry(parts, version, accept_encoded),
         write=lambda folder, parts, card: _write_archive(folder, parts, card, accept_encoded),
         run=lambda folder, images: open_saved_model(folder)[1](images),
-        class_names_dir="assets.extra", **options,
-    )
+        class_names_dir="assets.extra", **options)

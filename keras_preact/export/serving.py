@@ -8,22 +8,18 @@ import numpy as np
 import keras
 from keras import ops
 
-from keras_preact.layers.utils import check_bool
-from keras_preact.layers.utils import check_positive_int
+from keras_preact.layers.preprocessing import ImageNormalization, resolve_preprocessing
+from keras_preact.layers.utils import check_bool, check_positive_int
 
-#: The export formats.
 FORMATS = ("saved_model", "litert", "onnx")
 #: LiteRT quantisation: None (float32), "float16" (float16 weights) or "dynamic_range"
 #: (int8 weights, activations quantised on the fly).
 QUANTIZATIONS = (None, "float16", "dynamic_range")
-#: Largest |difference| of `probabilities` allowed between an export and the Keras model.
-#: Float32 conversions only reorder arithmetic (below 1e-6 up to ResNet-110); float16
-#: keeps about 3 digits; int8 weights move a few hundredths.
+#: Largest |difference| of `probabilities` between an export and the Keras model: float32 only
+#: reorders arithmetic (< 1e-6 to ResNet-110), float16 keeps ~3 digits, int8 weights a few 0.01.
 PARITY_TOLERANCES = {"saved_model": 1e-5, "onnx": 1e-5, "litert": 1e-5,
                      "litert_float16": 1e-2, "litert_dynamic_range": 0.1}
-#: `preprocessing="auto"`: the model's own preprocessing layer.
-AUTO = "auto"
-#: How to install the optional exporters and runtimes.
+AUTO = "auto"  # preprocessing: the model's own layer
 EXPORT_EXTRA = 'pip install "keras-preact[export]"'
 # The layer names of `keras_preact.PreActResNet` the serving model looks for.
 PREPROCESSING_LAYER = "preprocessing"
@@ -77,13 +73,12 @@ def _model_input_shape(model):
                          f"Received: model={type(model).__name__}")
     inputs = getattr(model, "inputs", None) if model.built else None
     if not inputs or len(inputs) != 1 or len(inputs[0].shape) != 4:
-        raise ValueError("`model` must be built, with one 4D image input [batch, height, width, "
-                         f"channels]. Received: model={model.name!r} with inputs "
-                         f"{[tuple(t.shape) for t in inputs or ()]}")
+        shapes = [tuple(t.shape) for t in inputs or ()]
+        raise ValueError("`model` must be built, with one 4D image input [batch, H, W, C]. "
+                         f"Received: model={model.name!r} with inputs {shapes}")
     if len(model.outputs) != 1 or len(model.outputs[0].shape) != 2:
-        raise ValueError("`model` must output class scores [batch, classes] (a classifier, e.g. "
-                         "include_top=True). "
-                         f"Received outputs: {[tuple(t.shape) for t in model.outputs]}")
+        raise ValueError("`model` must be a classifier (include_top=True): scores [batch, classes]."
+                         f" Received outputs: {[tuple(t.shape) for t in model.outputs]}")
     shape = tuple(None if d is None else int(d) for d in inputs[0].shape[1:])
     return (shape[1], shape[2], shape[0]) if _data_format(model) == "channels_first" else shape
 
@@ -100,8 +95,10 @@ def _data_format(model):
 def validate_images(images, input_shape, *, name="images"):
     """`images` (uint8 ``[batch, H, W, C]`` or one ``[H, W, C]``) as a 4D uint8 array.
 
-    `input_shape` is the export's ``(height, width, channels)`` (None: any size); `name`
-    names the argument in messages.
+    Args:
+        images: uint8 pixels.
+        input_shape: the export's ``(height, width, channels)``; None: any size.
+        name: the argument's name in messages.
 
     Raises:
         ValueError: for a wrong dtype, rank, channel count or image size.
@@ -121,8 +118,7 @@ def validate_images(images, input_shape, *, name="images"):
                          f"shape={images.shape} ({images.shape[-1]} channels)")
     if height not in (None, images.shape[1]) or width not in (None, images.shape[2]):
         raise ValueError(f"`{name}` must be {height}x{width} (height x width), the model's input "
-                         f"size. Received: shape={images.shape} "
-                         f"({images.shape[1]}x{images.shape[2]})")
+                         f"size. Received: shape={images.shape}")
     if images.shape[0] == 0:
         raise ValueError(f"`{name}` is an empty batch. Received: shape={images.shape}")
     return images
@@ -130,9 +126,6 @@ def validate_images(images, input_shape, *, name="images"):
 
 def _resolve_preprocessing(model, preprocessing):
     """(layer or None, the model card's description) of the raw-image path."""
-    from keras_preact.layers.preprocessing import ImageNormalization
-    from keras_preact.layers.preprocessing import resolve_preprocessing
-
     layer = _find_layer(model, PREPROCESSING_LAYER)
     if layer is not None:
         if preprocessing != AUTO:
@@ -182,16 +175,14 @@ class ServingParts:
         if include_features:
             pool = _find_layer(model, FEATURES_LAYER)
             if pool is None or len(pool.output.shape) != 2:
-                raise ValueError(
-                    f"`include_features=True` needs a layer named {FEATURES_LAYER!r} with a "
-                    f"pooled [batch, width] output (as in PreActResNet). Model {model.name!r} "
-                    "has none.")
+                raise ValueError(f"`include_features=True` needs a layer {FEATURES_LAYER!r} with a "
+                                 f"pooled [batch, width] output. Model {model.name!r} has none.")
             outputs["features"] = pool.output
             self.features = int(pool.output.shape[-1])
         # The float endpoint starts after the model's own preprocessing layer.
         own = _find_layer(model, PREPROCESSING_LAYER)
-        start = model.inputs[0] if own is None else own.output
-        core = keras.Model(start, outputs, name=f"{model.name}_core")
+        core = keras.Model(model.inputs[0] if own is None else own.output, outputs,
+                           name=f"{model.name}_core")
         inputs = keras.Input(self.input_shape, dtype="float32", name="inputs")
         # Serving clients send channels-last images whatever the model's layout.
         out = core(self._to_model_layout(inputs))
@@ -256,11 +247,8 @@ class ServingParts:
 
 
 def compare(name, reference, outputs, tolerance):
-    """The parity record of an export's outputs against the Keras probabilities.
-
-    Raises:
-        ExportParityError: for another shape or a difference beyond `tolerance`.
-    """
+    """The parity record of an export's probabilities against the Keras model's `reference`;
+    ExportParityError for another shape or a difference beyond `tolerance`."""
     got = np.asarray(outputs["probabilities"])
     if got.shape != reference.shape:
         raise ExportParityError(f"The {name} export returns probabilities of shape {got.shape}; "
@@ -281,10 +269,9 @@ def build_serving_model(model, *, preprocessing=AUTO, top_k=None, include_featur
 
     Args:
         model: a built classifier with one image input, e.g. a `PreActResNet`.
-        preprocessing: "auto" (default): the model's own layer named "preprocessing";
-            a model without one needs a preset name, a dict with "mean"/"std"/"scale"
-            (see `keras_preact.layers.preprocessing`) or None (raw 0..255 as floats).
-        top_k: at most the number of classes; None (default): 5, or fewer classes.
+        preprocessing: "auto": the model's own layer named "preprocessing"; for a model
+            without one, a preset, a dict (see `keras_preact.layers.preprocessing`) or None.
+        top_k: at most the number of classes; None: 5, or fewer classes.
         include_features: also return the pooled features (the layer named "pool").
 
     Returns:
@@ -295,6 +282,5 @@ def build_serving_model(model, *, preprocessing=AUTO, top_k=None, include_featur
         ValueError: for a model that is not a single-input classifier, a bad `top_k`,
             a `preprocessing` that is missing or given twice.
     """
-    parts = ServingParts(model, preprocessing=preprocessing, top_k=top_k,
-                         include_features=include_features)
-    return parts.raw
+    return ServingParts(model, preprocessing=preprocessing, top_k=top_k,
+                        include_features=include_features).raw

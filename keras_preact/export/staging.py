@@ -10,16 +10,10 @@ import uuid
 
 import keras
 
-from keras_preact.export.card import MODEL_CARD_JSON
-from keras_preact.export.card import make_model_card
-from keras_preact.export.card import write_class_names
-from keras_preact.export.card import write_model_card
-from keras_preact.export.serving import AUTO
-from keras_preact.export.serving import PARITY_TOLERANCES
-from keras_preact.export.serving import ServingParts
-from keras_preact.export.serving import check_class_names
-from keras_preact.export.serving import check_json
-from keras_preact.export.serving import compare
+from keras_preact.export.card import (
+    MODEL_CARD_JSON, make_model_card, write_class_names, write_model_card)
+from keras_preact.export.serving import (
+    AUTO, PARITY_TOLERANCES, ServingParts, check_class_names, check_json, compare)
 from keras_preact.layers.utils import check_bool
 
 logger = logging.getLogger("keras_preact.export")
@@ -41,13 +35,8 @@ def check_target(target, *, overwrite):
 
 @contextlib.contextmanager
 def staged_folder(target, *, overwrite):
-    """Yields a temporary folder beside `target`, renamed onto it if the block succeeds.
-
-    An exception removes the temporary folder and leaves `target` as it was.
-
-    Raises:
-        ValueError: if the parent folder cannot be written (or see `check_target`).
-    """
+    """Yields a temporary folder beside `target`, renamed onto it if the block succeeds (an
+    exception removes it and leaves `target` as it was); ValueError for an unwritable parent."""
     check_target(target, overwrite=overwrite)
     parent = os.path.dirname(target)
     try:
@@ -86,14 +75,10 @@ def export_folder(model, target, *, export_format, serving, write, run, quantiza
                   include_features=False, class_names=None, weights_info=None, metrics=None,
                   overwrite=False, check_parity=True, parity_images=None, parity_tolerance=None,
                   verbose=False):
-    """Writes one export through a staging folder and puts it in place at `target`.
-
-    ``serving(parts)`` gives the model card's "serving" entry, ``write(staging, parts,
-    card)`` writes the converted model and ``run(staging, images)`` runs it for the
-    parity check; `extra_versions` are packages whose versions go into the model card
-    and `class_names_dir` is where ``class_names.txt`` goes. The other arguments and
-    the errors are those of `export_saved_model`.
-    """
+    """Writes one export through `staged_folder` at `target`: ``serving(parts)`` is the card's
+    "serving" entry, ``write(staging, parts, card)`` writes the model, ``run(staging, images)``
+    runs it for the parity check; `extra_versions`: packages whose versions go into the card;
+    `class_names_dir`: where ``class_names.txt`` goes; the rest as in `export_saved_model`."""
     key = export_format if quantization is None else f"{export_format}_{quantization}"
     check_bool("overwrite", overwrite)
     check_bool("check_parity", check_parity)
@@ -110,8 +95,7 @@ def export_folder(model, target, *, export_format, serving, write, run, quantiza
         class_names=check_class_names(class_names, parts.classes),
         weights_info=check_json("weights_info", weights_info),
         metrics=check_json("metrics", metrics), serving=serving(parts),
-        extra_versions=extra_versions,
-    )
+        extra_versions=extra_versions)
     images = parts.parity_images(parity_images) if check_parity else None
     progress = keras.utils.Progbar(3, unit_name="stage", verbose=1 if verbose else 0)
     with staged_folder(target, overwrite=overwrite) as staging:
@@ -119,8 +103,7 @@ def export_folder(model, target, *, export_format, serving, write, run, quantiza
         progress.update(1)
         if check_parity:
             reference = parts.reference_probabilities(model, images)
-            outputs = run(staging, images)
-            card["parity"] = compare(key, reference, outputs, float(parity_tolerance))
+            card["parity"] = compare(key, reference, run(staging, images), float(parity_tolerance))
         progress.update(2)
         write_class_names(os.path.join(staging, class_names_dir), card["class_names"])
         write_model_card(staging, card)

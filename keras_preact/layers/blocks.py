@@ -44,17 +44,6 @@ def _strided_shape(input_shape, strides, channels, data_format):
     return tuple(out)
 
 
-def check_layout(*, strided_shortcut, conv_bias, unit):
-    """Validates the layout options `strided_shortcut` and `conv_bias` for `unit`."""
-    check_choice("strided_shortcut", strided_shortcut, STRIDED_SHORTCUTS)
-    check_bool("conv_bias", conv_bias)
-    if conv_bias and not variants.get_unit(unit).bn_before_conv:
-        raise ValueError(
-            f"`conv_bias=True` is supported with unit={variants.DEFAULT_UNIT!r} only. "
-            f"Received: conv_bias=True with unit={unit!r}"
-        )
-
-
 def check_unit_arguments(*, strides, bottleneck_stride, bn_momentum, bn_epsilon, synchronized,
                          unit, strided_shortcut, conv_bias, **unit_options):
     """Checks the arguments of every unit and stage; returns `resolve_unit_options`'."""
@@ -71,7 +60,11 @@ def check_unit_arguments(*, strides, bottleneck_stride, bn_momentum, bn_epsilon,
             f"TensorFlow backend. Received: synchronized=True on {keras.backend.backend()!r}"
         )
     options = variants.resolve_unit_options(unit, **unit_options)
-    check_layout(strided_shortcut=strided_shortcut, conv_bias=conv_bias, unit=unit)
+    check_choice("strided_shortcut", strided_shortcut, STRIDED_SHORTCUTS)
+    check_bool("conv_bias", conv_bias)
+    if conv_bias and not variants.get_unit(unit).bn_before_conv:
+        raise ValueError(f"`conv_bias=True` is supported with unit={variants.DEFAULT_UNIT!r} "
+                         f"only. Received: conv_bias=True with unit={unit!r}")
     return options
 
 

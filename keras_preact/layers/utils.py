@@ -28,9 +28,15 @@ def check_choice(name, value, valid):
     return value
 
 
+def is_int(value, minimum=None):
+    """Whether `value` is an integer (Python or NumPy, not a bool) of at least `minimum`."""
+    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    return ok and (minimum is None or value >= minimum)
+
+
 def check_positive_int(name, value):
     """Raises ValueError unless `value` is an int >= 1 (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value, 1):
         raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
 
 

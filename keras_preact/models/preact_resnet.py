@@ -15,8 +15,8 @@ from keras_preact.layers.blocks import (
 from keras_preact.layers.preprocessing import ImageNormalization, resolve_preprocessing
 from keras_preact.layers.remat import check_remat, model_pruning_off
 from keras_preact.layers.utils import (
-    check_bool, check_choice, check_known_arguments, normalize_data_format, pop_deprecated,
-    deprecated_alias)
+    check_bool, check_choice, check_known_arguments, deprecated_alias, is_int,
+    normalize_data_format, pop_deprecated)
 
 #: Stems: "cifar", a single conv (the paper's CIFAR nets); "imagenet", conv, BN, ReLU
 #: and a 3x3 stride-2 max pool with Torch's symmetric padding (Section 5);
@@ -42,7 +42,7 @@ def _positive_ints(name, value):
         out = tuple(value)
     except TypeError:
         out = ()
-    if not out or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in out):
+    if not out or not all(is_int(v, 1) for v in out):
         raise ValueError(
             f"`{name}` must be a non-empty sequence of positive integers. Received: {name}={value!r}"
         )

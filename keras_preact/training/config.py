@@ -1,12 +1,5 @@
-"""The training recipe as data: `TrainConfig` and the schedule it resolves to.
-
-The defaults are the paper's CIFAR recipe (He et al. 2016). `warmup`, `boundaries` and
-`total` count updates at `base_batch_size` (``schedule_unit="iterations"``) or passes over
-the training split (``"epochs"``). Other batch sizes follow the linear scaling rule
-(Goyal et al. 2017): with ``k = batch_size / base_batch_size`` the rates are multiplied by
-``k`` (``lr_scaling="sqrt"``: ``sqrt(k)``; ``"none"``: 1) and iteration counts divided by
-``k``. `epochs` or `steps` stretch the whole schedule, each phase keeping its fraction.
-"""
+"""The training recipe as data: `TrainConfig` (its defaults are the paper's CIFAR recipe,
+He et al. 2016) and the learning-rate schedule it resolves to for a batch size."""
 
 import dataclasses
 import json
@@ -27,35 +20,30 @@ RUNTIME_FIELDS = ("data_dir", "download", "eval_every", "keep_checkpoints", "ver
                   "intra_op_threads", "inter_op_threads")
 
 
-def _field(default=None, help="", *, factory=None, choices=None):
+def _field(default=None, help="", *, choices=None):
     """A `TrainConfig` field; its `help` and `choices` make the ``keras-preact train`` flags."""
     metadata = {"help": help, "choices": choices}
-    if factory is not None:
-        return dataclasses.field(default_factory=factory, metadata=metadata)
+    if isinstance(default, dict):  # mutable: a fresh copy per instance
+        return dataclasses.field(default_factory=default.copy, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclasses.dataclass
 class TrainConfig:
-    """One training run, JSON-serialisable (stored as ``config.json``).
-
-    Each field's ``help`` metadata describes it (``keras-preact train --help``). An explicit
-    ``model_kwargs["preprocessing"]`` wins over `preprocessing_in_model`; `weights` are
-    loaded at a fresh start only (`keras_preact.finetune.load_pretrained`); frozen parts'
-    BatchNorm runs in inference mode.
-    """
+    """One training run, JSON-serialisable (stored as ``config.json``); each field's ``help``
+    metadata describes it (``keras-preact train --help``). An explicit
+    ``model_kwargs["preprocessing"]`` wins over `preprocessing_in_model`; `weights` are loaded
+    at a fresh start only; frozen parts' BatchNorm runs in inference mode."""
 
     model: str = _field("preact_resnet110", "a model name from `keras-preact list`")
-    model_kwargs: dict = _field(help="JSON object of extra model arguments, e.g. "
+    model_kwargs: dict = _field({}, "JSON object of extra model arguments, e.g. "
                                 """'{"bottleneck_stride": "first"}'; {"architecture": {...}} """
-                                "builds a PreActResNet from that config", factory=dict)
+                                "builds a PreActResNet from that config")
     preprocessing_in_model: bool = _field(True, "the model normalises raw 0..255 pixels itself "
                                           "(else the data pipeline does)")
-    weights: Optional[str] = _field(None, "fine-tune from pretrained weights: a catalog tag of "
-                                    "the model (e.g. cifar10), a .weights.h5 or .keras file "
-                                    "(e.g. another run's checkpoint), or URL#sha256=<hex>")
-    freeze: tuple = _field((), "comma-separated parts kept frozen: stem, stage1, stage2, ..., "
-                           "head, backbone")
+    weights: Optional[str] = _field(None, "fine-tune from pretrained weights: a catalog tag (e.g. "
+                                    "cifar10), a .weights.h5 or .keras file, or URL#sha256=<hex>")
+    freeze: tuple = _field((), "comma-separated parts to freeze: stem, stage1, ..., head, backbone")
     dataset: str = _field("cifar10", "cifar10, cifar100, digits or folder")
     data_dir: Optional[str] = _field(None, "CIFAR files or TFDS data folder")
     data_source: str = _field("auto", "auto, tfds or archive")
@@ -75,8 +63,7 @@ class TrainConfig:
     schedule_unit: str = _field("iterations", "the unit of warmup, boundaries and total",
                                 choices=SCHEDULE_UNITS)
     warmup: float = _field(400, "warm-up length, in schedule units")
-    boundaries: tuple = _field((32000, 48000), "comma-separated rate drops in schedule units, "
-                               "e.g. 32000,48000")
+    boundaries: tuple = _field((32000, 48000), "comma-separated rate drops, e.g. 32000,48000")
     decay_factor: float = _field(0.1, "learning-rate factor at each boundary")
     total: float = _field(64000, "schedule length, in schedule units")
     epochs: Optional[int] = _field(None, "run length in epochs (stretches the schedule)")
@@ -84,8 +71,7 @@ class TrainConfig:
     seed: int = _field(0, "initialisation, data order and augmentation")
     deterministic: bool = _field(False, "TensorFlow op determinism (bit-exact reruns)")
     strategy: str = _field("default", "tf.distribute strategy", choices=STRATEGIES)
-    cpu_devices: Optional[int] = _field(None, "split the CPU into N logical devices "
-                                        "(mirrored on a CPU-only host)")
+    cpu_devices: Optional[int] = _field(None, "N logical CPU devices (mirrored on a CPU-only host)")
     synchronized_bn: bool = _field(False, "BatchNorm statistics over the global batch")
     precision: str = _field("fp32", "float precision policy", choices=PRECISIONS)
     jit_compile: bool = _field(False, "XLA (measure first: slower on CPU here)")
@@ -93,8 +79,7 @@ class TrainConfig:
     keep_checkpoints: int = _field(2, "completed-epoch checkpoints kept")
     intra_op_threads: Optional[int] = _field(None, "TensorFlow intra-op thread count")
     inter_op_threads: Optional[int] = _field(None, "TensorFlow inter-op thread count")
-    verbose: object = _field("auto", "auto (a progress bar on a terminal, else a line per "
-                             "epoch), 0, 1, 2")
+    verbose: object = _field("auto", "auto (a bar on a terminal, else a line per epoch), 0, 1, 2")
 
     def __post_init__(self):
         self.boundaries = tuple(self.boundaries)
@@ -105,10 +90,7 @@ class TrainConfig:
 
     def validate(self):
         """Checks every field that can be checked without data or TensorFlow; returns self.
-
-        Raises:
-            ValueError: naming the field, the value received and what is valid.
-        """
+        ValueError names the field, the value received and what is valid."""
         import keras_preact
         from keras_preact import data
 
@@ -173,8 +155,7 @@ class TrainConfig:
     def from_dict(cls, values):
         """Builds a config from `to_dict` output; ValueError for keys that are not fields."""
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
-        if unknown:
+        if unknown := sorted(set(values) - names):
             raise ValueError(f"Unknown training config keys: {unknown}. Valid: {sorted(names)}")
         return cls(**values)
 
@@ -187,19 +168,20 @@ class TrainConfig:
         return {k: (a[k], b.get(k)) for k in sorted(a)
                 if k not in ignore and _normal(a[k]) != _normal(b.get(k))}
 
-    def lr_multiplier(self):
-        """The factor applied to both rates for `batch_size` (see the module doc)."""
-        k = self.batch_size / self.base_batch_size
-        return {"linear": k, "sqrt": math.sqrt(k), "none": 1.0}[self.lr_scaling]
-
     def resolve_schedule(self, steps_per_epoch):
-        """Turns the recipe into step counts and rates for this batch size.
+        """Turns the recipe into step counts and rates for `steps_per_epoch` (updates per
+        pass over the training split, remainder dropped).
 
-        `steps_per_epoch` is the updates per pass over the training split at `batch_size`
-        (remainder dropped). Returns a dict with ``total_steps``, ``warmup_steps``,
-        ``boundaries`` (steps), ``values`` (rates after the warm-up, one per phase),
-        ``warmup_learning_rate``, ``epochs`` (passes needed; the last may be cut short
-        at ``total_steps``) and ``steps_per_epoch``.
+        `warmup`, `boundaries` and `total` count updates at `base_batch_size` (schedule_unit
+        "iterations") or passes over the training split ("epochs"). With ``k = batch_size /
+        base_batch_size`` the rates are multiplied by ``k`` (the linear scaling rule, Goyal et
+        al. 2017; "sqrt": ``sqrt(k)``; "none": 1) and iteration counts divided by ``k``.
+        `epochs` or `steps` stretch the whole schedule, each phase keeping its fraction.
+
+        Returns:
+            dict: ``total_steps``, ``warmup_steps``, ``boundaries`` (steps), ``values`` (rates
+            after the warm-up, one per phase), ``warmup_learning_rate``, ``epochs`` (the last
+            may be cut short at ``total_steps``) and ``steps_per_epoch``.
         """
         from keras_preact.layers.utils import check_positive_int
 
@@ -214,15 +196,13 @@ class TrainConfig:
             stretch = new_total / total
             warmup, total = warmup * stretch, float(new_total)
             bounds = [b * stretch for b in bounds]
-        total_steps = max(1, int(round(total)))
-        warmup_steps = int(round(warmup))
-        boundaries = []
-        for b in bounds:
-            b = int(round(b))
+        total_steps, warmup_steps, boundaries = max(1, round(total)), round(warmup), []
+        for b in map(round, bounds):
             # Very short runs may merge phases: keep a boundary only if it means a change.
             if b >= 1 and (not boundaries or b > boundaries[-1]) and b < total_steps:
                 boundaries.append(b)
-        scale = self.lr_multiplier()
+        k = self.batch_size / self.base_batch_size
+        scale = {"linear": k, "sqrt": math.sqrt(k), "none": 1.0}[self.lr_scaling]
         # Rounded to 12 significant digits: 0.0025, not 0.0025000000000000005.
         values = [_round(float(self.learning_rate) * scale * float(self.decay_factor) ** i)
                   for i in range(len(boundaries) + 1)]
@@ -230,8 +210,7 @@ class TrainConfig:
             warmup_steps = min(warmup_steps, boundaries[0])
         return {"total_steps": total_steps, "warmup_steps": warmup_steps,
                 "warmup_learning_rate": _round(float(self.warmup_learning_rate) * scale),
-                "boundaries": boundaries, "values": values,
-                "steps_per_epoch": int(steps_per_epoch),
+                "boundaries": boundaries, "values": values, "steps_per_epoch": int(steps_per_epoch),
                 "epochs": int(math.ceil(total_steps / steps_per_epoch))}
 
     def make_schedule(self, steps_per_epoch):
@@ -240,8 +219,7 @@ class TrainConfig:
 
         s = self.resolve_schedule(steps_per_epoch)
         warmup_lr = s["warmup_learning_rate"] if s["warmup_steps"] else None
-        return WarmupPiecewiseConstant(s["boundaries"], s["values"],
-                                       warmup_steps=s["warmup_steps"],
+        return WarmupPiecewiseConstant(s["boundaries"], s["values"], warmup_steps=s["warmup_steps"],
                                        warmup_learning_rate=warmup_lr)
 
 
@@ -258,13 +236,7 @@ IMAGENET_RECIPE = dict(model="preact_resnet50", batch_size=256, base_batch_size=
 
 def paper_imagenet_recipe(**overrides):
     """The paper's ImageNet recipe as a `TrainConfig` (`IMAGENET_RECIPE`), with `overrides`;
-    its input pipeline is `keras_preact.data.imagenet.make_imagenet_dataset`.
-
-    Example:
-        >>> config = paper_imagenet_recipe(model="preact_resnet200")
-        >>> config.resolve_schedule(5004)["boundaries"]
-        [150120, 300240]
-    """
+    its input pipeline is `keras_preact.data.imagenet.make_imagenet_dataset`."""
     return TrainConfig(**{**IMAGENET_RECIPE, **overrides})
 
 

@@ -1,12 +1,11 @@
-"""The offline demo: pre-activation ResNet-20 on scikit-learn's digits, on a laptop CPU.
-
-The paper's recipe stretched to `DEMO_EPOCHS` epochs at batch 32, the rates scaled by
-sqrt(32 / 128) (the linear rule's lower rate learns too slowly in 8 epochs).
-"""
+"""The offline demo: pre-activation ResNet-20 on scikit-learn's digits, on a laptop CPU: the
+paper's recipe stretched to `DEMO_EPOCHS` epochs at batch 32, the rates scaled by sqrt(32 / 128)
+(the linear rule's lower rate learns too slowly in 8 epochs)."""
 
 import os
 
 from keras_preact.training.config import TrainConfig
+from keras_preact.training.workdir import CURVE_PNG, METRICS_JSON, read_json
 
 DEMO_DATASET = "digits"
 DEMO_EPOCHS = 8
@@ -15,22 +14,18 @@ DEMO_WORKDIR = "runs/demo"
 
 def run_demo(workdir=DEMO_WORKDIR, *, epochs=DEMO_EPOCHS, seed=0, export=True,
              verbose="auto", **overrides):
-    """Trains the demo model (resumable like any run) and returns its results.
+    """Trains the demo model (resumable like any run); returns `train_and_evaluate`'s dict plus
+    ``curve_path`` and, with `export`, ``export``.
 
     Args:
         workdir: the run's folder.
         epochs, seed, verbose, **overrides: `TrainConfig` fields.
         export: also export the trained model (`export_demo`).
-
-    Returns:
-        dict: `train_and_evaluate`'s, plus ``curve_path`` and, with `export`, ``export``.
     """
     from keras_preact.training.trainer import train_and_evaluate
-    from keras_preact.training.workdir import CURVE_PNG
 
-    values = dict(model="preact_resnet20", dataset=DEMO_DATASET, batch_size=32,
-                  lr_scaling="sqrt", epochs=epochs, seed=seed, deterministic=True,
-                  verbose=verbose)
+    values = dict(model="preact_resnet20", dataset=DEMO_DATASET, batch_size=32, lr_scaling="sqrt",
+                  epochs=epochs, seed=seed, deterministic=True, verbose=verbose)
     result = train_and_evaluate(TrainConfig(**{**values, **overrides}), workdir)
     result["curve_path"] = os.path.join(result["workdir"], CURVE_PNG)
     if export:
@@ -41,9 +36,6 @@ def run_demo(workdir=DEMO_WORKDIR, *, epochs=DEMO_EPOCHS, seed=0, export=True,
 def run_metrics(model_path):
     """The held-out metrics for a model card, from the ``metrics.json`` a training run
     writes beside its ``model.keras``, or None. ValueError if that file is not JSON."""
-    from keras_preact.training.workdir import METRICS_JSON
-    from keras_preact.training.workdir import read_json
-
     path = os.path.join(os.path.dirname(os.path.abspath(model_path)), METRICS_JSON)
     if not os.path.isfile(path):
         return None
@@ -56,21 +48,16 @@ def run_metrics(model_path):
 
 def export_demo(*, workdir, model_path, dataset=DEMO_DATASET):
     """Exports the trained model to ``workdir/export/saved_model/1/`` with its model card
-    (the dataset's class names, the run's held-out metrics), replacing an earlier export.
-
-    Returns:
-        dict: {format: folder written}.
-    """
+    (the dataset's class names, the run's held-out metrics), replacing an earlier export;
+    returns ``{"saved_model": the folder written}``."""
     import keras
 
     from keras_preact.data import dataset_info
     from keras_preact.export.single_file import export_model
     from keras_preact.files import file_hash
 
-    path = os.path.join(workdir, "export", "saved_model")
     return {"saved_model": export_model(
-        keras.saving.load_model(model_path), path, format="saved_model",
-        class_names=[str(c) for c in dataset_info(dataset)["class_names"]],
-        metrics=run_metrics(model_path),
+        keras.saving.load_model(model_path), os.path.join(workdir, "export", "saved_model"),
+        format="saved_model", class_names=[str(c) for c in dataset_info(dataset)["class_names"]],
         weights_info={"path": os.path.abspath(model_path), "sha256": file_hash(model_path)},
-        overwrite=True)}
+        metrics=run_metrics(model_path), overwrite=True)}

@@ -1,8 +1,6 @@
 """tf.distribute strategies, runtime settings and the multi-worker cluster (TensorFlow).
-
-Under a mirrored strategy each replica's BatchNorm normalises its share of the batch (as
-the paper's two GPUs did) unless ``synchronized_bn=True`` all-reduces the moments.
-"""
+Under a mirrored strategy each replica's BatchNorm normalises its share of the batch (as the
+paper's two GPUs did) unless ``synchronized_bn=True`` all-reduces the moments."""
 
 import collections
 import contextlib
@@ -14,7 +12,12 @@ import os
 import socket
 import time
 
+import keras
+import numpy as np
+
 from keras_preact import private_api
+from keras_preact.layers.utils import check_choice
+from keras_preact.training.config import STRATEGIES
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +39,10 @@ def configure_runtime(*, cpu_devices=None, intra_op_threads=None, inter_op_threa
     """Applies settings that TensorFlow accepts only before it initialises its devices.
 
     Args:
-        cpu_devices: split the first CPU into that many logical devices (replicas).
+        cpu_devices: split the first CPU into that many logical devices (replicas); ValueError
+            if TensorFlow already initialised another number.
         intra_op_threads, inter_op_threads: thread pool sizes (too late: a warning).
         deterministic: enable TensorFlow's op determinism.
-
-    Raises:
-        ValueError: if `cpu_devices` differs from what TensorFlow already initialised.
     """
     import tensorflow as tf
 
@@ -70,24 +71,17 @@ def configure_runtime(*, cpu_devices=None, intra_op_threads=None, inter_op_threa
 
 
 def make_strategy(name):
-    """The `tf.distribute.Strategy` for `name`.
-
-    Args:
-        name: "default" (one device), "mirrored" (every visible GPU, else every logical
-            CPU), "tpu" (an attached TPU) or "multiworker" (the workers of
-            ``TF_CONFIG``; train with `train_multiworker`: ``model.fit`` fails under it).
-
-    Raises:
-        ValueError: for an unknown name, or "tpu" where no TPU is found.
-    """
+    """The `tf.distribute.Strategy` for `name`: "default" (one device), "mirrored" (every visible
+    GPU, else every logical CPU), "tpu" or "multiworker" (``TF_CONFIG``'s workers: train with
+    `train_multiworker`). ValueError for an unknown name or "tpu" without a TPU."""
     import tensorflow as tf
 
+    check_choice("strategy", name, STRATEGIES)
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "mirrored":
         devices = None
-        if not tf.config.list_logical_devices("GPU"):
-            # Without GPUs MirroredStrategy() takes only CPU:0.
+        if not tf.config.list_logical_devices("GPU"):  # else MirroredStrategy() takes CPU:0 only
             devices = [d.name for d in tf.config.list_logical_devices("CPU")]
         key = tuple(devices or ())
         if key not in _STRATEGIES:
@@ -97,19 +91,16 @@ def make_strategy(name):
         return _STRATEGIES[key]
     if name == "multiworker":
         return make_multiworker_strategy(parse_tf_config())
-    if name == "tpu":
-        try:
-            resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
-            tf.config.experimental_connect_to_cluster(resolver)
-            tf.tpu.experimental.initialize_tpu_system(resolver)
-        except (ValueError, RuntimeError, tf.errors.OpError) as err:
-            first = str(err).splitlines()[0] if str(err) else ""
-            raise ValueError(
-                "strategy='tpu' was requested but no TPU was found on this machine "
-                f"({type(err).__name__}: {first}). Use strategy='default' or 'mirrored'.") from None
-        return tf.distribute.TPUStrategy(resolver)
-    raise ValueError(f"Unknown strategy. Received: strategy={name!r}. "
-                     "Valid: ['default', 'mirrored', 'tpu', 'multiworker']")
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (ValueError, RuntimeError, tf.errors.OpError) as err:
+        raise ValueError(
+            "strategy='tpu' was requested but no TPU was found on this machine "
+            f"({type(err).__name__}: {shorten(err, 200)}). Use strategy='default' or 'mirrored'."
+        ) from None
+    return tf.distribute.TPUStrategy(resolver)
 
 
 def check_global_batch(batch_size, num_replicas, unit="replicas"):
@@ -125,8 +116,6 @@ def check_global_batch(batch_size, num_replicas, unit="replicas"):
 
 def batch_norm_layers(model):
     """The layers of `model`, nested ones included, that compute BatchNorm statistics."""
-    import keras
-
     return [layer for layer in private_api.flatten_layers(model)
             if isinstance(layer, keras.layers.BatchNormalization)
             or isinstance(getattr(layer, "synchronized", None), bool)]
@@ -134,16 +123,8 @@ def batch_norm_layers(model):
 
 def set_synchronized_batch_norm(model, synchronized=True):
     """Switches every BatchNorm of a built `model` to (un)synchronized moments (before the
-    first training step: the layers read the flag when called).
-
-    Returns:
-        int: the number of layers changed.
-
-    Raises:
-        ValueError: on a backend other than TensorFlow.
-    """
-    import keras
-
+    first training step: the layers read the flag when called); returns how many. ValueError
+    on a backend other than TensorFlow."""
     if synchronized and keras.backend.backend() != "tensorflow":
         raise ValueError("synchronized_bn=True needs the TensorFlow backend. Received backend: "
                          f"{keras.backend.backend()!r}")
@@ -155,20 +136,12 @@ def set_synchronized_batch_norm(model, synchronized=True):
 
 def average_replica_statistics(model):
     """Sets every replica's copy of each non-trainable variable (BatchNorm's moving
-    statistics) to their mean, which evaluation, checkpoints and resuming then use.
-
-    Returns:
-        int: the number of variables that had several differing copies.
-    """
-    import numpy as np
-
+    statistics) to their mean; returns how many variables had differing copies."""
     changed = 0
     for variable in model.non_trainable_variables:
-        copies = getattr(getattr(variable, "value", variable), "values", None)
-        if not copies or len(copies) < 2:
-            continue
+        copies = getattr(getattr(variable, "value", variable), "values", None) or ()
         arrays = [np.asarray(c.numpy()) for c in copies]
-        if all(np.array_equal(arrays[0], a) for a in arrays[1:]):
+        if all(np.array_equal(arrays[0], a) for a in arrays[1:]):  # also: fewer than 2 copies
             continue
         mean = np.mean(np.stack(arrays).astype(np.float64), axis=0).astype(arrays[0].dtype)
         for copy in copies:
@@ -188,13 +161,8 @@ class ClusterInfo:
     rank: int
     raw: dict
 
-    @property
-    def num_workers(self):
-        return len(self.tasks)
-
-    @property
-    def is_chief(self):
-        return self.rank == 0
+    num_workers = property(lambda self: len(self.tasks))
+    is_chief = property(lambda self: self.rank == 0)
 
     @property
     def leader(self):
@@ -205,11 +173,7 @@ class ClusterInfo:
 
 def parse_tf_config(text=None):
     """Parses and validates a ``TF_CONFIG`` (default: the environment variable) into a
-    `ClusterInfo`.
-
-    Raises:
-        ValueError: naming what is wrong, with the value received.
-    """
+    `ClusterInfo`; ValueError naming what is wrong, with the value received."""
     text = os.environ.get(TF_CONFIG_ENV) if text is None else text
     if text is None or not str(text).strip():
         raise ValueError(
@@ -218,50 +182,47 @@ def parse_tf_config(text=None):
             '"task": {"type": "worker", "index": 0}} on the first host. '
             f"Received: {TF_CONFIG_ENV}={text!r}")
     shown = f"{TF_CONFIG_ENV}={shorten(text)}"
+
+    def invalid(problem, received=shown):
+        return ValueError(f"{TF_CONFIG_ENV}{problem}. Received: {received}")
+
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as err:
-        raise ValueError(f"{TF_CONFIG_ENV} is not valid JSON ({err}). Received: {shown}") from None
+        raise invalid(f" is not valid JSON ({err})") from None
     if not (isinstance(raw, dict) and isinstance(raw.get("cluster"), dict)
             and isinstance(raw.get("task"), dict)):
-        raise ValueError(f'{TF_CONFIG_ENV} must be a JSON object with a "cluster" object and a '
-                         f'"task" object. Received: {shown}')
+        raise invalid(' must be a JSON object with a "cluster" object and a "task" object')
     cluster, task = raw["cluster"], raw["task"]
-    unknown = sorted(set(cluster) - set(_JOBS))
-    if unknown:
-        raise ValueError(
-            f"{TF_CONFIG_ENV}: jobs {unknown} are not supported by MultiWorkerMirroredStrategy "
-            f"(no parameter servers or evaluators). Valid jobs: {list(_JOBS)}. Received: {shown}")
+    if unknown := sorted(set(cluster) - set(_JOBS)):
+        raise invalid(f": jobs {unknown} are not supported by MultiWorkerMirroredStrategy (no "
+                      f"parameter servers or evaluators). Valid jobs: {list(_JOBS)}")
     tasks, seen = [], {}
     for job in _JOBS:
         addresses = cluster.get(job, [])
         if not isinstance(addresses, list) or not addresses and job in cluster:
-            raise ValueError(f'{TF_CONFIG_ENV}: cluster["{job}"] must be a non-empty list of '
-                             f'"host:port" strings. Received: {shown}')
+            raise invalid(f': cluster["{job}"] must be a non-empty list of "host:port" strings')
         if job == "chief" and len(addresses) > 1:
-            raise ValueError(f'{TF_CONFIG_ENV}: cluster["chief"] holds at most one address. '
-                             f"Received: {len(addresses)} ({addresses})")
+            raise invalid(': cluster["chief"] holds at most one address',
+                          f"{len(addresses)} ({addresses})")
         for index, address in enumerate(addresses):
             host, _, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
             if not (host and port.isdigit() and 0 < int(port) < 65536):
-                raise ValueError(
-                    f'{TF_CONFIG_ENV}: cluster["{job}"][{index}] must be "host:port" with a port '
-                    f"in 1..65535. Received: {address!r} in {shown}")
+                raise invalid(f': cluster["{job}"][{index}] must be "host:port" with a port in '
+                              "1..65535", f"{address!r} in {shown}")
             if address in seen:
-                raise ValueError(
-                    f"{TF_CONFIG_ENV}: the address {address!r} is listed twice ({seen[address]} "
-                    f"and {job} {index}); every task needs its own port. Received: {shown}")
+                raise invalid(f": the address {address!r} is listed twice ({seen[address]} and "
+                              f"{job} {index}); every task needs its own port")
             seen[address] = f"{job} {index}"
             tasks.append((job, index, address))
     task_type, task_index = task.get("type"), task.get("index")
     if task_type not in _JOBS or task_type not in cluster:
-        raise ValueError(f'{TF_CONFIG_ENV}: task["type"] must be one of the cluster\'s jobs '
-                         f"{[j for j in _JOBS if j in cluster]}. Received: type={task_type!r}")
+        raise invalid(f': task["type"] must be one of the cluster\'s jobs '
+                      f"{[j for j in _JOBS if j in cluster]}", f"type={task_type!r}")
     count = len(cluster[task_type])
     if type(task_index) is not int or not 0 <= task_index < count:
-        raise ValueError(
-            f'{TF_CONFIG_ENV}: task["index"] must be an int in [0, {count - 1}] for job '
-            f"{task_type!r}. Received: index={task_index!r}")
+        raise invalid(f': task["index"] must be an int in [0, {count - 1}] for job {task_type!r}',
+                      f"index={task_index!r}")
     rank = [t[:2] for t in tasks].index((task_type, task_index))
     return ClusterInfo(tuple(tasks), task_type, task_index, rank, raw)
 
@@ -274,29 +235,24 @@ def shorten(text, limit=300):
 
 def resolve_timeouts(connect_timeout=None, collective_timeout=None):
     """``(connect_timeout, collective_timeout)`` in seconds: each argument, else its
-    environment variable (``KERAS_PREACT_CONNECT_TIMEOUT_S``,
-    ``KERAS_PREACT_COLLECTIVE_TIMEOUT_S``), else its default; ValueError for a bad value."""
-    resolved = []
-    for value, name, default in (
-        (connect_timeout, CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT_S),
-        (collective_timeout, COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT_S),
-    ):
-        text = os.environ.get(name)
-        if value is None and text:
-            try:
-                value = float(text)
-            except ValueError:
-                value = -1.0
-            if not value > 0 or math.isinf(value):
-                raise ValueError(
-                    f"{name} must be a number of seconds > 0. Received: {name}={text!r}")
-        resolved.append(default if value is None else value)
-    return tuple(resolved)
+    environment variable (`CONNECT_TIMEOUT_ENV`, `COLLECTIVE_TIMEOUT_ENV`), else its
+    default; ValueError for a bad value."""
+    return (_timeout(connect_timeout, CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT_S),
+            _timeout(collective_timeout, COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT_S))
+
+
+def _timeout(value, name, default):
+    text = os.environ.get(name)
+    if value is None and text:
+        with contextlib.suppress(ValueError):
+            value = float(text)
+        if not isinstance(value, float) or not 0 < value < math.inf:
+            raise ValueError(f"{name} must be a number of seconds > 0. Received: {name}={text!r}")
+    return default if value is None else value
 
 
 def wait_for_peers(addresses, timeout):
-    """Waits at most `timeout` s until every ``host:port`` accepts a TCP connection;
-    returns the addresses that never did."""
+    """Waits up to `timeout` s for every ``host:port`` to accept; returns those that never did."""
     deadline = time.monotonic() + timeout
     pending = list(addresses)
     while True:
@@ -311,16 +267,11 @@ def wait_for_peers(addresses, timeout):
 
 
 def make_multiworker_strategy(cluster, *, connect_timeout=None, collective_timeout=None):
-    """The process's `MultiWorkerMirroredStrategy` for `cluster`, with bounded waits.
-
-    The chief waits at most `connect_timeout` s for the others to listen; they register
-    within 2 * `connect_timeout` + 10 s; collectives time out after `collective_timeout`
-    s (defaults: `resolve_timeouts`). One cluster per process (TensorFlow's rule).
-
-    Raises:
-        ValueError: if a worker cannot be reached in time, or this process already
-            joined another cluster.
-    """
+    """The process's `MultiWorkerMirroredStrategy` for `cluster` (one per process:
+    TensorFlow's rule). The chief waits at most `connect_timeout` s for the others to listen;
+    they register within 2 * `connect_timeout` + 10 s; collectives time out after
+    `collective_timeout` s (defaults: `resolve_timeouts`). ValueError if a worker cannot be
+    reached in time, or this process already joined another cluster."""
     import tensorflow as tf
 
     connect_timeout, collective_timeout = resolve_timeouts(connect_timeout, collective_timeout)
@@ -329,20 +280,19 @@ def make_multiworker_strategy(cluster, *, connect_timeout=None, collective_timeo
         if key in _STRATEGY:
             return _STRATEGY[key]
         raise ValueError(
-            "This process already joined another multi-worker cluster; TensorFlow sets "
-            "up its collective runtime once per process. Run each training in a fresh "
-            f"process. Received: {TF_CONFIG_ENV}={shorten(key)}")
+            "This process already joined another multi-worker cluster; TensorFlow sets up its "
+            "collective runtime once per process. Run each training in a fresh process. "
+            f"Received: {TF_CONFIG_ENV}={shorten(key)}")
     peers = [address for i, (_, _, address) in enumerate(cluster.tasks) if i != cluster.rank]
     if cluster.is_chief and peers:
         logger.info("Chief %s: waiting up to %.0f s for %d worker(s) to start.",
                     cluster.tasks[0][2], connect_timeout, len(peers))
-        missing = wait_for_peers(peers, connect_timeout)
-        if missing:
+        if missing := wait_for_peers(peers, connect_timeout):
             raise ValueError(
-                f"Cannot reach worker(s) {missing} within {connect_timeout:.0f} s: nothing "
-                "accepts connections there. Start every worker listed in "
-                f"{TF_CONFIG_ENV}['cluster'] with the same command and its own task, or fix "
-                f"the address(es). Received: {TF_CONFIG_ENV}={shorten(key)}")
+                f"Cannot reach worker(s) {missing} within {connect_timeout:.0f} s: nothing accepts "
+                f"connections there. Start every worker listed in {TF_CONFIG_ENV}['cluster'] with "
+                "the same command and its own task, or fix the address(es). Received: "
+                f"{TF_CONFIG_ENV}={shorten(key)}")
     # Before the strategy configures it without timeouts (a chief would wait for a missing
     # worker forever); the chief may first spend `connect_timeout`, so the others wait longer.
     configured = private_api.configure_coordination_service(
@@ -351,8 +301,8 @@ def make_multiworker_strategy(cluster, *, connect_timeout=None, collective_timeo
         register_timeout_ms=int((2 * connect_timeout + 10.0) * 1000),
         heartbeat_timeout_ms=int(HEARTBEAT_TIMEOUT_S * 1000))
     if configured is None:
-        logger.warning("TensorFlow's coordination config is not importable: "
-                       "registration and heartbeat use TensorFlow's defaults.")
+        logger.warning("TensorFlow's coordination config is not importable: registration and "
+                       "heartbeat use TensorFlow's defaults.")
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout)
     try:
@@ -363,7 +313,7 @@ def make_multiworker_strategy(cluster, *, connect_timeout=None, collective_timeo
         raise ValueError(
             f"Worker {job} {index} ({address}) could not join the cluster: the chief at "
             f"{cluster.tasks[0][2]} did not accept it in time ({type(err).__name__}: "
-            f"{shorten(str(err), 200)}). Is the chief running with the same "
-            f"{TF_CONFIG_ENV}['cluster']?") from None
+            f"{shorten(err, 200)}). Is the chief running with the same {TF_CONFIG_ENV}['cluster']?"
+        ) from None
     _STRATEGY[key] = strategy
     return strategy

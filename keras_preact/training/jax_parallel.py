@@ -3,9 +3,12 @@ model sees the global batch, so a run equals a single-device one up to summation
 
 import logging
 
+import keras
+import numpy as np
+
+from keras_preact import data
 from keras_preact.training.distribute import check_global_batch
-from keras_preact.training.run import Run
-from keras_preact.training.run import Stepper
+from keras_preact.training.run import Run, Stepper
 
 logger = logging.getLogger("keras_preact.training")
 
@@ -16,17 +19,13 @@ class DataParallelStepper(Stepper):
     switch_synchronized_bn = False  # JAX's SPMD step already sees the global batch
 
     def __init__(self, devices=None):
-        import keras
-
         if keras.backend.backend() != "jax":
-            raise ValueError(
-                "keras.distribution.DataParallel is used here on the JAX backend. Received "
-                f"backend: {keras.backend.backend()!r}. Set KERAS_BACKEND=jax (on TensorFlow "
-                "use strategy='mirrored' or 'multiworker').")
+            raise ValueError("keras.distribution.DataParallel is used here on the JAX backend. "
+                             f"Received backend: {keras.backend.backend()!r}. Set KERAS_BACKEND="
+                             "jax (on TensorFlow use strategy='mirrored' or 'multiworker').")
         available = keras.distribution.list_devices()
-        if devices is None:
-            devices = available
-        elif isinstance(devices, int) and not isinstance(devices, bool):
+        devices = available if devices is None else devices
+        if isinstance(devices, int) and not isinstance(devices, bool):
             if not 1 <= devices <= len(available):
                 raise ValueError(f"`devices` must be in [1, {len(available)}] (the devices JAX "
                                  f"sees: {available}). Received: devices={devices}")
@@ -46,18 +45,12 @@ class DataParallelStepper(Stepper):
         c = run.config
         if c.precision == "mixed_float16":
             raise ValueError("precision='mixed_float16' needs loss scaling, not set up here. "
-                             "Received: precision='mixed_float16'. "
-                             "Use 'fp32' or 'mixed_bfloat16'.")
+                             "Received: precision='mixed_float16'. Use 'fp32' or 'mixed_bfloat16'.")
         if c.synchronized_bn:
-            logger.info("synchronized_bn: BatchNorm already sees the global batch under "
-                        "JAX's SPMD.")
+            logger.info("synchronized_bn: JAX's SPMD BatchNorm already sees the global batch.")
         check_global_batch(c.batch_size, self.replicas, "devices")
 
     def load_data(self, run):
-        import numpy as np
-
-        from keras_preact import data
-
         c, self.arrays = run.config, {}
         for split in ("train", "test"):
             x, y = data.load_arrays(c.dataset, split, data_dir=c.data_dir, source=c.data_source,
@@ -70,8 +63,6 @@ class DataParallelStepper(Stepper):
         return len(self.arrays["train"][1]), len(self.arrays["test"][1])
 
     def train_epochs(self, run, model, start_epoch):
-        import numpy as np
-
         c, (x, y) = run.config, self.arrays["train"]
         step = start_epoch * run.spe
         with self.scope():
@@ -86,10 +77,7 @@ class DataParallelStepper(Stepper):
                 step += steps_now
 
     def evaluate(self, run, model):
-        """Loss and accuracy over every example: the split is padded to whole global
-        batches (every device gets an equal shard) and the padding is left out."""
-        import numpy as np
-
+        """Over every example: padded to whole global batches (equal shards), padding left out."""
         (x, y), batch = self.arrays["test"], run.config.batch_size
         n = len(y)
         padded = np.concatenate([x, np.zeros((-n % batch,) + x.shape[1:], x.dtype)])
@@ -105,23 +93,20 @@ class DataParallelStepper(Stepper):
 
 
 def train_data_parallel(config, *, devices=None):
-    """Trains `config`'s model with data parallelism over `devices` (JAX backend).
+    """Trains `config`'s model with data parallelism over `devices` (JAX backend); returns
+    `Run.train`'s dict plus ``model`` (the trained Keras model, to save yourself),
+    ``num_devices`` and ``per_device_batch``.
 
     Args:
-        config: a `TrainConfig` (or its dict); ``strategy`` is ignored (the devices
-            decide), ``augment`` is not applied and ``precision`` must be "fp32" or
-            "mixed_bfloat16".
+        config: a `TrainConfig` (or its dict); ``strategy`` is ignored, ``augment`` is not
+            applied and ``precision`` must be "fp32" or "mixed_bfloat16".
         devices: None (every device of ``keras.distribution.list_devices()``; on CPU,
             ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` makes N), an int n
             (the first n), or a list of device names such as ``["cpu:0", "cpu:1"]``.
 
-    Returns:
-        dict: `Run.train`'s, plus ``model`` (the trained Keras model, to save yourself),
-        ``num_devices`` and ``per_device_batch``.
-
     Raises:
-        ValueError: for an invalid config, a backend other than JAX, unknown devices,
-            or a global batch that does not divide across the devices.
+        ValueError: for an invalid config, a backend other than JAX, unknown devices or a
+            global batch the devices cannot split.
     """
     run = Run(config, None, DataParallelStepper(devices))
     return {**run.train(), "model": getattr(run, "model", None)}

@@ -1,8 +1,7 @@
-"""Multi-worker training on `MultiWorkerMirroredStrategy` with a custom loop (TensorFlow:
-``model.fit`` fails under it in Keras 3). Rank 0 alone reads and writes the workdir and
-broadcasts its state; each worker keeps its slice of every global batch, so step ``s``
-sees the single-process batch ``s``. When a worker dies the others raise `ClusterError`.
-"""
+"""Multi-worker training on `MultiWorkerMirroredStrategy` with a custom loop (``model.fit``
+fails under it in Keras 3). Rank 0 alone reads and writes the workdir and broadcasts its state;
+each worker keeps its slice of every global batch, so step ``s`` sees the single-process batch
+``s``. When a worker dies the others raise `ClusterError`."""
 
 import contextlib
 import hashlib
@@ -10,15 +9,15 @@ import json
 import logging
 import zlib
 
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_preact.layers.remat import model_pruning_off
 from keras_preact.training.config import RUNTIME_FIELDS
-from keras_preact.training.distribute import make_multiworker_strategy
-from keras_preact.training.distribute import parse_tf_config
-from keras_preact.training.distribute import resolve_timeouts
-from keras_preact.training.distribute import shorten
-from keras_preact.training.run import Run
-from keras_preact.training.run import Stepper
-from keras_preact.training.run import as_config
-from keras_preact.training.run import optimizer_step
+from keras_preact.training.distribute import (make_multiworker_strategy, parse_tf_config,
+                                              resolve_timeouts, shorten)
+from keras_preact.training.run import Run, Stepper, as_config, optimizer_step
 
 logger = logging.getLogger("keras_preact.training")
 
@@ -35,8 +34,6 @@ class ClusterError(RuntimeError):
 
 def _on_every_replica(strategy, fn):
     """A `tf.function` running `fn` on every replica; it returns the first local result."""
-    import tensorflow as tf
-
     @tf.function(autograph=False)
     def run():
         results = strategy.run(fn)
@@ -47,22 +44,15 @@ def _on_every_replica(strategy, fn):
 
 def all_gather_rows(strategy, row):
     """Gathers one int32 row from every replica: an array (replicas, len(row))."""
-    import numpy as np
-    import tensorflow as tf
-
     row = tf.constant(np.asarray(row, dtype=np.int32)[None, :])
-
-    def fn():
-        return tf.distribute.get_replica_context().all_gather(row, axis=0)
-
-    return np.asarray(_on_every_replica(strategy, fn)())
+    gather = _on_every_replica(
+        strategy, lambda: tf.distribute.get_replica_context().all_gather(row, axis=0))
+    return np.asarray(gather())
 
 
 def reduce_variables(strategy, variables, *, mean):
     """Sets `variables` on every replica of every worker to their mean over all replicas
     (`mean=True`) or to replica 0's values (bit for bit: the others add zeros)."""
-    import tensorflow as tf
-
     groups = {}
     for variable in variables:  # one all-reduce per dtype (they pack their inputs)
         groups.setdefault(str(variable.dtype), []).append(variable)
@@ -86,21 +76,17 @@ def reduce_variables(strategy, variables, *, mean):
 
 
 def sync_non_trainable(strategy, model):
-    """Averages BatchNorm's moving statistics (every float non-trainable variable) over
-    all replicas of all workers."""
+    """Averages BatchNorm's moving statistics over all replicas of all workers."""
     floats = [v for v in model.non_trainable_variables if "float" in str(v.dtype)]
     reduce_variables(strategy, floats, mean=True)
 
 
 def weights_digest(model):
     """SHA-256 (hex) of every weight of `model` (values, shapes, dtypes, in order)."""
-    import numpy as np
-
     digest = hashlib.sha256()
     for variable in model.weights:
         array = np.ascontiguousarray(np.asarray(variable.numpy()))
-        digest.update(f"{array.dtype}{array.shape}".encode())
-        digest.update(array.tobytes())
+        digest.update(f"{array.dtype}{array.shape}".encode() + array.tobytes())
     return digest.hexdigest()
 
 
@@ -111,16 +97,15 @@ class MultiWorkerStepper(Stepper):
 
     def __init__(self, cluster, *, connect_timeout, collective_timeout):
         self.cluster, self.is_chief = cluster, cluster.is_chief
-        self.timeouts = resolve_timeouts(connect_timeout, collective_timeout)
+        self.timeouts = dict(zip(("connect_timeout", "collective_timeout"),
+                                 resolve_timeouts(connect_timeout, collective_timeout)))
         self.task = f"{cluster.task_type} {cluster.task_index}"
         self.labels = {"task": self.task, "is_chief": cluster.is_chief,
                        "num_workers": cluster.num_workers, "weights_digest": None}
         self.schedule_labels = {"num_workers": cluster.num_workers}
 
     def start(self, run):
-        connect, collective = self.timeouts
-        super().start(run, lambda: make_multiworker_strategy(
-            self.cluster, connect_timeout=connect, collective_timeout=collective))
+        super().start(run, lambda: make_multiworker_strategy(self.cluster, **self.timeouts))
 
     def agree(self, run, state, refused):
         """The start-of-run exchange: status, resume epoch, rank and a CRC per config field."""
@@ -132,8 +117,7 @@ class MultiWorkerStepper(Stepper):
                   else _STATUS_COMPLETE if run.complete(state) else _STATUS_OK)
         start_epoch = state["epoch"] if state else 0
         rows = all_gather_rows(self.strategy, [status, start_epoch, self.cluster.rank] + crcs)
-        differ = sorted({names[i] for r in rows for i, c in enumerate(r[3:]) if c != crcs[i]})
-        if differ:
+        if differ := sorted({names[i] for r in rows for i, c in enumerate(r[3:]) if c != crcs[i]}):
             raise ValueError(
                 f"The workers were started with different training configs (fields {differ} "
                 f"differ; this is {self.task}). Every worker must run the same command; only "
@@ -167,10 +151,6 @@ class MultiWorkerStepper(Stepper):
         self.eval_batch = _make_eval_batch(model)
 
     def train_epochs(self, run, model, start_epoch):
-        import tensorflow as tf
-
-        from keras_preact.layers.remat import model_pruning_off
-
         # Grappler's model pruning would undo rematerialisation in the custom step.
         pruning = model_pruning_off() if getattr(model, "remat", None) else contextlib.nullcontext()
         try:
@@ -185,8 +165,6 @@ class MultiWorkerStepper(Stepper):
                 + (f" ({last['epoch']})." if last else ".")) from None
 
     def _epochs(self, run, model, start_epoch):
-        import keras
-
         c, spe = run.config, run.spe
         train_step = _make_train_step(self.strategy, model, model.optimizer, c.batch_size)
         train = run.train_data(epoch=start_epoch, repeat_epochs=run.epochs - start_epoch)
@@ -232,13 +210,10 @@ class MultiWorkerStepper(Stepper):
 
     def finish(self, run, model):
         """One set of statistics everywhere, then a check that all weights are equal."""
-        import numpy as np
-
         sync_non_trainable(self.strategy, model)
         digest = weights_digest(model)
-        mine = np.frombuffer(bytes.fromhex(digest[:32]), ">i4").astype(np.int32)
-        digests = all_gather_rows(self.strategy, mine)
-        if any((row != digests[0]).any() for row in digests):
+        digests = all_gather_rows(self.strategy, np.frombuffer(bytes.fromhex(digest[:32]), ">i4"))
+        if (digests != digests[0]).any():
             raise RuntimeError(f"The workers' final weights differ ({self.task}: "
                                f"{digest[:16]}...). This is a bug; the checkpoints of the chief "
                                "are intact.")
@@ -246,32 +221,27 @@ class MultiWorkerStepper(Stepper):
 
 
 def train_multiworker(config, workdir, *, connect_timeout=None, collective_timeout=None):
-    """`train_and_evaluate` across the workers of ``TF_CONFIG``; every worker calls it
-    with the same config.
+    """`train_and_evaluate` across the workers of ``TF_CONFIG``; every worker calls it with the
+    same config. Returns `Run.train`'s dict plus ``task`` ("worker 1"), ``is_chief``,
+    ``num_workers`` and ``weights_digest`` (SHA-256 of the final weights).
 
     Args:
         config: a `TrainConfig` (or its dict) with ``strategy="multiworker"``.
         workdir: the run's folder (used by the chief only).
         connect_timeout, collective_timeout: seconds (see `make_multiworker_strategy`).
 
-    Returns:
-        dict: `train_and_evaluate`'s, plus ``task`` ("worker 1"), ``is_chief``,
-        ``num_workers`` and ``weights_digest`` (SHA-256 of the final weights).
-
     Raises:
-        ValueError: before anything is written, for a malformed ``TF_CONFIG``, an invalid
-            or unsupported config (``mixed_float16``, ``jit_compile``, ``cpu_devices``),
-            an unreachable worker, workers with different configs or a foreign workdir.
+        ValueError: before anything is written, for a malformed ``TF_CONFIG``, an invalid or
+            unsupported config, an unreachable worker, workers with different configs or a
+            foreign workdir.
         ClusterError: if another worker fails or stops responding during training.
         RuntimeError: if the workers' final weights differ (a bug).
     """
     config = as_config(config)
     for name, bad, why in (
-        ("strategy", config.strategy != "multiworker",
-         "train_multiworker needs strategy='multiworker'"),
-        ("precision", config.precision == "mixed_float16", "'mixed_float16' needs loss "
-         "scaling, which the multi-worker loop does not implement; use 'fp32' or "
-         "'mixed_bfloat16'"),
+        ("strategy", config.strategy != "multiworker", "it needs strategy='multiworker'"),
+        ("precision", config.precision == "mixed_float16", "'mixed_float16' needs loss scaling, "
+         "which the multi-worker loop does not implement; use 'fp32' or 'mixed_bfloat16'"),
         ("jit_compile", config.jit_compile, "XLA is off under tf.distribute in Keras"),
         ("cpu_devices", config.cpu_devices, "it is for strategy='mirrored' on one host; "
          "each worker uses its own devices"),
@@ -285,10 +255,7 @@ def train_multiworker(config, workdir, *, connect_timeout=None, collective_timeo
 
 
 def _shard_fn(global_ds, global_batch):
-    """The input function of `distribute_datasets_from_function`: each pipeline keeps
-    its slice of every global batch."""
-    import tensorflow as tf
-
+    """The `distribute_datasets_from_function` input: each pipeline's slice of every batch."""
     def dataset_fn(ctx):
         pipelines, k = ctx.num_input_pipelines, ctx.input_pipeline_id
         local_replicas = ctx.num_replicas_in_sync // pipelines
@@ -307,9 +274,6 @@ def _shard_fn(global_ds, global_batch):
 
 
 def _make_train_step(strategy, model, optimizer, global_batch):
-    import keras
-    import tensorflow as tf
-
     def step_fn(x, y):
         with tf.GradientTape() as tape:
             probs = model(x, training=True)
@@ -333,9 +297,6 @@ def _make_train_step(strategy, model, optimizer, global_batch):
 
 def _make_eval_batch(model):
     """A batch's summed loss, number right and size, on this worker alone (no collectives)."""
-    import keras
-    import tensorflow as tf
-
     @tf.function
     def batch(x, y):
         probs = model(x, training=False)

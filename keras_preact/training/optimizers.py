@@ -1,13 +1,12 @@
-"""SGD with coupled L2 weight decay, as Caffe and Torch apply it (Keras 3, any backend).
-
-The paper's "weight decay 0.0001" adds ``wd * w`` to the gradient *before* the momentum
-update, unlike Keras' decoupled ``weight_decay=``, and (in the official Torch code) to
-every learnable parameter, BatchNorm and biases included.
-"""
+"""SGD with coupled L2 weight decay, as Caffe and Torch apply it (Keras 3, any backend): the
+paper's "weight decay 0.0001" adds ``wd * w`` to the gradient *before* the momentum update,
+unlike Keras' decoupled ``weight_decay=``, and (in the official Torch code) to every learnable
+parameter, BatchNorm and biases included."""
 
 import keras
 from keras import ops
 
+from keras_preact.layers.utils import check_choice
 from keras_preact.training.config import DECAY_VARIABLES
 
 
@@ -22,7 +21,8 @@ def decays_variable(variable, decay_variables):
 
 @keras.saving.register_keras_serializable(package="keras_preact")
 class CoupledSGD(keras.optimizers.SGD):
-    """SGD with momentum and coupled (Caffe / Torch) L2 weight decay.
+    """SGD with momentum and coupled (Caffe / Torch) L2 weight decay; ValueError for an invalid
+    argument or Keras' decoupled ``weight_decay``.
 
     One update of a decayed variable ``w`` with loss gradient ``g``, rate ``lr``,
     momentum ``m`` and decay ``wd`` (Keras' velocity convention, which is Caffe's)::
@@ -31,33 +31,23 @@ class CoupledSGD(keras.optimizers.SGD):
         v = m * v - lr * d
         w = w + v                        (nesterov: w = w + m * v - lr * d)
 
-    Torch keeps ``lr`` outside the velocity; the two differ only in the few steps after
-    a rate change.
+    Torch keeps ``lr`` outside the velocity; the two differ only in the steps after a rate change.
 
     Args:
-        learning_rate, momentum, nesterov: as `keras.optimizers.SGD`.
+        learning_rate, momentum, nesterov, **kwargs: as `keras.optimizers.SGD`.
         l2: the coupled decay ``wd`` (>= 0).
-        decay_variables: "all" (every trainable variable) or "kernels" (convolution and
-            dense kernels only).
-        **kwargs: other `keras.optimizers.Optimizer` arguments.
-
-    Raises:
-        ValueError: for Keras' decoupled ``weight_decay``, a negative `l2` or an unknown
-            `decay_variables`.
+        decay_variables: "all" (every trainable variable) or "kernels" (`decays_variable`).
     """
 
     def __init__(self, learning_rate=0.1, momentum=0.9, nesterov=False, l2=1e-4,
                  decay_variables="all", name="coupled_sgd", **kwargs):
-        weight_decay = kwargs.pop("weight_decay", None)
-        if weight_decay:
+        if weight_decay := kwargs.pop("weight_decay", None):
             raise ValueError("CoupledSGD applies coupled L2 through `l2`; Keras' decoupled "
                              f"`weight_decay` is not supported. Received: weight_decay="
                              f"{weight_decay!r}")
         if isinstance(l2, bool) or not isinstance(l2, (int, float)) or l2 < 0:
             raise ValueError(f"`l2` must be a float >= 0. Received: l2={l2!r}")
-        if decay_variables not in DECAY_VARIABLES:
-            raise ValueError(f"`decay_variables` must be one of {DECAY_VARIABLES}. "
-                             f"Received: decay_variables={decay_variables!r}")
+        check_choice("decay_variables", decay_variables, DECAY_VARIABLES)
         super().__init__(learning_rate=learning_rate, momentum=float(momentum),
                          nesterov=nesterov, name=name, **kwargs)
         self.l2 = float(l2)

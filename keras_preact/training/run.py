@@ -1,10 +1,6 @@
-"""One training run (`Run`: config, model, workdir, resuming, results) and the `Stepper`
-that computes its epochs: Keras ``fit``, the multi-worker loop or JAX data parallelism.
-
-Each epoch ends with a checkpoint of the model and optimizer; a restart continues with
-the next epoch's data, a function of ``(seed, epoch)``, so with ``deterministic=True``
-a resumed run ends with an uninterrupted run's weights.
-"""
+"""One training run (`Run`) and the `Stepper` that computes its epochs. Each epoch ends
+with a checkpoint; a restart continues with the next epoch's data, a function of ``(seed,
+epoch)``, so with ``deterministic=True`` a resumed run ends with an uninterrupted run's weights."""
 
 import contextlib
 import functools
@@ -12,17 +8,20 @@ import logging
 import os
 import time
 
-from keras_preact.files import atomic_save
-from keras_preact.files import atomic_write_json
-from keras_preact.training.config import RUNTIME_FIELDS
+import keras
+import numpy as np
+
+import keras_preact
+from keras_preact import data, finetune
+from keras_preact.files import atomic_save, atomic_write_json
+from keras_preact.layers.utils import check_known_arguments
+from keras_preact.models.preact_resnet import MODEL_ARGUMENTS
+from keras_preact.training import distribute
 from keras_preact.training.config import TrainConfig
-from keras_preact.training.distribute import shorten
-from keras_preact.training.workdir import CHECKPOINT_DIR
-from keras_preact.training.workdir import CURVE_PNG
-from keras_preact.training.workdir import FINAL_MODEL
-from keras_preact.training.workdir import METRICS_JSON
-from keras_preact.training.workdir import Workdir
-from keras_preact.training.workdir import read_json
+from keras_preact.training.optimizers import make_optimizer
+from keras_preact.training.workdir import (CHECKPOINT_DIR, CURVE_PNG, FINAL_MODEL, METRICS_JSON,
+                                           Workdir, read_json)
+from keras_preact.weights.local import first_difference
 
 logger = logging.getLogger("keras_preact.training")
 
@@ -42,33 +41,20 @@ def as_config(config):
 
 
 def build_model(config, info):
-    """The config's model for a dataset described by `info` (`dataset_info`).
-
-    ``classes`` and ``input_shape`` default to the dataset's; the precision sets the
-    model's dtype policy. ``model_kwargs["architecture"]`` (a `PreActResNet` config)
-    builds that network instead of a named one.
-
-    Raises:
-        ValueError: for an unknown model or invalid model arguments.
-    """
-    import keras_preact
-    from keras_preact.layers.utils import check_known_arguments
-    from keras_preact.models.preact_resnet import MODEL_ARGUMENTS
-
+    """The config's model for a dataset described by `info` (`dataset_info`): ``classes``
+    and ``input_shape`` default to the dataset's, the precision sets the dtype policy.
+    ValueError for an unknown model or invalid model arguments."""
     kwargs = dict(config.model_kwargs)
     architecture = kwargs.pop("architecture", None)
     # The factories take `name` and `weights` beside the model's own arguments.
-    check_known_arguments({**kwargs, **(architecture or {})},
-                          MODEL_ARGUMENTS | {"name", "weights"},
+    check_known_arguments({**kwargs, **(architecture or {})}, MODEL_ARGUMENTS | {"name", "weights"},
                           where=f"the model_kwargs of {config.model!r}")
     defaults = {"classes": info["classes"], "input_shape": tuple(info["input_shape"])}
     if config.preprocessing_in_model:
         defaults["preprocessing"] = dataset_preprocessing(info)
     if config.weights is not None and architecture is None:
         # A catalog tag fixes architecture arguments its weights need.
-        from keras_preact.finetune import pretrained_architecture
-
-        defaults.update(pretrained_architecture(config.model, config.weights))
+        defaults.update(finetune.pretrained_architecture(config.model, config.weights))
     if config.precision != "fp32":
         defaults["dtype"] = config.precision
     try:
@@ -89,17 +75,12 @@ def weights_fingerprint(model):
 
 def optimizer_step(optimizer):
     """The optimizer's iteration count as an int (also for a MirroredVariable)."""
-    import numpy as np
-
-    value = optimizer.iterations
-    value = getattr(value, "value", value)
+    value = getattr(optimizer.iterations, "value", optimizer.iterations)
     return int(np.asarray(value.numpy() if hasattr(value, "numpy") else value))
 
 
 def dataset_info(name, path=None):
     """`keras_preact.data.dataset_info`; `path` counts for the image folder only."""
-    from keras_preact import data
-
     return data.dataset_info(name, path=path if name == "folder" else None)
 
 
@@ -111,8 +92,6 @@ def dataset_preprocessing(info):
 
 def compile_model(model, optimizer, **kwargs):
     """Compiles with the recipe's loss and accuracy metric."""
-    import keras
-
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(),
                   metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")], **kwargs)
 
@@ -122,16 +101,16 @@ def load_weights_file(model, path, label):
     try:
         model.load_weights(path)
     except OSError as err:  # h5py's error for a truncated or damaged file names no file
-        raise ValueError(f"The weights file {path} cannot be read ({shorten(err, 400)}): it is "
-                         "damaged or incomplete (an interrupted copy?); copy it again.") from None
+        raise ValueError(
+            f"The weights file {path} cannot be read ({distribute.shorten(err, 400)}): it is "
+            "damaged or incomplete (an interrupted copy?); copy it again.") from None
     except Exception as err:  # Keras raises several types for a mismatch.
         raise ValueError(f"The weights {path} do not fit {label!r} ({type(err).__name__}: "
-                         f"{shorten(err, 400)}).") from None
+                         f"{distribute.shorten(err, 400)}).") from None
 
 
 class Stepper:
-    """What a kind of training loop supplies to a `Run`; the defaults suit TensorFlow with
-    tf.data. Subclasses override `train_epochs` and what else differs."""
+    """What a kind of training loop supplies to a `Run` (the defaults: TensorFlow, tf.data)."""
 
     is_chief = True  # the process that reads and writes the workdir
     collective = False  # True: its processes must agree before training (`agree`)
@@ -142,27 +121,16 @@ class Stepper:
     schedule_labels = {}  # entries of the schedule record (the number of workers)
 
     def start(self, run, make_strategy=None):
-        """Sets up devices and runtime before the first TensorFlow op: the config's
-        runtime settings, then `make_strategy()` (default: the config's strategy).
-
-        Raises:
-            ValueError: on a backend other than TensorFlow, or for a batch that does not
-                divide across the strategy's replicas.
-        """
-        import keras
-
-        from keras_preact.training import distribute
-
+        """Sets up the runtime, then `make_strategy()` (default: the config's strategy);
+        ValueError on a backend other than TensorFlow or for a batch the replicas cannot split."""
         c = run.config
         if keras.backend.backend() != "tensorflow":
             raise ValueError("train_and_evaluate runs on the TensorFlow backend (tf.data and "
-                             f"tf.distribute). Received backend: {keras.backend.backend()!r}. "
-                             "Set KERAS_BACKEND=tensorflow, or use "
-                             "keras_preact.training.jax_parallel on JAX.")
-        distribute.configure_runtime(cpu_devices=c.cpu_devices,
-                                     intra_op_threads=c.intra_op_threads,
-                                     inter_op_threads=c.inter_op_threads,
-                                     deterministic=c.deterministic)
+                             f"tf.distribute). Received backend: {keras.backend.backend()!r}. Set "
+                             "KERAS_BACKEND=tensorflow, or use keras_preact.training.jax_parallel.")
+        distribute.configure_runtime(
+            cpu_devices=c.cpu_devices, intra_op_threads=c.intra_op_threads,
+            inter_op_threads=c.inter_op_threads, deterministic=c.deterministic)
         self.strategy = make_strategy() if make_strategy else distribute.make_strategy(c.strategy)
         self.replicas = self.strategy.num_replicas_in_sync
         distribute.check_global_batch(c.batch_size, self.replicas)
@@ -172,15 +140,12 @@ class Stepper:
         return contextlib.nullcontext() if self.strategy is None else self.strategy.scope()
 
     def load_data(self, run):
-        """Returns ``(num_train, num_test)`` and keeps what `train_epochs` reads: here the
-        tf.data test split and a maker of training data."""
-        from keras_preact import data
-
+        """Returns ``(num_train, num_test)``; keeps the data `train_epochs` reads."""
         c = run.config
-        make = functools.partial(
-            data.make_dataset, c.dataset, batch_size=c.batch_size, data_dir=c.data_dir,
-            source=c.data_source, path=c.data_path, download=c.download, seed=c.seed,
-            normalize=not c.model_normalizes())
+        make = functools.partial(data.make_dataset, c.dataset, batch_size=c.batch_size,
+                                 data_dir=c.data_dir, source=c.data_source, path=c.data_path,
+                                 download=c.download, seed=c.seed,
+                                 normalize=not c.model_normalizes())
         test = functools.partial(make, "test", shuffle=False, augment=False, drop_remainder=False)
         # The test split first: missing or corrupt files fail before the workdir is touched.
         run.test_data = test()
@@ -189,8 +154,7 @@ class Stepper:
                 int(test(batch_size=1).cardinality()))
 
     def agree(self, run, state, refused):
-        """Returns the state to resume from (all processes must agree on it), or raises
-        `refused` (the chief's refusal of its workdir)."""
+        """The state to resume from, on which all processes agree; raises `refused`."""
         if refused is not None:
             raise refused
         return state
@@ -223,19 +187,17 @@ class Run:
 
     def __init__(self, config, workdir, stepper):
         self.config = as_config(config)
-        self.workdir = Workdir(workdir) if workdir is not None else None
-        self.stepper = stepper
+        self.workdir, self.stepper = Workdir(workdir) if workdir is not None else None, stepper
         self.info = dataset_info(self.config.dataset, self.config.data_path)
 
     def train(self):
         """Trains (or resumes, or returns the stored results of a complete run).
 
         Returns:
-            dict: ``test_accuracy``, ``test_loss``, ``history`` (per-epoch dicts),
-            ``epochs``, ``steps``, ``resumed_from_epoch`` (0 for a fresh start, None
-            when the run was already complete), ``train_time_s``, ``num_replicas``,
-            ``model_path`` and ``workdir`` (None where this process writes no files),
-            plus the stepper's `Stepper.labels`.
+            dict: ``test_accuracy``, ``test_loss``, ``history`` (per-epoch dicts), ``epochs``,
+            ``steps``, ``resumed_from_epoch`` (0 for a fresh start, None when the run was
+            already complete), ``train_time_s``, ``num_replicas``, ``model_path`` and
+            ``workdir`` (None where this process writes no files), plus `Stepper.labels`.
         """
         self.owns_files = self.workdir is not None and self.stepper.is_chief
         with self.workdir.lock() if self.owns_files else contextlib.nullcontext():
@@ -284,8 +246,7 @@ class Run:
         self._epoch_t0 = time.time()
 
     def epoch_end(self, model, epoch, logs=None):
-        """Records epoch `epoch` (0-based) of `model` with its Keras `logs`, and writes
-        its checkpoint, state and reports."""
+        """Records epoch `epoch` (0-based) with its Keras `logs`; writes checkpoint and reports."""
         logs = dict(logs or {})
         step = optimizer_step(model.optimizer)
         elapsed = time.time() - self._epoch_t0
@@ -314,29 +275,23 @@ class Run:
         c = self.config
         metrics = {"model": c.model, "dataset": c.dataset, "epochs": self.history,
                    "complete": final is not None, "schedule": self.schedule_info, **(final or {})}
-        title = f"{c.model} on {c.dataset}"
-        if final:
-            title += f" (test accuracy {100 * final['test_accuracy']:.2f}%)"
+        title = f"{c.model} on {c.dataset}" + (
+            f" (test accuracy {100 * final['test_accuracy']:.2f}%)" if final else "")
         self.workdir.write_reports(metrics, self.history, title=title)
 
     def check_workdir(self):
-        """The workdir's state or None; ValueError (before any write) if it holds another
-        run, checkpoints without a config, or an unreadable state."""
+        """The workdir's state or None; ValueError (before any write) if it is another run's."""
         wd = self.workdir
-        stored = wd.read_config()
-        if stored is None:
-            if wd.checkpoint_files() or any(map(os.path.exists,
-                                                (wd.state_path, wd.final_model_path))):
-                raise ValueError(f"The workdir {wd.path} holds checkpoints but no config.json, "
-                                 "so it cannot be checked against this run. Use an empty or new "
-                                 "--workdir.")
+        if (stored := wd.read_config()) is None:
+            if wd.checkpoint_files() or any(map(os.path.exists, (wd.state_path,
+                                                                 wd.final_model_path))):
+                raise ValueError(f"The workdir {wd.path} holds checkpoints but no config.json "
+                                 "to check this run against. Use an empty or new --workdir.")
             return None
         if not isinstance(stored, dict) or "train_config" not in stored:
             raise ValueError(f"{wd.config_path} is not a keras-preact training config. "
                              "Use an empty or new --workdir.")
-        diff = self.config.differences(TrainConfig.from_dict(stored["train_config"]),
-                                       ignore=RUNTIME_FIELDS)
-        if diff:
+        if diff := self.config.differences(TrainConfig.from_dict(stored["train_config"])):
             lines = ", ".join(f"{k}: stored {b!r}, requested {a!r}" for k, (a, b) in diff.items())
             raise ValueError(
                 f"The workdir {wd.path} holds a run with a different config ({lines}). Nothing was "
@@ -349,7 +304,6 @@ class Run:
             not self.owns_files or os.path.exists(self.workdir.final_model_path)))
 
     def _results(self, accuracy, loss, history, epochs, steps, num_replicas, **more):
-        """A result dict as `train` returns it."""
         return {"test_accuracy": accuracy, "test_loss": loss, "history": history,
                 "epochs": epochs, "steps": steps, "num_replicas": num_replicas,
                 "model_path": self.workdir.final_model_path if self.owns_files else None,
@@ -357,7 +311,6 @@ class Run:
                 **self.stepper.labels, **more}
 
     def stored_results(self, state):
-        """The results of a finished run, as `train` returns them."""
         metrics, nan = {}, float("nan")  # NaN on the workers without files
         if self.owns_files:
             metrics = read_json(self.workdir.file(METRICS_JSON))
@@ -383,18 +336,12 @@ class Run:
                            "batch size gives more steps.", self.spe, n, c.batch_size)
         sched = c.resolve_schedule(self.spe)
         self.epochs, self.total_steps = sched["epochs"], sched["total_steps"]
-        replicas = self.stepper.replicas
-        self.schedule_info = {**sched, "num_replicas": replicas,
-                              "per_replica_batch": c.batch_size // replicas,
+        self.schedule_info = {**sched, "num_replicas": self.stepper.replicas,
+                              "per_replica_batch": c.batch_size // self.stepper.replicas,
                               **self.stepper.schedule_labels}
 
     def build(self, scope=None):
         """The compiled model and its built optimizer, in `scope` (default: the stepper's)."""
-        import keras
-
-        from keras_preact.training import distribute
-        from keras_preact.training.optimizers import make_optimizer
-
         c = self.config
         os.environ.setdefault("PYTHONHASHSEED", str(c.seed))
         keras.utils.set_random_seed(int(c.seed))
@@ -404,8 +351,6 @@ class Run:
                 # On the built layers: the saved model config keeps no training setting.
                 distribute.set_synchronized_batch_norm(model, True)
             if c.freeze:  # before compiling: the optimizer holds only the trainable part
-                from keras_preact import finetune
-
                 finetune.freeze(model, list(c.freeze))
             optimizer = make_optimizer(c, self.spe)
             if c.precision == "mixed_float16":
@@ -415,9 +360,7 @@ class Run:
         return model, optimizer
 
     def load_checkpoint(self, model, optimizer, state):
-        """Loads the checkpoint of `state` into `model` and `optimizer` (written for them)."""
-        from keras_preact.weights.local import first_difference
-
+        """Loads the checkpoint of `state` into `model` and `optimizer`."""
         path = self.workdir.file(CHECKPOINT_DIR, state["checkpoint"])
         stored, fingerprint = state.get("fingerprint"), weights_fingerprint(model)
         if stored is not None and stored != fingerprint:
@@ -436,20 +379,15 @@ class Run:
 
     def load_pretrained(self, model):
         """Loads the config's pretrained `weights` into a fresh run's model."""
-        from keras_preact import finetune
-
         loaded = finetune.load_pretrained(model, self.config.weights, model_name=self.config.model)
         logger.info("Fine-tuning from %s (%s).", loaded["source"],
                     "classifier loaded too" if loaded["copied_head"] else "new classifier")
 
     def start_files(self, state):
-        """Tidies the workdir; a fresh run writes its config and empty reports (the first
-        write: every check of the input has passed)."""
+        """Tidies the workdir; a fresh run writes its config and empty reports (the first write)."""
         for path in self.workdir.remove_stale_temporaries():
             logger.info("Removed %s (a write interrupted by a crash).", path)
         if state is None:
-            import keras_preact
-
             os.makedirs(self.workdir.path, exist_ok=True)
             atomic_write_json(self.workdir.config_path, {
                 "format": CONFIG_FORMAT, "keras_preact_version": keras_preact.__version__,
@@ -468,8 +406,7 @@ class Run:
         if self.owns_files:
             atomic_save(self.workdir.final_model_path, model.save)
             self.write_reports(final)
-            state = {k: v for k, v in self.workdir.read_state().items() if k != "format"}
-            self.workdir.write_state({**state, "complete": True})
+            self.workdir.write_state({**self.workdir.read_state(), "complete": True})
         return self._results(final["test_accuracy"], final["test_loss"], self.history,
                              self.history[-1]["epoch"] if self.history else 0,
                              optimizer_step(model.optimizer), self.stepper.replicas, **extra)

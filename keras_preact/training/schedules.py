@@ -6,14 +6,10 @@ from keras import ops
 
 @keras.saving.register_keras_serializable(package="keras_preact")
 class WarmupPiecewiseConstant(keras.optimizers.schedules.LearningRateSchedule):
-    """A constant warm-up followed by a piecewise-constant ("step") schedule.
-
-    With ``step`` the number of updates already applied (Keras passes
-    ``optimizer.iterations``, so the first update sees step 0)::
-
-        lr(step) = warmup_learning_rate          if step < warmup_steps
-                 = values[k]                     otherwise, where k is the number
-                                                 of boundaries b with step >= b
+    """A constant warm-up followed by a piecewise-constant ("step") schedule: at ``step``
+    (the updates already applied, ``optimizer.iterations``: the first update sees 0) the rate
+    is `warmup_learning_rate` while ``step < warmup_steps``, else ``values[k]`` with ``k`` the
+    number of boundaries ``<= step``. ValueError for arguments that break the rules below.
 
     Args:
         boundaries: strictly increasing step numbers, each the first step at a new rate.
@@ -21,17 +17,6 @@ class WarmupPiecewiseConstant(keras.optimizers.schedules.LearningRateSchedule):
         warmup_steps: at most the first boundary.
         warmup_learning_rate: the warm-up rate (ignored when `warmup_steps` is 0).
         name: the schedule's name.
-
-    Raises:
-        ValueError: for mismatched lengths, non-increasing boundaries, negative
-            steps or rates, or a warm-up longer than the first phase.
-
-    Example:
-        >>> schedule = WarmupPiecewiseConstant(
-        ...     boundaries=(32000, 48000), values=(0.1, 0.01, 0.001),
-        ...     warmup_steps=400, warmup_learning_rate=0.01)
-        >>> float(schedule(399)), float(schedule(400)), float(schedule(48000))
-        (0.01, 0.1, 0.001)
     """
 
     def __init__(self, boundaries, values, *, warmup_steps=0, warmup_learning_rate=None,
@@ -57,9 +42,8 @@ class WarmupPiecewiseConstant(keras.optimizers.schedules.LearningRateSchedule):
             raise ValueError("A warm-up needs `warmup_learning_rate` >= 0. Received: "
                              f"warmup_learning_rate={warmup_learning_rate!r}")
         self.boundaries, self.values, self.warmup_steps = boundaries, values, warmup_steps
-        self.name = name
-        self.warmup_learning_rate = (None if warmup_learning_rate is None
-                                     else float(warmup_learning_rate))
+        self.name, self.warmup_learning_rate = name, (
+            None if warmup_learning_rate is None else float(warmup_learning_rate))
 
     def __call__(self, step):
         step = ops.cast(ops.convert_to_tensor(step), "int64")

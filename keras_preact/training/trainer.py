@@ -3,30 +3,23 @@
 import functools
 import os
 
-from keras_preact import private_api
+import keras
+
+from keras_preact import data, private_api
+from keras_preact.layers.preprocessing import ImageNormalization
 from keras_preact.training.config import TrainConfig
 from keras_preact.training.distribute import average_replica_statistics
-from keras_preact.training.run import Run
-from keras_preact.training.run import Stepper
-from keras_preact.training.run import as_config
-from keras_preact.training.run import build_model
-from keras_preact.training.run import compile_model
-from keras_preact.training.run import dataset_info
-from keras_preact.training.run import load_weights_file
-from keras_preact.training.run import optimizer_step
-from keras_preact.training.workdir import CHECKPOINT_DIR
-from keras_preact.training.workdir import TENSORBOARD_DIR
-from keras_preact.training.workdir import Workdir
+from keras_preact.training.run import (Run, Stepper, as_config, build_model, compile_model,
+                                       dataset_info, load_weights_file, optimizer_step)
+from keras_preact.training.workdir import CHECKPOINT_DIR, TENSORBOARD_DIR, Workdir
+from keras_preact.weights.local import load_keras_file
 
 
 class FitStepper(Stepper):
     """Epochs by ``model.fit`` under the config's tf.distribute strategy (one host)."""
 
     def callbacks(self, run):
-        """The epoch records, the stop at the schedule's last step, one set of replica
-        statistics (before the checkpoint: callbacks run in order) and TensorBoard."""
-        import keras
-
+        """Epoch records (replica statistics averaged first), the stop at the end, TensorBoard."""
         class Record(keras.callbacks.Callback):
             def on_epoch_begin(self, epoch, logs=None):
                 run.epoch_begin()
@@ -67,23 +60,17 @@ class FitStepper(Stepper):
 
 
 def train_and_evaluate(config, workdir):
-    """Trains `config`'s model on its dataset, resuming what `workdir` holds.
-
-    Writes the files of `keras_preact.training.workdir` (a checkpoint per epoch, the
-    newest `keep_checkpoints` kept) and TensorBoard logs.
+    """Trains `config`'s model on its dataset, writing the files of
+    `keras_preact.training.workdir` and TensorBoard logs; returns `Run.train`'s dict.
 
     Args:
         config: a `TrainConfig` (or its dict).
         workdir: a new or empty folder, or one holding this same run (resumed from its
             last completed epoch, or its stored results returned if it is complete).
 
-    Returns:
-        dict: see `Run.train`.
-
     Raises:
-        ValueError: for an invalid config, missing or corrupt data, a workdir holding a
-            different run, a batch that does not divide across the replicas, or
-            strategy "tpu" without a TPU; before anything in `workdir` is written.
+        ValueError: before anything is written, for an invalid config, missing or corrupt
+            data, a workdir holding another run or a batch the replicas cannot split.
         WorkdirInUseError: if another process is training in `workdir`.
     """
     config = as_config(config)
@@ -97,19 +84,15 @@ def train_and_evaluate(config, workdir):
 def load_workdir_model(workdir):
     """``(model, config, source_path)`` of a workdir's trained model: ``model.keras``,
     else its newest checkpoint; ValueError if the workdir holds no run or no weights."""
-    import keras
-
     wd = Workdir(workdir)
     stored = wd.read_config()
     if stored is None or "train_config" not in stored:
         raise ValueError(
             f"No training run in {wd.path} (config.json missing). Received: workdir={workdir!r}")
     config = TrainConfig.from_dict(stored["train_config"])
-    if os.path.exists(wd.final_model_path):
-        model = keras.saving.load_model(wd.final_model_path, compile=False)
-        return model, config, wd.final_model_path
-    state = wd.read_state()
-    if state is None:
+    if os.path.exists(path := wd.final_model_path):
+        return keras.saving.load_model(path, compile=False), config, path
+    if (state := wd.read_state()) is None:
         raise ValueError(f"The run in {wd.path} has no completed epoch to evaluate yet.")
     model = build_model(config, dataset_info(config.dataset, config.data_path))
     ckpt = wd.file(CHECKPOINT_DIR, state["checkpoint"])
@@ -120,7 +103,8 @@ def load_workdir_model(workdir):
 def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=None,
              data_source="auto", data_path=None, batch_size=256, split="test",
              model_kwargs=None, verbose="auto"):
-    """Loss and accuracy of a trained model on a dataset split.
+    """Loss and accuracy of a trained model on a dataset split: a dict with ``loss``,
+    ``accuracy``, ``num_examples``, ``dataset``, ``split`` and ``source``.
 
     Args:
         workdir: a training workdir (its final model or newest checkpoint, its data).
@@ -131,17 +115,10 @@ def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=N
         batch_size, split, verbose: of the evaluation.
         model_kwargs: extra `get_model` arguments for a model name.
 
-    Returns:
-        dict: ``loss``, ``accuracy``, ``num_examples``, ``dataset``, ``split``,
-        ``source`` (what was loaded).
-
     Raises:
-        ValueError: for a missing workdir / weights file, an unknown model or
-            dataset, or weights that do not fit the model.
+        ValueError: for a missing workdir or weights file, an unknown model or dataset, or
+            weights that do not fit the model.
     """
-    from keras_preact import data
-    from keras_preact.layers.preprocessing import ImageNormalization
-
     if workdir is not None:
         net, config, source = load_workdir_model(workdir)
         dataset = dataset or config.dataset
@@ -174,15 +151,12 @@ def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=N
 
 
 def _model_for(model, weights, dataset, data_path, model_kwargs):
-    """The model `evaluate` was given: a built one, a ``.keras`` file, or a name with
-    its weights (built as training builds it for the dataset)."""
+    """The model `evaluate` was given: a built one, a ``.keras`` file, or a name."""
     if model is not None and not isinstance(model, str):
         if weights is not None:
             load_weights_file(model, weights, getattr(model, "name", "the model"))
         return model
     if weights is not None and str(weights).endswith(".keras"):
-        from keras_preact.weights.local import load_keras_file
-
         return load_keras_file(weights)
     # As training builds it, with the dataset's normalisation (a layer without weights).
     config = TrainConfig(model=model, model_kwargs=model_kwargs or {}, dataset=dataset,

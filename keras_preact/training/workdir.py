@@ -1,5 +1,4 @@
-"""The files of one training run, each written whole or not at all (a crash leaves the
-previous one). Layout of a workdir::
+"""The files of one training run, each written whole or not at all. Layout of a workdir::
 
     config.json                 the TrainConfig (a restart must match it)
     checkpoints/state.json      the last completed epoch: its checkpoint and history
@@ -17,10 +16,9 @@ import glob
 import io
 import json
 import os
+from pathlib import Path
 
-from keras_preact.files import atomic_write_bytes
-from keras_preact.files import atomic_write_json
-from keras_preact.files import atomic_write_text
+from keras_preact.files import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
@@ -55,21 +53,17 @@ class Workdir:
         if not isinstance(path, (str, os.PathLike)) or not str(path):
             raise ValueError(f"`workdir` must be a folder path. Received: workdir={path!r}")
         self.path = os.path.abspath(os.fspath(path))
-        self.config_path = self.file(CONFIG_FILE)
-        self.state_path = self.file(CHECKPOINT_DIR, STATE_FILE)
-        self.final_model_path = self.file(FINAL_MODEL)
-        existing = self.path
-        while not os.path.exists(existing):
-            existing = os.path.dirname(existing)
+        self.config_path, self.state_path, self.final_model_path = (
+            self.file(CONFIG_FILE), self.file(CHECKPOINT_DIR, STATE_FILE), self.file(FINAL_MODEL))
+        existing = next(p for p in (Path(self.path), *Path(self.path).parents) if p.exists())
         if not os.path.isdir(existing):
             raise ValueError(
                 f"`workdir` must be a folder, but {existing} is a file. Received: workdir={path!r}")
 
     @contextlib.contextmanager
     def lock(self):
-        """Holds the workdir for this process: a second run in it fails at once
-        (`WorkdirInUseError`). A workdir created here is removed again if nothing else
-        was written into it (the run refused its input)."""
+        """Holds the workdir for this process (a second run fails: `WorkdirInUseError`); one
+        created here is removed again if nothing else was written (the run refused its input)."""
         import filelock
 
         created = not os.path.isdir(self.path)
@@ -106,16 +100,14 @@ class Workdir:
         return read_json(self.config_path) if os.path.exists(self.config_path) else None
 
     def read_state(self):
-        """The last completed epoch's state, or None; ValueError if state.json is
-        unreadable or names a missing checkpoint."""
+        """The last completed epoch's state, or None; ValueError if it is unreadable."""
         if not os.path.exists(self.state_path):
             return None
         state = read_json(self.state_path)
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise ValueError(f"{self.state_path} is not a keras-preact training state (format "
                              f"{STATE_FORMAT}). Received: {str(state)[:200]}")
-        ckpt = self.file(CHECKPOINT_DIR, state["checkpoint"])
-        if not os.path.exists(ckpt):
+        if not os.path.exists(ckpt := self.file(CHECKPOINT_DIR, state["checkpoint"])):
             raise ValueError(f"{self.state_path} names the checkpoint {ckpt}, which is missing. "
                              "The workdir was modified outside keras-preact.")
         return state
@@ -131,10 +123,7 @@ class Workdir:
                 _remove_quietly(path)
 
     def write_reports(self, metrics, history, *, title):
-        """Writes `metrics` to ``metrics.json``, and `history` (per-epoch dicts) to
-        ``metrics.csv`` and the training curve."""
-        from keras_preact.training.plots import plot_training_curve
-
+        """Writes `metrics` (``metrics.json``) and `history` (``metrics.csv``, the curve)."""
         atomic_write_json(self.file(METRICS_JSON), metrics)
         buf = io.StringIO()
         columns = list(dict.fromkeys(key for row in history for key in row))
@@ -146,10 +135,8 @@ class Workdir:
 
     def remove_stale_temporaries(self):
         """Deletes the ``.tmp-*`` files a killed writer left behind; returns their paths."""
-        removed = []
-        for folder in (self.path, self.file(CHECKPOINT_DIR)):
-            names = os.listdir(folder) if os.path.isdir(folder) else []
-            removed += [os.path.join(folder, n) for n in names if n.startswith(".tmp-")]
+        removed = [path for folder in (self.path, self.file(CHECKPOINT_DIR))
+                   for path in glob.glob(os.path.join(glob.escape(folder), ".tmp-*"))]
         for path in removed:
             _remove_quietly(path)
         return removed
@@ -158,3 +145,28 @@ class Workdir:
 def _remove_quietly(path):
     with contextlib.suppress(FileNotFoundError):
         os.remove(path)
+
+
+def plot_training_curve(history, *, title=""):
+    """PNG bytes of loss and error per epoch (as the paper's Fig. 6), from `history`'s dicts
+    ("epoch" and any of "loss", "accuracy", "val_loss", "val_accuracy"); no pyplot."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 3.6), dpi=100)
+    panels = (("loss", "loss", float), ("accuracy", "error (%)", lambda v: 100 * (1 - float(v))))
+    for ax, (key, ylabel, to_y) in zip(fig.subplots(1, 2), panels):
+        for name, label, style in ((key, "train", "-"), ("val_" + key, "test", "--")):
+            rows = [row for row in history if row.get(name) not in (None, "")]
+            if rows:
+                ax.plot([r["epoch"] for r in rows], [to_y(r[name]) for r in rows], style,
+                        marker="." if len(rows) < 30 else None, label=label)
+        ax.set(xlabel="epoch", ylabel=ylabel)
+        ax.grid(True, alpha=0.3)
+        if ax.lines:
+            ax.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()

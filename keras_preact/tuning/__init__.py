@@ -1,15 +1,8 @@
-"""Depth sweeps with KerasTuner: which depth fits my data and my budget?
+"""Depth sweeps with KerasTuner (`keras-preact tune`): which depth fits my data and budget?
 
-`PreActResNetHyperModel` searches depth, block, unit variant, width, learning rate,
-weight decay and warm-up; `Budget` caps parameters, multiply-adds or step time; `tune`
-runs a resumable study that writes ``results.csv``, ``results.png`` and the best model
-(`keras-preact tune`). KerasTuner loads on first use of these names.
-
-Example:
-    >>> from keras_preact.tuning import Budget, tune
-    >>> result = tune("runs/tune", dataset="digits", depths=(8, 14, 20), epochs=2,
-    ...               max_trials=3, budget=Budget("params", 200_000))
-"""
+`PreActResNetHyperModel` is the search space, `Budget` caps a candidate's cost and `tune` runs
+a resumable study (``results.csv``, ``results.png``, the best model). KerasTuner loads on
+first use of these names (see examples/tune_depth.py)."""
 
 import importlib
 

@@ -1,10 +1,7 @@
-"""`PreActResNetHyperModel`: a KerasTuner search over depth, block, unit, width and recipe,
-with the library's factories, data pipeline and optimizer recipe.
+"""`PreActResNetHyperModel`: a KerasTuner search over depth, block, unit, width and recipe.
 
-A `Budget` caps parameters, multiply-adds or the measured time of one training step.
-Parameters and multiply-adds are exact, so candidates over budget leave the space before
-the first trial; a trial over a step-time budget is not trained and scores 0. Trials are
-scored on a stratified `validation_fraction` of the training split (0: on the test split).
+A `Budget` on parameters or multiply-adds (exact) removes candidates before the first trial;
+a trial over a step-time budget (measured) is not trained and scores 0.
 """
 
 import contextlib
@@ -13,7 +10,8 @@ import itertools
 import logging
 import math
 import time
-from functools import partial
+import timeit
+from functools import cached_property, partial
 
 import keras
 import keras_tuner
@@ -21,37 +19,31 @@ import numpy as np
 
 import keras_preact
 from keras_preact import data
-from keras_preact.data.registry import check_int
-from keras_preact.data.registry import stratified_split
+from keras_preact.data.registry import check_int, stratified_split
 from keras_preact.layers import UNIT_TYPES
 from keras_preact.layers.utils import check_choice
-from keras_preact.models.cifar import CIFAR_WIDTHS
-from keras_preact.models.cifar import cifar_units_per_stage
+from keras_preact.models.cifar import CIFAR_WIDTHS, cifar_units_per_stage
 from keras_preact.training.config import TrainConfig
 from keras_preact.training.distribute import check_global_batch
 from keras_preact.training.optimizers import make_optimizer
-from keras_preact.training.run import compile_model
-from keras_preact.training.run import dataset_info
-from keras_preact.training.run import dataset_preprocessing
+from keras_preact.training.run import compile_model, dataset_info, dataset_preprocessing
 
 logger = logging.getLogger("keras_preact.tuning")
 
 OBJECTIVE = "val_accuracy"
 BUDGET_KINDS = ("params", "macs", "step_time")
-#: The CIFAR depths of the model registry (basic 6n+2 up to 110, bottleneck 9n+2 from 164).
+#: The CIFAR depths of the model registry.
 DEFAULT_DEPTHS = (20, 32, 44, 56, 110, 164, 272, 542, 1001)
 BLOCKS = ("auto", "basic", "bottleneck")
 _COST_NAMES = {"params": "parameters", "macs": "multiply-adds", "step_time": "seconds per step"}
-# Steps timed (after one untimed step that traces the graph) for a step-time budget.
-_TIMED_STEPS = 5
+_TIMED_STEPS = 5  # for a step-time budget, after one that traces the step
 
 
 @dataclasses.dataclass(frozen=True)
 class Budget:
     """A cap on a candidate's cost: `kind` "params" (trainable parameters), "macs"
-    (multiply-adds per image, `keras_preact.count_macs`) or "step_time" (measured seconds
-    per training step at the search's batch size); `limit` the largest allowed value (> 0).
-    """
+    (multiply-adds per image) or "step_time" (measured seconds per training step at the
+    search's batch size); `limit` the largest allowed value (> 0)."""
 
     kind: str
     limit: float
@@ -77,13 +69,9 @@ def valid_blocks(depth, blocks):
     """The concrete blocks ("basic", "bottleneck") among `blocks` that fit `depth`."""
     out = []
     for b in blocks:
-        try:
-            concrete, _ = cifar_units_per_stage(depth, b)
-        except ValueError:
-            continue
-        if concrete not in out:
-            out.append(concrete)
-    return out
+        with contextlib.suppress(ValueError):
+            out.append(cifar_units_per_stage(depth, b)[0])
+    return list(dict.fromkeys(out))
 
 
 def _is_number(v):
@@ -98,9 +86,8 @@ def _values(name, values, check=None):
     if not values:
         raise ValueError(f"Empty search space: `{name}` has no values. Received: "
                          f"{name}={values!r}. Give at least one value (or leave the default).")
-    for v in values:
-        if check is not None:
-            check(v)
+    for v in values if check else ():
+        check(v)
     # Deduplicated by ==, not by hash: an unhashable depth gets the clear error later.
     return tuple(v for i, v in enumerate(values) if v not in values[:i])
 
@@ -117,8 +104,7 @@ def _check_one_of(what, valid, v):
 
 
 def _check_width(blocks, w):
-    """Checks a width multiplier gives whole filter counts (divisible by 4 for a
-    bottleneck, whose inner width is out / 4) in every stage of `blocks`."""
+    """Checks `w` gives whole filter counts (bottleneck: divisible by 4) in every stage."""
     _check_number("width_multipliers", 0, True, w)
     for block in blocks:
         step = 4 if block == "bottleneck" else 1
@@ -135,13 +121,12 @@ def search_space_spec(*, dataset="digits", depths=DEFAULT_DEPTHS, blocks=("auto"
                       width_multipliers=(1,), learning_rates=(0.1,), weight_decays=(1e-4,),
                       warmups=(400,), epochs=1, batch_size=128, validation_fraction=0.1, seed=0,
                       budget=None, data_dir=None, data_source="auto", data_path=None):
-    """Validates the `PreActResNetHyperModel` arguments without building anything;
-    returns them as a dict (a study's identity in ``study.json``). Raises ValueError."""
+    """Validates the `PreActResNetHyperModel` arguments; returns them as a dict (a study's
+    identity in ``study.json``). Raises ValueError."""
     check_choice("dataset", dataset, data.list_datasets())
     depths = _values("depths", depths)
     blocks = _values("blocks", blocks, partial(_check_one_of, "block", BLOCKS))
-    # Every depth must fit one requested block; pairs that do not fit are left out
-    # (e.g. depth 32 with "bottleneck" when "basic" is also requested).
+    # Pairs that do not fit are left out (depth 32 with "bottleneck" when "basic" is also given).
     concrete = set()
     for d in depths:
         valid = valid_blocks(d, blocks)
@@ -173,37 +158,31 @@ def search_space_spec(*, dataset="digits", depths=DEFAULT_DEPTHS, blocks=("auto"
     elif budget is not None and not isinstance(budget, Budget):
         raise ValueError("`budget` must be None, a Budget or a dict {'kind': ..., 'limit': ...}. "
                          f"Received: budget={budget!r}")
-    return {
-        "dataset": dataset, "depths": list(depths), "blocks": list(blocks), "units": units,
-        **floats, "epochs": epochs, "batch_size": batch_size,
-        "validation_fraction": float(validation_fraction), "seed": seed,
-        "budget": budget.to_dict() if budget is not None else None,
-        "data_dir": data_dir, "data_source": data_source, "data_path": data_path,
-    }
+    return {"dataset": dataset, "depths": list(depths), "blocks": list(blocks), "units": units,
+            **floats, "epochs": epochs, "batch_size": batch_size,
+            "validation_fraction": float(validation_fraction), "seed": seed,
+            "budget": budget.to_dict() if budget is not None else None,
+            "data_dir": data_dir, "data_source": data_source, "data_path": data_path}
 
 
 class PreActResNetHyperModel(keras_tuner.HyperModel):
     """A KerasTuner HyperModel over pre-activation ResNet depth, unit and recipe.
 
-    Hyperparameters: ``depth``; ``block`` (only where a depth fits several requested
-    blocks); ``unit`` (only with `units`); ``width``; ``learning_rate``; ``weight_decay``;
-    ``warmup``. Each list's first value is the default (a random search's first trial).
+    Hyperparameters: ``depth``, ``block`` (where a depth fits several requested blocks),
+    ``unit`` (with `units`), ``width``, ``learning_rate``, ``weight_decay``, ``warmup``;
+    each list's first value is the default (a random search's first trial).
 
     Args:
         dataset: a `keras_preact.data` dataset name ("digits" ships with scikit-learn).
-        blocks: any of "auto" (bottleneck for 9n+2 depths >= 164, basic otherwise),
-            "basic", "bottleneck". Every depth must fit one of them.
-        units: None (the library's default unit, no hyperparameter) or a list of
-            `keras_preact.layers.UNIT_TYPES`.
-        width_multipliers: stage widths x k (16/32/64 basic, 64/128/256 bottleneck;
-            the 16-filter stem is kept, as wide ResNets do).
+        depths: CIFAR depths; each must fit one of `blocks`.
+        blocks: any of "auto" (bottleneck for 9n+2 depths >= 164), "basic", "bottleneck".
+        units: None (the default unit, not searched) or `keras_preact.layers.UNIT_TYPES`.
+        width_multipliers: stage widths x k (the 16-filter stem is kept, as in wide ResNets).
         learning_rates: at batch 128 (the linear scaling rule applies).
-        warmups: warm-up iterations of the paper's 64k schedule, stretched with the
-            run like every `TrainConfig` boundary (0: none).
-        validation_fraction: held-out share of the training split that scores the
-            trials; 0 scores on the test split.
-        seed: initialisation, data order, augmentation and validation split, the same
-            for every trial (so retraining a trial reproduces it).
+        weight_decays, epochs, batch_size: of the training recipe.
+        warmups: warm-up iterations of the paper's 64k schedule, stretched with the run.
+        validation_fraction: share of the training split that scores the trials (0: test).
+        seed: initialisation, data order, augmentation and split, the same for every trial.
         budget: None, a `Budget` or ``{"kind": ..., "limit": ...}``.
         data_dir, data_source, data_path: see `keras_preact.data.make_dataset`.
 
@@ -218,18 +197,14 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
             setattr(self, key, value)
         self.budget = Budget(**self.spec["budget"]) if self.spec["budget"] else None
         self.distribution_strategy = None
-        self._arrays_cache = None
         self._costs = {}
         self._prune()
 
     def candidates(self):
         """Every architecture of the space: dicts with depth, block, width, unit."""
-        return [
-            {"depth": d, "block": b, "width": w, "unit": u}
-            for d in self.depths
-            for b in valid_blocks(d, self.blocks)
-            for w, u in itertools.product(self.width_multipliers, self.units or [None])
-        ]
+        return [{"depth": d, "block": b, "width": w, "unit": u} for d in self.depths
+                for b in valid_blocks(d, self.blocks)
+                for w, u in itertools.product(self.width_multipliers, self.units or [None])]
 
     def _prune(self):
         """Drops the values no candidate within the budget uses (params / macs)."""
@@ -238,8 +213,7 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
             return
         kind, limit = self.budget.kind, self.budget.limit
         if kind == "step_time":
-            # Measured, not computed: only the cheapest candidate is timed up front,
-            # to refuse a budget nothing can meet; each trial times its own.
+            # Only the cheapest is timed here, to refuse a budget nothing meets; trials time theirs.
             cheapest = min(self.candidates(), key=lambda a: self.cost(a)["macs"])
             seconds = self.measure_step_time(cheapest)
             if seconds > limit:
@@ -283,8 +257,7 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         hp.Choice("warmup", self.warmups)
         return {"depth": depth, "block": block, "width": width, "unit": unit}
 
-    def declare_hyperparameters(self, hp):
-        self.declare(hp)
+    declare_hyperparameters = declare
 
     def make_model(self, arch, **kwargs):
         """The library model of an architecture dict (see `candidates`)."""
@@ -298,8 +271,7 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
             return keras_preact.preact_resnet_cifar(arch["depth"], block=arch["block"], name=name,
                                                     **common)
         block, n = cifar_units_per_stage(arch["depth"], arch["block"])
-        # The CIFAR layout of `preact_resnet_cifar`, with wider stages.
-        return keras_preact.PreActResNet(
+        return keras_preact.PreActResNet(  # the layout of `preact_resnet_cifar`, wider
             block=block, stage_blocks=(n,) * 3, stage_strides=(1, 2, 2),
             stage_filters=tuple(int(round(f * arch["width"])) for f in CIFAR_WIDTHS[block]),
             name=f"{name}_w{arch['width']:g}".replace(".", "_"), **common,
@@ -320,8 +292,7 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
             model="preact_resnet_cifar", model_kwargs={"architecture": {}}, dataset=self.dataset,
             batch_size=self.batch_size, learning_rate=float(hp_values["learning_rate"]),
             weight_decay=float(hp_values["weight_decay"]), warmup=float(hp_values["warmup"]),
-            epochs=int(epochs or self.epochs), seed=self.seed,
-        ).validate()
+            epochs=int(epochs or self.epochs), seed=self.seed).validate()
 
     def measure_step_time(self, arch):
         """Median seconds of one training step (batch `batch_size`) on a throwaway model."""
@@ -333,40 +304,28 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         x = rng.uniform(0, 255, (self.batch_size, *info["input_shape"])).astype("float32")
         y = rng.integers(0, info["classes"], self.batch_size)
         model.train_on_batch(x, y)  # traces the step
-        times = []
-        for _ in range(_TIMED_STEPS):
-            t0 = time.perf_counter()
-            model.train_on_batch(x, y)
-            times.append(time.perf_counter() - t0)
+        times = timeit.repeat(lambda: model.train_on_batch(x, y), number=1, repeat=_TIMED_STEPS)
         return float(np.median(times))
 
     def build(self, hp):
         arch = self.declare(hp)
-        # Same seed for every trial: trials differ only by their hyperparameters,
-        # and retraining a trial's values reproduces it.
-        keras.utils.set_random_seed(self.seed)
+        keras.utils.set_random_seed(self.seed)  # every trial: so retraining reproduces it
         return self.make_model(arch)
 
+    @cached_property
     def _arrays(self):
-        if self._arrays_cache is None:
-            kw = dict(data_dir=self.data_dir, source=self.data_source, path=self.data_path)
-            x, y = data.load_arrays(self.dataset, "train", **kw)
-            if self.validation_fraction > 0:
-                train, val = stratified_split(y, test_fraction=self.validation_fraction,
-                                              seed=self.seed)
-                self._arrays_cache = (x[train], y[train], x[val], y[val])
-            else:
-                self._arrays_cache = (x, y, *data.load_arrays(self.dataset, "test", **kw))
-        return self._arrays_cache
+        kw = dict(data_dir=self.data_dir, source=self.data_source, path=self.data_path)
+        x, y = data.load_arrays(self.dataset, "train", **kw)
+        if self.validation_fraction == 0:
+            return (x, y, *data.load_arrays(self.dataset, "test", **kw))
+        train, val = stratified_split(y, test_fraction=self.validation_fraction, seed=self.seed)
+        return x[train], y[train], x[val], y[val]
 
     def datasets(self, *, epochs, initial_epoch=0, replicas=1):
-        """``(train_ds, val_ds, steps_per_epoch)`` through the library's pipeline.
-
-        With several replicas the validation batches are a multiple of the replica
-        count and the last partial batch is dropped (at most ``replicas - 1``
-        images): tf.distribute cannot split a batch unevenly here.
-        """
-        x, y, vx, vy = self._arrays()
+        """``(train_ds, val_ds, steps_per_epoch)`` through the library's pipeline; with
+        several replicas the last partial validation batch is dropped (tf.distribute
+        cannot split it unevenly)."""
+        x, y, vx, vy = self._arrays
         spe = len(x) // self.batch_size
         if spe < 1:
             raise ValueError(f"batch_size={self.batch_size} is larger than the {len(x)} training "
@@ -375,8 +334,7 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         train = data.dataset_from_arrays(
             x, y, batch_size=self.batch_size, shuffle=True, augment=augment, normalize=False,
             seed=self.seed, epoch=initial_epoch, drop_remainder=True,
-            repeat_epochs=epochs - initial_epoch,
-        )
+            repeat_epochs=epochs - initial_epoch)
         val_batch = 256 if replicas == 1 else min(256, len(vx) // replicas * replicas)
         val = data.dataset_from_arrays(vx, vy, batch_size=val_batch, normalize=False,
                                        drop_remainder=replicas > 1)
@@ -392,21 +350,18 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         epochs = int(epochs or self.epochs)
         cost = dict(self.cost(arch))
         if self.budget is not None:
-            # Measured per trial for a step-time budget; params / macs are over only
-            # through a combination of width / unit values that each fit on their own.
-            timed = self.budget.kind == "step_time"
-            seconds = self.measure_step_time(arch) if timed else 0.0
-            if (seconds if timed else cost[self.budget.kind]) > self.budget.limit:
+            # Params / macs are over only through a combination of width / unit values
+            # that each fit on their own.
+            seconds = self.measure_step_time(arch) if self.budget.kind == "step_time" else 0.0
+            if {**cost, "step_time": seconds}[self.budget.kind] > self.budget.limit:
                 logger.info("%s is over the %s budget: not trained.", _label(arch),
                             self.budget.kind)
                 return {OBJECTIVE: 0.0, "within_budget": 0.0, "step_time_s": seconds,
                         "train_time_s": 0.0, **cost}
         config = self.train_config(hp.values, epochs=epochs)
         strategy = self.distribution_strategy
-        replicas = 1
-        if strategy is not None:
-            replicas = int(strategy.num_replicas_in_sync)
-            check_global_batch(self.batch_size, replicas)
+        replicas = int(strategy.num_replicas_in_sync) if strategy else 1
+        check_global_batch(self.batch_size, replicas)
         train_ds, val_ds, spe = self.datasets(epochs=epochs, initial_epoch=initial_epoch,
                                               replicas=replicas)
         with strategy.scope() if strategy else contextlib.nullcontext():
@@ -421,17 +376,12 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
                             steps_per_epoch=spe, validation_data=val_ds, callbacks=callbacks,
                             verbose=verbose, shuffle=False)
         elapsed = time.time() - t0
-        return {
-            OBJECTIVE: float(max(history.history[OBJECTIVE])), "within_budget": 1.0,
-            "step_time_s": elapsed / max(1, (epochs - initial_epoch) * spe),
-            "train_time_s": elapsed, "replicas": float(replicas), **cost,
-        }
+        return {OBJECTIVE: float(max(history.history[OBJECTIVE])), "within_budget": 1.0,
+                "step_time_s": elapsed / max(1, (epochs - initial_epoch) * spe),
+                "train_time_s": elapsed, "replicas": float(replicas), **cost}
 
 
 def _label(arch):
-    text = f"depth {arch['depth']} {arch['block']}"
-    if arch["width"] != 1:
-        text += f" x{arch['width']:g}"
-    if arch.get("unit"):
-        text += f" {arch['unit']}"
-    return text
+    width = f" x{arch['width']:g}" if arch["width"] != 1 else ""
+    unit = f" {arch['unit']}" if arch.get("unit") else ""
+    return f"depth {arch['depth']} {arch['block']}{width}{unit}"

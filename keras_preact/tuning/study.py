@@ -1,10 +1,7 @@
-"""A tuning study in a workdir: resumable search, results table and plot, best export.
-
-Workdir: ``study.json`` (the space, tuner and budget; a re-run must match it), ``search/``
-(KerasTuner's project), ``results.csv``, ``results.png`` and ``best/`` (``model.keras``,
-``saved_model/1``, ``best.json``). Running the same study again resumes it; a workdir
-holding another study or other files is refused before anything is written. Distributed
-search is KerasTuner's chief / worker mode (``KERASTUNER_*`` variables, shared workdir).
+"""A resumable tuning study in a workdir: ``study.json`` (space, tuner, budget; a re-run
+must match it), ``search/`` (KerasTuner's project), ``results.csv``, ``results.png`` and
+``best/`` (``model.keras``, ``saved_model/1``, ``best.json``). Distributed search is
+KerasTuner's chief / worker mode (``KERASTUNER_*`` variables, a shared workdir).
 """
 
 import csv
@@ -20,15 +17,12 @@ from keras_tuner.src.distribute import utils as dist_utils
 
 import keras_preact
 from keras_preact.data.registry import check_int
-from keras_preact.files import atomic_save
-from keras_preact.files import atomic_write_bytes
-from keras_preact.files import atomic_write_json
-from keras_preact.files import atomic_write_text
+from keras_preact.export import export_saved_model
+from keras_preact.files import atomic_save, atomic_write_bytes, atomic_write_json, atomic_write_text
+from keras_preact.training.distribute import make_strategy
 from keras_preact.training.workdir import read_json
-from keras_preact.tuning.hypermodel import OBJECTIVE
-from keras_preact.tuning.hypermodel import PreActResNetHyperModel
-from keras_preact.tuning.hypermodel import search_space_spec
-from keras_preact.tuning.hypermodel import valid_blocks
+from keras_preact.tuning.hypermodel import (OBJECTIVE, PreActResNetHyperModel, search_space_spec,
+                                            valid_blocks)
 
 logger = logging.getLogger("keras_preact.tuning")
 
@@ -39,21 +33,12 @@ RESULTS_CSV = "results.csv"
 RESULTS_PNG = "results.png"
 BEST_DIR = "best"
 STUDY_FORMAT = 1
-#: Seconds a distributed worker waits for the chief's study.json.
-WORKER_WAIT_S = 600
-#: Study settings that may change between runs of one study.
-RUNTIME_KEYS = ("max_trials",)
+WORKER_WAIT_S = 600  #: seconds a distributed worker waits for the chief's study.json
+RUNTIME_KEYS = ("max_trials",)  #: study settings that may change between runs
 _METRICS = ("params", "macs", "val_accuracy", "within_budget", "step_time_s", "train_time_s",
             "replicas")
 _HYPERPARAMETERS = ("width", "learning_rate", "weight_decay", "warmup")
 CSV_COLUMNS = ("trial", "status", "depth", "block", "unit") + _HYPERPARAMETERS + _METRICS
-
-
-def _dist_role():
-    """"chief", "worker" or None (KerasTuner's environment variables)."""
-    if not dist_utils.has_chief_oracle():
-        return None
-    return "chief" if dist_utils.is_chief_oracle() else "worker"
 
 
 def _check_tuner(tuner, max_trials):
@@ -68,19 +53,14 @@ def make_tuner(hypermodel, tuner="random", *, directory, project_name=PROJECT, m
 
     Args:
         tuner: "random", "bayesian" or "hyperband" (``max_epochs``: the hypermodel's
-            `epochs`; `max_trials` does not apply; `hyperband_factor`).
+            `epochs`, with `hyperband_factor`; `max_trials` does not apply).
         overwrite: start the project again (default False: continue it).
         distribution_strategy: None, a `tf.distribute.Strategy` (one worker, several
             devices) or a name of `keras_preact.training.STRATEGIES`.
         seed: the oracle's seed.
-
-    Raises:
-        ValueError: for an unknown tuner or an invalid `max_trials`.
     """
     _check_tuner(tuner, max_trials)
     if isinstance(distribution_strategy, str):
-        from keras_preact.training.distribute import make_strategy
-
         distribution_strategy = make_strategy(distribution_strategy)
     hypermodel.distribution_strategy = distribution_strategy
     common = dict(objective=keras_tuner.Objective(OBJECTIVE, direction="max"),
@@ -100,8 +80,8 @@ def study_document(spec, *, tuner, max_trials):
 
 
 def check_study_workdir(workdir, document):
-    """True if the workdir holds this study already, False if it is new or empty;
-    reads only. Raises ValueError if it holds another study or files that are not one."""
+    """True if the workdir holds this study already, False if it is new or empty; raises
+    ValueError if it holds another study or files that are not one. Reads only."""
     path = os.path.join(workdir, STUDY_FILE)
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise ValueError("`workdir` must be a folder, but a file is there. "
@@ -122,13 +102,9 @@ def check_study_workdir(workdir, document):
             for d in (document, stored))
     if a == b:
         return True
-    diff = [
-        f"{key}: stored {b['space'].get(key)!r}, requested {a['space'].get(key)!r}"
-        for key in sorted(set(a["space"]) | set(b["space"]))
-        if a["space"].get(key) != b["space"].get(key)
-    ]
-    if a.get("tuner") != b.get("tuner"):
-        diff.append(f"tuner: stored {b.get('tuner')!r}, requested {a.get('tuner')!r}")
+    a, b = ({**d["space"], "tuner": d.get("tuner")} for d in (a, b))
+    diff = [f"{key}: stored {b.get(key)!r}, requested {a.get(key)!r}"
+            for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)]
     raise ValueError(f"The workdir {workdir} holds another study ({'; '.join(diff)}). Nothing "
                      "was changed, not even with --overwrite. Re-run with the same settings to "
                      "resume, or use a new --workdir.")
@@ -147,24 +123,30 @@ def tune(workdir, *, tuner="random", max_trials=10, overwrite=False, export=True
         **space: the `PreActResNetHyperModel` arguments.
 
     Returns:
-        dict: ``rows``, ``best`` (the best row or None), ``csv``, ``png``,
-        ``best_model``, ``saved_model`` (paths or None), ``role`` and ``workdir``.
+        dict: ``rows``, ``best`` (a row or None), ``csv``, ``png``, ``best_model``,
+        ``saved_model`` (paths or None), ``role`` and ``workdir``.
 
     Raises:
-        ValueError: for an invalid space, a budget no candidate fits, or a workdir
-            holding another study -- before anything is written.
+        ValueError: for an invalid space, a budget no candidate fits or a workdir holding
+            another study, before anything is written.
     """
     if not isinstance(workdir, (str, os.PathLike)) or not os.fspath(workdir):
         raise ValueError(f"`workdir` must be a folder path. Received: workdir={workdir!r}")
     workdir = os.path.abspath(os.fspath(workdir))
     _check_tuner(tuner, max_trials)
-    role = _dist_role()
+    role = None  # KerasTuner's distributed role, from its environment variables
+    if dist_utils.has_chief_oracle():
+        role = "chief" if dist_utils.is_chief_oracle() else "worker"
     spec = search_space_spec(**space)
     document = study_document(spec, tuner=tuner, max_trials=max_trials)
-    if role == "worker":
-        # The chief owns the workdir: a worker writes nothing there before the
-        # chief's study.json exists, and then only for that same study.
-        _wait_for_study(workdir)
+    # The chief owns the workdir: a worker waits for its study.json and writes nothing.
+    deadline = time.time() + WORKER_WAIT_S
+    while role == "worker" and not os.path.exists(os.path.join(workdir, STUDY_FILE)):
+        if time.time() > deadline:
+            raise ValueError(f"No {STUDY_FILE} appeared in {workdir} within {WORKER_WAIT_S} s: "
+                             "start the chief (KERASTUNER_TUNER_ID=chief) with the same "
+                             "--workdir on a shared disk.")
+        time.sleep(0.5)
     exists = check_study_workdir(workdir, document)
     hypermodel = PreActResNetHyperModel(**space)  # may refuse the budget
     if role != "worker":
@@ -188,23 +170,9 @@ def tune(workdir, *, tuner="random", max_trials=10, overwrite=False, export=True
     return result
 
 
-def _wait_for_study(workdir, timeout_s=WORKER_WAIT_S):
-    path = os.path.join(workdir, STUDY_FILE)
-    deadline = time.time() + timeout_s
-    while not os.path.exists(path):
-        if time.time() > deadline:
-            raise ValueError(f"No {STUDY_FILE} appeared in {workdir} within {timeout_s} s: start "
-                             "the chief (KERASTUNER_TUNER_ID=chief) with the same --workdir on a "
-                             "shared disk.")
-        time.sleep(0.5)
-
-
 def serve_chief(kt_tuner, *, verbose=1, poll_s=0.5):
-    """Runs the oracle for the workers until every trial is done and every worker left.
-
-    KerasTuner's own `search()` on the chief polls every 20 s once the first worker is
-    told to stop; this polls every `poll_s` seconds and stops the gRPC server after.
-    """
+    """Runs the oracle for the workers until every trial is done and every worker left,
+    polling every `poll_s` seconds (KerasTuner's chief `search()` polls every 20 s)."""
     from concurrent import futures
 
     import grpc
@@ -256,7 +224,8 @@ def best_row(rows):
 
 
 def write_results(kt_tuner, hypermodel, workdir, *, export=True):
-    """Writes results.csv, results.png and (with `export`) the best trial's exports."""
+    """Writes results.csv, results.png and, with `export`, the best trial's model as
+    ``best/model.keras``, ``best/saved_model/1`` and ``best/best.json``."""
     rows = results_rows(kt_tuner.oracle, hypermodel)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
@@ -268,39 +237,27 @@ def write_results(kt_tuner, hypermodel, workdir, *, export=True):
     budget = hypermodel.budget.to_dict() if hypermodel.budget else None
     atomic_write_bytes(png_path, plot_results(rows, budget=budget, title=hypermodel.dataset))
     out = {"rows": rows, "best": best_row(rows), "csv": csv_path, "png": png_path}
-    if export and out["best"] is not None:
-        out.update(export_best(kt_tuner, out["best"], workdir))
+    row = out["best"]
+    if export and row is not None:
+        trial = kt_tuner.oracle.get_trial(row["trial"])
+        model = kt_tuner.load_model(trial)
+        best_dir = os.path.join(workdir, BEST_DIR)
+        out["best_model"] = os.path.join(best_dir, "model.keras")
+        atomic_save(out["best_model"], model.save)
+        out["saved_model"] = export_saved_model(
+            model, os.path.join(best_dir, "saved_model"), overwrite=True,
+            metrics={"val_accuracy": row["val_accuracy"]},
+            weights_info={"source": "keras-preact tune", "trial": row["trial"]})
+        atomic_write_json(os.path.join(best_dir, "best.json"), {
+            "trial": row["trial"], "row": row, "hyperparameters": trial.hyperparameters.values})
     return out
 
 
-def export_best(kt_tuner, row, workdir):
-    """Saves the best trial's model as ``best/model.keras`` and ``best/saved_model/1``."""
-    from keras_preact.export import export_saved_model
-
-    trial = kt_tuner.oracle.get_trial(row["trial"])
-    model = kt_tuner.load_model(trial)
-    best_dir = os.path.join(workdir, BEST_DIR)
-    keras_path = os.path.join(best_dir, "model.keras")
-    atomic_save(keras_path, model.save)
-    saved = export_saved_model(model, os.path.join(best_dir, "saved_model"), overwrite=True,
-                               metrics={"val_accuracy": row["val_accuracy"]},
-                               weights_info={"source": "keras-preact tune", "trial": row["trial"]})
-    atomic_write_json(os.path.join(best_dir, "best.json"), {
-        "trial": row["trial"], "row": row, "hyperparameters": trial.hyperparameters.values,
-    })
-    return {"best_model": keras_path, "saved_model": saved}
-
-
 def retrain(workdir, trial=None, *, verbose=0):
-    """Trains a finished trial's hyperparameters again (default `trial`: the best), with
-    the study's seed.
-
-    Returns:
-        dict: ``trial``, ``val_accuracy`` (this run), ``recorded`` (the search's), ``model``.
-
-    Raises:
-        ValueError: if the workdir holds no study or the trial is unknown / unfinished.
-    """
+    """Trains a finished trial's hyperparameters again (default `trial`: the best) with the
+    study's seed (`verbose`: Keras' `fit` verbosity). Returns a dict with ``trial``,
+    ``val_accuracy`` (this run), ``recorded`` (the search's) and ``model``. Raises ValueError
+    if the workdir holds no study or the trial is unknown or unfinished."""
     path = os.path.join(os.path.abspath(workdir), STUDY_FILE)
     if not os.path.exists(path):
         raise ValueError(f"No study in {workdir} ({STUDY_FILE} missing). "
@@ -328,27 +285,24 @@ def plot_results(rows, *, budget=None, title=""):
 
     fig = Figure(figsize=(10, 4), dpi=100)
     FigureCanvasAgg(fig)
-    axes = dict(zip(("depth", "macs"), fig.subplots(1, 2)))
-    scale = {"depth": 1, "macs": 1e6}
     done = [r for r in rows if r["val_accuracy"] is not None and r["within_budget"] == 1]
     best = best_row(rows)
-    for key, ax in axes.items():
+    panels = (("depth", 1, "depth"), ("macs", 1e6, "multiply-adds per image (M)"))
+    for (key, scale, xlabel), ax in zip(panels, fig.subplots(1, 2)):
         for block, marker in (("basic", "o"), ("bottleneck", "s")):
             pts = [r for r in done if r["block"] == block]
             if pts:
-                ax.scatter([r[key] / scale[key] for r in pts],
-                           [100 * r["val_accuracy"] for r in pts], marker=marker, label=block)
+                ax.scatter([r[key] / scale for r in pts], [100 * r["val_accuracy"] for r in pts],
+                           marker=marker, label=block)
         if best is not None:
-            ax.scatter([best[key] / scale[key]], [100 * best["val_accuracy"]], s=160,
+            ax.scatter([best[key] / scale], [100 * best["val_accuracy"]], s=160,
                        facecolors="none", edgecolors="red", label="best")
-        ax.set_ylabel("validation accuracy (%)")
-    if budget and budget["kind"] == "macs":
-        axes["macs"].axvline(budget["limit"] / 1e6, color="gray", linestyle="--", label="budget")
-    axes["depth"].set_xlabel("depth")
-    axes["macs"].set_xlabel("multiply-adds per image (M)")
-    if done and max(r["macs"] for r in done) > 10 * max(1, min(r["macs"] for r in done)):
-        axes["macs"].set_xscale("log")
-    for ax in axes.values():
+        if key == "macs" and budget and budget["kind"] == "macs":
+            ax.axvline(budget["limit"] / scale, color="gray", linestyle="--", label="budget")
+        costs = [r[key] for r in done]
+        if key == "macs" and costs and max(costs) > 10 * max(1, min(costs)):
+            ax.set_xscale("log")
+        ax.set(xlabel=xlabel, ylabel="validation accuracy (%)")
         ax.grid(True, alpha=0.3)
         if ax.collections:
             ax.legend()

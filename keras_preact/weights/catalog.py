@@ -1,9 +1,6 @@
-"""The pretrained-weights catalog: typed entries parsed from ``zoo/weights/*.json``.
-
-A manifest is ``{"_source": str, "defaults": {...}, "entries": {"<model>.<tag>": {...}}}``;
-each entry is the manifest's ``defaults`` updated by its own fields (see `WeightsEntry`).
-Exactly one entry per model is its ``default``. Keys follow timm's ``arch.tag``.
-"""
+"""The pretrained-weights catalog: typed entries parsed from ``zoo/weights/*.json``, each
+``{"_source": str, "defaults": {...}, "entries": {"<model>.<tag>": {...}}}``. An entry is the
+manifest's ``defaults`` updated by its own fields; one entry per model is its ``default``."""
 
 import dataclasses
 import functools
@@ -13,18 +10,17 @@ from importlib import resources
 from typing import Optional
 
 from keras_preact.files import atomic_write_text
-from keras_preact.layers.utils import deprecated_alias, pop_deprecated
+from keras_preact.layers.preprocessing import resolve_preprocessing
+from keras_preact.layers.utils import deprecated_alias, is_int, pop_deprecated
 from keras_preact.weights.converters import CONVERTERS
 from keras_preact.zoo_catalog import load_json
 
 HASH_LENGTHS = {"sha1": 40, "md5": 32, "sha256": 64}
 URL_SCHEMES = ("https://", "http://", "file://")
 #: The fields every catalog entry has (`classes` may come from `architecture`).
-REQUIRED_FIELDS = (
-    "model", "tag", "default", "url", "hash", "converter", "architecture", "dataset",
-    "classes", "class_names", "preprocessing", "input_shape", "metrics", "license",
-    "params", "converter_max_abs_diff",
-)
+REQUIRED_FIELDS = ("model", "tag", "default", "url", "hash", "converter", "architecture",
+                   "dataset", "classes", "class_names", "preprocessing", "input_shape",
+                   "metrics", "license", "params", "converter_max_abs_diff")
 #: The fields `fetch_weights` needs: entry dicts passed to it may leave the others out.
 FETCH_FIELDS = ("model", "tag", "url", "hash", "converter")
 
@@ -88,27 +84,13 @@ class WeightsEntry:
 
     def source_record(self):
         """What a cached file is made from: another one makes the cached file stale."""
-        return {
-            "url": self.url, "hash": dataclasses.asdict(self.hash),
-            "archive_member": self.archive_member, "converter": self.converter,
-            "converter_args": self.converter_args, "architecture": self.architecture,
-        }
-
-
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        return {"url": self.url, "hash": dataclasses.asdict(self.hash),
+                "archive_member": self.archive_member, "converter": self.converter,
+                "converter_args": self.converter_args, "architecture": self.architecture}
 
 
 def _is_name(value):
     return isinstance(value, str) and bool(value) and "." not in value
-
-
-def _is_str(value):
-    return isinstance(value, str) and bool(value)
-
-
-def _optional(check):
-    return lambda value: value is None or check(value)
 
 
 def _class_list(value):
@@ -122,53 +104,42 @@ def _class_list(value):
 
 
 def _preprocessing(value):
-    from keras_preact.layers.preprocessing import resolve_preprocessing
-
     try:
         return resolve_preprocessing(value) is not None
     except ValueError:
         return False
 
 
-#: field -> (check, what is valid). The checks return a false value for a bad value.
+#: field -> (check, what is valid). The checks return a false value for a bad value; the
+#: fields that default to None may also be None.
 _CHECKS = {
-    "model": (_is_name, "a non-empty name without dots"),
-    "tag": (_is_name, "a non-empty name without dots"),
+    **dict.fromkeys(("model", "tag"), (_is_name, "a non-empty name without dots")),
+    **dict.fromkeys(("archive_member", "dataset", "license", "upstream_name"),
+                    (lambda v: isinstance(v, str) and bool(v), "a non-empty string or null")),
+    **dict.fromkeys(("classes", "params", "params_keras_count_params"), (functools.partial(is_int, minimum=1), "an int >= 1")),
     "url": (lambda v: isinstance(v, str) and v.startswith(URL_SCHEMES),
             f"a URL starting with one of {list(URL_SCHEMES)}"),
     "converter": (lambda v: v in CONVERTERS, f"one of {sorted(CONVERTERS)}"),
-    "converter_args": (lambda v: isinstance(v, dict), "a dict"),
-    "archive_member": (_optional(_is_str), "a file name in the archive"),
-    "architecture": (lambda v: isinstance(v, dict), "a dict of factory arguments"),
-    "classes": (_optional(_is_int), "an int >= 1"),
+    **dict.fromkeys(("converter_args", "architecture"), (lambda v: isinstance(v, dict), "a dict")),
     "default": (lambda v: isinstance(v, bool), "true or false"),
-    "dataset": (_optional(_is_str), "a dataset name"),
-    "class_names": (_optional(_class_list), "the name of a list in zoo/classes/"),
-    "preprocessing": (_optional(_preprocessing), "a preprocessing name"),
-    "input_shape": (_optional(lambda v: isinstance(v, list) and len(v) == 3
-                             and all(_is_int(s) for s in v)), "[height, width, channels]"),
+    "class_names": (_class_list, "the name of a list in zoo/classes/"),
+    "preprocessing": (_preprocessing, "a preprocessing name"),
+    "input_shape": (lambda v: isinstance(v, list) and len(v) == 3 and all(is_int(s, 1) for s in v),
+                    "[height, width, channels]"),
     "metrics": (lambda v: isinstance(v, dict) and set(v) <= set(_METRIC_FIELDS),
                 f"a dict with the keys {_METRIC_FIELDS}"),
-    "license": (_optional(_is_str), "a license name"),
-    "params": (_optional(_is_int), "an int >= 1"),
-    "params_keras_count_params": (_optional(_is_int), "an int >= 1"),
-    "converter_max_abs_diff": (_optional(lambda v: isinstance(v, numbers.Real)
-                                         and not isinstance(v, bool)), "a number or null"),
-    "upstream_name": (_optional(_is_str), "the publisher's model name"),
+    "converter_max_abs_diff": (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool),
+                               "a number or null"),
     "notes": (lambda v: isinstance(v, dict) and all(isinstance(n, str) for n in v.values()),
               "a dict of strings"),
 }
+_NULLABLE = {f.name for f in dataclasses.fields(WeightsEntry) if f.default is None}
 
 
 def validate_entry(entry, *, key=None, strict=True, manifest=None, manifest_source=None):
     """Parses one catalog entry (a dict, the manifest's defaults merged in) into a
     `WeightsEntry`; `key` ("model.tag") must agree with it. `strict` requires every
-    `REQUIRED_FIELDS`, else only `FETCH_FIELDS`.
-
-    Raises:
-        ValueError: one bad field, naming the entry (and manifest), the field, the
-            value received and what is valid.
-    """
+    `REQUIRED_FIELDS`, else only `FETCH_FIELDS`. ValueError for the first bad field."""
     if not isinstance(entry, dict):
         raise ValueError(f"A weights entry must be a dict. Received: {entry!r}")
     fields = dict(entry)
@@ -188,9 +159,9 @@ def validate_entry(entry, *, key=None, strict=True, manifest=None, manifest_sour
         raise ValueError(f"{label} has unknown fields {unknown}. Valid: {sorted(_CHECKS)}")
     fields["hash"] = parse_hash(fields["hash"], what=label)
     for name, (check, valid) in _CHECKS.items():
-        if name in fields and not check(fields[name]):
-            raise ValueError(f"{label}: `{name}` must be {valid}. "
-                             f"Received: {name}={fields[name]!r}")
+        value = fields.get(name)
+        if name in fields and not (value is None and name in _NULLABLE or check(value)):
+            raise ValueError(f"{label}: `{name}` must be {valid}. Received: {name}={value!r}")
     out = WeightsEntry(**{
         **fields, "manifest": manifest, "manifest_source": manifest_source,
         "metrics": Metrics(**fields.get("metrics", {})),
@@ -234,9 +205,7 @@ def parse_hash(value, *, what="the weights"):
 
 
 def record_max_diffs(manifest_path, doc, diffs):
-    """Writes measured converter differences (catalog key -> float, kept to two
-    significant digits: a bound, not a fingerprint) into a loaded manifest `doc` and
-    saves it atomically to `manifest_path`."""
+    """Writes measured converter differences (key -> float) into `doc`, saved to the path."""
     for key, diff in diffs.items():
         doc["entries"][key]["converter_max_abs_diff"] = float(f"{diff:.2g}")
     atomic_write_text(manifest_path, json.dumps(doc, indent=1) + "\n")
@@ -244,12 +213,8 @@ def record_max_diffs(manifest_path, doc, diffs):
 
 @functools.lru_cache(maxsize=1)
 def load_catalog():
-    """All catalog entries: dict "model.tag" -> `WeightsEntry`.
-
-    Raises:
-        ValueError: for a malformed manifest or entry, a key defined twice, or a model
-            without exactly one default entry.
-    """
+    """All catalog entries: dict "model.tag" -> `WeightsEntry`. ValueError for a
+    malformed manifest or entry, a key defined twice, or a model without one default."""
     folder = resources.files("keras_preact.zoo").joinpath("weights")
     refs = sorted(folder.iterdir(), key=lambda f: f.name) if folder.is_dir() else []
     catalog = {}
@@ -285,8 +250,7 @@ def list_entries(model=None):
 
 
 def get_entry(key):
-    """The `WeightsEntry` stored as `key` ("model.tag"); ValueError (listing the
-    valid keys) for an unknown one."""
+    """The `WeightsEntry` stored as `key` ("model.tag"); ValueError listing the valid keys."""
     catalog = load_catalog()
     if not isinstance(key, str) or key not in catalog:
         valid = sorted(catalog) or "none (the catalog is empty)"
@@ -302,10 +266,8 @@ def _tags_for(model):
 
 def looks_like_tag(weights):
     """Whether a `weights` string names a catalog entry rather than a file or URL."""
-    return (
-        isinstance(weights, str) and "/" not in weights and "\\" not in weights
-        and not weights.endswith((".h5", ".keras")) and not weights.startswith(URL_SCHEMES)
-    )
+    return (isinstance(weights, str) and "/" not in weights and "\\" not in weights
+            and not weights.endswith((".h5", ".keras")) and not weights.startswith(URL_SCHEMES))
 
 
 def resolve_tag(model, weights):
@@ -343,21 +305,15 @@ def render_zoo_readme(entries=None):
     """The Markdown of `zoo/README.md`: one table row per entry (default: the catalog)."""
     entries = list_entries() if entries is None else entries
     models = load_json("models.json")["models"]
-    lines = [
-        README_HEADER,
-        "| weights (`model.tag`) | default | params | paper error % | published error % "
-        "| max diff | source | license |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    lines = [README_HEADER, "| weights (`model.tag`) | default | params | paper error % "
+             "| published error % | max diff | source | license |", "|" + "---|" * 8]
     for e in entries:
-        cells = (
-            f"`{e.key}`", "yes" if e.default else "",
-            "-" if e.params is None else f"{e.params:,}",
-            models.get(e.model, {}).get(f"paper_error_{e.dataset}"),
-            e.metrics.top1_error,
-            None if e.converter_max_abs_diff is None else f"{e.converter_max_abs_diff:.1e}",
-            (e.metrics.source or e.manifest_source or "-").replace("|", "/"), e.license,
-        )
+        diff = e.converter_max_abs_diff
+        cells = (f"`{e.key}`", "yes" if e.default else "",
+                 "-" if e.params is None else f"{e.params:,}",
+                 models.get(e.model, {}).get(f"paper_error_{e.dataset}"), e.metrics.top1_error,
+                 None if diff is None else f"{diff:.1e}",
+                 (e.metrics.source or e.manifest_source or "-").replace("|", "/"), e.license)
         lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
     if not entries:
         lines.append("| (no weights in the catalog yet) | | | | | | | |")

@@ -1,15 +1,12 @@
-"""Verified download and cache of pretrained weights.
-
-`fetch_weights` adds to `keras.utils.get_file` a file lock per entry, a private
-temporary folder, the publisher's hash (a mismatch deletes the file), the conversion,
-and a sidecar ``<name>.weights.h5.json`` with the cached file's SHA-256, checked on
-every use. ``$KERAS_PREACT_WEIGHTS_DIR`` (converted ``<model>.<tag>.weights.h5`` or
-published files under their URL's name) is looked at first; offline, nothing else is.
-"""
+"""Verified download and cache of pretrained weights: `keras.utils.get_file` plus a lock per
+entry, the publisher's hash, the conversion and a sidecar ``<name>.weights.h5.json`` with the
+cached file's SHA-256, checked on every use. ``$KERAS_PREACT_WEIGHTS_DIR`` (converted or
+published files) is looked at first; offline, nothing else is."""
 
 import json
 import logging
 import os
+import pathlib
 import shutil
 import sys
 import tempfile
@@ -17,20 +14,21 @@ import time
 import urllib.parse
 import zipfile
 
-from keras_preact.files import atomic_write_json
-from keras_preact.files import file_hash
-from keras_preact.weights.catalog import WeightsEntry
-from keras_preact.weights.catalog import get_entry
-from keras_preact.weights.catalog import validate_entry
+import filelock
+import h5py
+import keras
+
+from keras_preact.files import atomic_write_json, file_hash
+from keras_preact.weights.catalog import WeightsEntry, get_entry, validate_entry
+from keras_preact.weights.converters import get_converter
+from keras_preact.weights.local import load_weights_file, save_weights_file
 
 logger = logging.getLogger("keras_preact.weights")
 
 SIDECAR_SUFFIX = ".json"
 LOCK_TIMEOUT_S = 3600
-#: Cache sub-folders: lock files, and transfers in progress (on the cache's file
-#: system, so the final rename is atomic).
-LOCK_FOLDER = ".locks"
-TMP_FOLDER = ".tmp"
+#: Cache sub-folders for lock files and transfers in progress (same file system: atomic renames).
+LOCK_FOLDER, TMP_FOLDER = ".locks", ".tmp"
 
 
 class WeightsDownloadError(OSError):
@@ -58,8 +56,7 @@ def cached_paths(entry, cache=None):
 
 def verify_cached(path, sidecar):
     """Checks a cached file against the SHA-256 in its sidecar; returns the sidecar.
-    Raises WeightsIntegrityError if the file was altered, FileNotFoundError if either
-    file is missing."""
+    WeightsIntegrityError if the file was altered, FileNotFoundError if one is missing."""
     with open(sidecar) as f:
         record = json.load(f)
     actual = file_hash(path, "sha256")
@@ -87,29 +84,23 @@ def fetch_weights(key_or_entry, *, build, cache_dir=None, offline=None, progress
     Args:
         key_or_entry: a catalog key ("preact_resnet110.cifar10"), a `WeightsEntry`,
             or an entry dict (at least model, tag, url, hash, converter).
-        build: ``build(model_name, **arguments)`` builds a registered model, e.g.
-            `keras_preact.get_model`; a published file is converted into the entry's
-            architecture built so (and a converted file is checked against it).
+        build: ``build(model_name, **arguments)``, e.g. `keras_preact.get_model`: builds
+            the entry's architecture, which a published file is converted into.
         cache_dir: the cache folder (see `resolve_cache_dir`).
         offline: None (``KERAS_PREACT_OFFLINE``), True or False.
         progress: a progress bar while downloading (on a terminal only).
 
     Raises:
-        ValueError: for an unknown key or a malformed entry.
-        WeightsIntegrityError (a ValueError): the publisher's hash does not match
-            (the download is deleted), or the cached file was altered.
-        WeightsDownloadError (an OSError): no network, an HTTP error or a truncated
-            transfer (nothing is cached), or offline without a local copy.
-
-    Example:
-        >>> path = fetch_weights("preact_resnet110.cifar10", build=keras_preact.get_model)
-        >>> model = keras_preact.preact_resnet110(weights=path)
+        ValueError: an unknown key or a malformed entry.
+        WeightsIntegrityError (a ValueError): the publisher's hash does not match (the
+            download is deleted), or the cached file was altered.
+        WeightsDownloadError (an OSError): the file could not be fetched, or offline
+            without a local copy; nothing is cached.
     """
-    entry = key_or_entry
-    if isinstance(entry, dict):
-        entry = validate_entry(entry, strict=False)
-    elif not isinstance(entry, WeightsEntry):
-        entry = get_entry(entry)
+    if isinstance(key_or_entry, dict):
+        entry = validate_entry(key_or_entry, strict=False)
+    else:
+        entry = key_or_entry if isinstance(key_or_entry, WeightsEntry) else get_entry(key_or_entry)
     if offline is None:
         flag = os.environ.get("KERAS_PREACT_OFFLINE", "").strip().lower()
         offline = flag in ("1", "true", "yes", "on")
@@ -117,8 +108,6 @@ def fetch_weights(key_or_entry, *, build, cache_dir=None, offline=None, progress
     found = _lookup_cache(entry, cache)
     if found is not None:
         return found
-    import filelock
-
     for folder in (LOCK_FOLDER, TMP_FOLDER):
         os.makedirs(os.path.join(cache, folder), exist_ok=True)
     lock = os.path.join(cache, LOCK_FOLDER, entry.key + ".lock")
@@ -164,8 +153,6 @@ def _url_filename(url):
 
 def _download(url, work, *, progress):
     """Downloads `url` into `work` (`get_file` removes a partial file on errors)."""
-    import keras
-
     logger.info("Downloading %s", url)
     interactive = keras.config.is_interactive_logging_enabled()
     if not progress:
@@ -223,16 +210,9 @@ def _verify_publisher_hash(entry, path, *, delete):
 
 
 def _convert(entry, source, work, build, *, converted):
-    """(path, facts): the `.weights.h5` of a verified file, saved in `work` (a converted
-    one again, to record the entry's architecture; a ``verbatim`` one copied)."""
-    from keras_preact.weights.converters import get_converter
-    from keras_preact.weights.local import load_weights_file
-    from keras_preact.weights.local import save_weights_file
-
+    """(path, facts): the `.weights.h5` made from a verified file, saved in `work`."""
     out = os.path.join(work, "converted.weights.h5")
     if entry.converter_args.get("verbatim") and not converted:
-        import h5py
-
         if not h5py.is_hdf5(source):
             raise ValueError(f"The file at {entry.url} is not a Keras .weights.h5 (HDF5) file.")
         shutil.copyfile(source, out)
@@ -254,10 +234,9 @@ def _convert(entry, source, work, build, *, converted):
 
 def _commit(entry, cache, tmp, facts):
     path, sidecar = cached_paths(entry, cache)
-    record = {
-        "key": entry.key, "sha256": file_hash(tmp, "sha256"), "source": entry.source_record(),
-        "conversion": facts, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    record = {"key": entry.key, "sha256": file_hash(tmp, "sha256"),
+              "source": entry.source_record(), "conversion": facts,
+              "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     # The sidecar first: a weights file without its record is never trusted, and a
     # record without its file is ignored.
     atomic_write_json(sidecar, record)
@@ -267,58 +246,48 @@ def _commit(entry, cache, tmp, facts):
 
 
 def _cache_files(cache):
-    folder = resolve_cache_dir(cache)
-    return folder, sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    folder = pathlib.Path(resolve_cache_dir(cache))
+    return sorted(folder.iterdir()) if folder.is_dir() else []
 
 
 def cached_entries(cache=None):
     """The cache's files: list of dicts with key, path, size and recorded sha256."""
-    folder, names = _cache_files(cache)
     out = []
-    for name in (n for n in names if n.endswith(".weights.h5")):
-        path = os.path.join(folder, name)
-        record = {}
-        if os.path.isfile(path + SIDECAR_SUFFIX):
-            with open(path + SIDECAR_SUFFIX) as f:
-                record = json.load(f)
-        out.append({"key": name[: -len(".weights.h5")], "path": path,
-                    "size": os.path.getsize(path), "sha256": record.get("sha256")})
+    for path in (p for p in _cache_files(cache) if p.name.endswith(".weights.h5")):
+        sidecar = pathlib.Path(f"{path}{SIDECAR_SUFFIX}")
+        record = json.loads(sidecar.read_text()) if sidecar.is_file() else {}
+        out.append({"key": path.name[: -len(".weights.h5")], "path": str(path),
+                    "size": path.stat().st_size, "sha256": record.get("sha256")})
     return out
 
 
 def clear_cache(key=None, cache=None):
     """Deletes cached weights (all, or one key's); returns the paths removed."""
-    folder, names = _cache_files(cache)
-    removed = []
-    for name in (n for n in names if key is None or n.startswith(key + ".weights.h5")):
-        full = os.path.join(folder, name)
-        if os.path.isdir(full):
-            shutil.rmtree(full, ignore_errors=True)
+    removed = [p for p in _cache_files(cache)
+               if key is None or p.name.startswith(key + ".weights.h5")]
+    for path in removed:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
         else:
-            os.remove(full)
-        removed.append(full)
-    return removed
+            path.unlink()
+    return [str(p) for p in removed]
 
 
 def verify_cache(keys=None, cache=None):
-    """Checks cached weights files (of `keys`, default all) against the SHA-256 their
-    sidecars recorded: one dict per key with ``key``, ``path`` and ``status``: "ok"
-    (then ``sha256``), "not cached", "no record" (no sidecar: not trusted) or
-    "altered" (then ``error``). Raises ValueError for a key the catalog does not
-    have, before anything is read."""
+    """Checks cached weights files (of `keys`, default all) against their sidecars: one
+    dict per key with ``key``, ``path`` and ``status``: "ok" (then ``sha256``), "not
+    cached", "no record" (not trusted) or "altered" (then ``error``). ValueError for a key
+    the catalog does not have, before anything is read."""
     cached = {e["key"]: e["path"] for e in cached_entries(cache)}
-    keys = list(keys or sorted(cached))
-    paths = {key: cached.get(key) or cached_paths(get_entry(key), cache)[0] for key in keys}
-    out = []
-    for key in keys:
-        row = {"key": key, "path": paths[key], "status": "not cached"}
+    rows = [{"key": key, "path": cached.get(key) or cached_paths(get_entry(key), cache)[0],
+             "status": "not cached"} for key in keys or sorted(cached)]
+    for row in rows:
         if os.path.isfile(row["path"]):
             try:
-                row["sha256"] = verify_cached(row["path"], row["path"] + SIDECAR_SUFFIX)["sha256"]
-                row["status"] = "ok"
+                record = verify_cached(row["path"], row["path"] + SIDECAR_SUFFIX)
+                row.update(status="ok", sha256=record["sha256"])
             except FileNotFoundError:
                 row["status"] = "no record"
             except ValueError as err:  # a changed hash, or a sidecar that is not JSON
                 row.update(status="altered", error=str(err))
-        out.append(row)
-    return out
+    return rows

@@ -1,12 +1,6 @@
-"""The `weights=` argument of the model factories, validated before any layer is built.
-
-Accepted: None (random He initialisation); a catalog tag of the model ("cifar10",
-"DEFAULT", ...) or key ("preact_resnet110.cifar10"); a local `.weights.h5` or `.keras`
-path (the latter loaded with ``safe_mode=True``); or a keras-preact `.weights.h5` URL
-with its hash, ``"https://host/f.weights.h5#sha256=<hex>"`` (also ``sha1=``/``md5=``,
-``file://``, ``http://``) or ``{"url": ..., "hash": "sha256:<hex>"}``. With
-``include_top=True`` the requested `classes` must equal the weights' (None takes theirs).
-"""
+"""The `weights=` argument of the model factories (see `VALID_FORMS`), validated before
+any layer is built. A URL may also use ``sha1=``/``md5=``, ``file://`` or ``http://``. With
+``include_top=True`` the requested `classes` must equal the weights' (None takes theirs)."""
 
 import dataclasses
 import hashlib
@@ -14,26 +8,23 @@ import json
 import os
 import urllib.parse
 
-from keras_preact.weights import catalog
-from keras_preact.weights import local
+from keras_preact.weights import catalog, local
+from keras_preact.weights.download import fetch_weights
 
-VALID_FORMS = (
-    "None, a tag of the model (see `keras-preact weights list`), a path ending in "
-    "'.weights.h5' or '.keras', or a URL with its hash ('https://...#sha256=<hex>' "
-    "or {'url': ..., 'hash': 'sha256:<hex>'})"
-)
+VALID_FORMS = ("None, a tag of the model (see `keras-preact weights list`), a path ending in "
+               "'.weights.h5' or '.keras', or a URL with its hash ('https://...#sha256=<hex>' "
+               "or {'url': ..., 'hash': 'sha256:<hex>'})")
 DEFAULT_CLASSES = 10
-#: Architecture keys the factory itself decides.
-_FACTORY_KEYS = ("classes", "include_top", "input_shape")
+_FACTORY_KEYS = ("classes", "include_top", "input_shape")  # the factory decides these
 
 
 def _bad(message, weights):
     return ValueError(f"{message} Received: weights={weights!r}. Valid: {VALID_FORMS}")
 
 
-def parse_url_weights(weights):
-    """Returns (url, hash) of a URL-with-hash `weights`, else None; ValueError for a
-    URL without a hash or a malformed hash."""
+def url_entry(model, weights):
+    """The catalog entry of `model` for a URL-with-hash `weights`, else None; ValueError for
+    a URL without a hash, a malformed hash or a file that is not a `.weights.h5`."""
     if isinstance(weights, dict):
         if set(weights) != {"url", "hash"}:
             raise _bad("A `weights` dict needs exactly the keys 'url' and 'hash'.", weights)
@@ -49,11 +40,7 @@ def parse_url_weights(weights):
         return None
     if not isinstance(url, str) or not url.startswith(catalog.URL_SCHEMES):
         raise _bad(f"The weights URL must start with one of {list(catalog.URL_SCHEMES)}.", weights)
-    return url, catalog.parse_hash(hash_value, what=f"the weights at {url}")
-
-
-def url_entry(model, url, hash_value):
-    """The catalog entry of a URL-with-hash `weights` argument."""
+    hash_value = catalog.parse_hash(hash_value, what=f"the weights at {url}")
     if not urllib.parse.urlparse(url).path.endswith(local.WEIGHTS_SUFFIX):
         raise ValueError("A weights URL must point to a keras-preact '.weights.h5' file "
                          "(published files of other formats need a catalog entry with a "
@@ -67,9 +54,8 @@ def url_entry(model, url, hash_value):
 
 @dataclasses.dataclass(frozen=True)
 class WeightsRequest:
-    """A factory's `weights` argument with what it is checked against: `kwargs`, the
-    other `PreActResNet` arguments (read only), and `fixed`, those the model's name
-    fixes."""
+    """A factory's `weights` argument with what it is checked against: `kwargs`, the other
+    `PreActResNet` arguments (read only), and `fixed`, those the model's name fixes."""
 
     weights: object
     model: str
@@ -89,22 +75,17 @@ class WeightsRequest:
 
 def plan_weights(request):
     """Validates `request.weights` against the other factory arguments; builds nothing.
-
     The weights' recorded architecture, preprocessing and input shape are planned in
-    unless the caller passed them; a conflicting architecture argument is a ValueError
-    that says which value to pass.
-
-    Returns a dict: "kind" (None, "entry", "url", "weights_h5" or "keras"), "classes"
-    (resolved), "overrides" (arguments to add), and "entry" / "path".
-    """
+    unless passed (ValueError for a conflicting one). Returns a dict: "kind" (None,
+    "entry", "url", "weights_h5" or "keras"), "classes", "overrides", "entry", "path"."""
     weights = request.weights
     plan = {"kind": None, "classes": request.classes_or_default(), "overrides": {},
             "entry": None, "path": None}
     if weights is None:
         return plan
-    parsed = parse_url_weights(weights)
-    if parsed is not None:
-        plan.update(kind="url", classes=request.classes, entry=url_entry(request.model, *parsed))
+    entry = url_entry(request.model, weights)
+    if entry is not None:
+        plan.update(kind="url", classes=request.classes, entry=entry)
         return plan  # classes are checked once the verified file is there
     if not isinstance(weights, (str, os.PathLike)):
         raise _bad("`weights` has an unsupported type.", weights)
@@ -120,8 +101,7 @@ def plan_weights(request):
         plan.update(kind="keras", path=path)
         info = local.keras_file_info(path)
         if info is not None:
-            _check_info(plan, info, request)
-            _apply_recorded(plan, info, info["architecture"], request)
+            _apply(plan, request, info, info["architecture"])
         return plan
     if not weights.endswith(local.WEIGHTS_SUFFIX):
         raise _bad("`weights` must be None or a path to a Keras weights file ending in "
@@ -133,9 +113,9 @@ def plan_weights(request):
 
 
 def _plan_h5(plan, request):
-    _check_info(plan, local.inspect_weights_file(plan["path"]), request)
+    info = local.inspect_weights_file(plan["path"])
     _, architecture, defaults = local.read_recorded(plan["path"])
-    _apply_recorded(plan, defaults or {}, architecture or {}, request)
+    _apply(plan, request, {**(defaults or {}), **info}, architecture or {})
 
 
 def _same(a, b):
@@ -143,10 +123,20 @@ def _same(a, b):
     return json.dumps(a, default=str) == json.dumps(b, default=str)
 
 
-def _apply_recorded(plan, recorded, architecture, request):
-    """Plans the weights' architecture arguments (those the factory doesn't decide),
-    and their preprocessing and input size unless given; ValueError for weights of
-    another network or a conflicting argument."""
+def _apply(plan, request, info, architecture, name="weights"):
+    """Checks what the weights record (`info`: input channels, stem, classes; `architecture`)
+    against the request, and plans in their architecture, preprocessing and input shape."""
+    shape, channels = request.input_shape, info["in_channels"]
+    want = None if shape is None else shape[-1] if request.channels_last else shape[0]
+    if None not in (want, channels) and want != channels:
+        raise ValueError(
+            f"The {name} expect {channels}-channel input, but the model was asked for {want} "
+            f"channels. Received: input_shape={tuple(shape)}, weights={request.weights!r}")
+    stem = request.kwargs.get("stem_filters", 16)
+    if info.get("stem_filters", stem) != stem:
+        raise request.bad(f"The weights have a stem of {info['stem_filters']} filters; this "
+                          f"model has {stem}.")
+    plan["classes"] = _resolve_classes(info["classes"], request)
     fixed, kwargs, overrides = request.fixed, request.kwargs, plan["overrides"]
     for key, value in architecture.items():
         if key in _FACTORY_KEYS or value is None:  # None: not recorded (an older file)
@@ -164,33 +154,13 @@ def _apply_recorded(plan, recorded, architecture, request):
                 f"leave {key} out.")
         else:
             overrides[key] = value
-    if recorded.get("preprocessing") is not None and "preprocessing" not in kwargs:
-        overrides["preprocessing"] = recorded["preprocessing"]
-    shape = recorded.get("input_shape")
+    if info.get("preprocessing") is not None and "preprocessing" not in kwargs:
+        overrides["preprocessing"] = info["preprocessing"]
+    shape = info.get("input_shape")
     if request.input_shape is None and shape is not None:
-        recorded_last = recorded.get("data_format", "channels_last") == "channels_last"
+        recorded_last = info.get("data_format", "channels_last") == "channels_last"
         h, w, c = shape if recorded_last else (shape[1], shape[2], shape[0])
         overrides["input_shape"] = (h, w, c) if request.channels_last else (c, h, w)
-
-
-def _check_channels(request, channels, weights_name="weights"):
-    """Raises ValueError unless the requested input has the weights' `channels`."""
-    shape = request.input_shape
-    want = None if shape is None else shape[-1] if request.channels_last else shape[0]
-    if None not in (want, channels) and want != channels:
-        raise ValueError(
-            f"The {weights_name} expect {channels}-channel input, but the model was asked "
-            f"for {want} channels. Received: input_shape={tuple(shape)}, "
-            f"weights={request.weights!r}")
-
-
-def _check_info(plan, info, request):
-    _check_channels(request, info["in_channels"])
-    stem = request.kwargs.get("stem_filters", 16)
-    if info["stem_filters"] != stem:
-        raise request.bad(f"The weights have a stem of {info['stem_filters']} filters; this "
-                          f"model has {stem}.")
-    plan["classes"] = _resolve_classes(info["classes"], request)
 
 
 def _resolve_classes(weights_classes, request):
@@ -213,20 +183,16 @@ def _apply_entry(plan, entry, request):
             f"The weights {entry.key!r} have no classifier head (a feature-extraction "
             "file, e.g. keras.applications' '_notop'); use include_top=False. "
             f"Received: include_top=True, weights={request.weights!r}")
-    plan["classes"] = _resolve_classes(entry.classes, request)
     size = entry.input_shape
-    _check_channels(request, None if size is None else size[-1], f"weights {entry.key!r}")
-    recorded = {"preprocessing": entry.preprocessing, "input_shape": size}
-    _apply_recorded(plan, recorded, entry.architecture, request)
+    info = {"in_channels": None if size is None else size[-1], "classes": entry.classes,
+            "preprocessing": entry.preprocessing, "input_shape": size}
+    _apply(plan, request, info, entry.architecture, f"weights {entry.key!r}")
 
 
 def materialize(plan, request, *, build):
-    """Fetches the plan's catalog or URL weights (a URL's file then checked like a
-    local one, before the model is built) with `fetch_weights`' `build`; returns the
-    local path or None."""
+    """Fetches the plan's catalog or URL weights with `fetch_weights` (a URL's file then
+    planned like a local one); returns the local path or None."""
     if plan["kind"] in ("entry", "url"):
-        from keras_preact.weights.download import fetch_weights
-
         plan["path"] = fetch_weights(plan["entry"], build=build)
         if plan["kind"] == "url":
             _plan_h5(plan, request)

@@ -1,58 +1,47 @@
-"""Local `.weights.h5` and `.keras` files, checked before anything loads.
-
-Keras matches `.weights.h5` variables by creation order, so another architecture with
-equal shapes would load silently wrong: `save_weights_file` records the variable paths
-and architecture arguments, which `load_weights_file` compares. `.keras` files load
-with ``safe_mode=True`` after refusing Lambda layers.
-"""
+"""Local `.weights.h5` and `.keras` files, checked before anything loads. Keras matches
+`.weights.h5` variables by creation order, so another architecture with equal shapes would
+load silently wrong: `save_weights_file` records the variable paths and architecture
+arguments, which `load_weights_file` compares. `.keras` files must hold no Lambda layer."""
 
 import json
 import os
+import tempfile
+import zipfile
+
+import h5py
+import keras
 
 from keras_preact.files import atomic_save
 
-WEIGHTS_SUFFIX = ".weights.h5"
-KERAS_SUFFIX = ".keras"
-#: Root attributes of the `.weights.h5` files keras-preact saves: the variables (path
-#: and shape) in creation order, the architecture arguments, and the model's
-#: `preprocessing`, `input_shape` and `data_format`.
-LAYOUT_ATTR = "keras_preact_layout"
-ARCHITECTURE_ATTR = "keras_preact_architecture"
-DEFAULTS_ATTR = "keras_preact_defaults"
+WEIGHTS_SUFFIX, KERAS_SUFFIX = ".weights.h5", ".keras"
+#: Root attributes of the `.weights.h5` files keras-preact saves (see `record_model`).
+LAYOUT_ATTR, ARCHITECTURE_ATTR, DEFAULTS_ATTR = (
+    "keras_preact_layout", "keras_preact_architecture", "keras_preact_defaults")
 #: `PreActResNet` arguments that change what the weights mean, even at equal shapes.
-ARCHITECTURE_KEYS = (
-    "block", "stage_blocks", "stage_filters", "stage_strides", "stem_filters",
-    "stem_kernel_size", "stem_strides", "bottleneck_stride", "bottleneck_expansion",
-    "first_shared_preact",
-)
+ARCHITECTURE_KEYS = ("block", "stage_blocks", "stage_filters", "stage_strides", "stem_filters",
+                     "stem_kernel_size", "stem_strides", "bottleneck_stride",
+                     "bottleneck_expansion", "first_shared_preact")
 #: Architecture keys older files record under another name.
 RENAMED_KEYS = {"first_unit_shared_preact": "first_shared_preact"}
-#: Arguments of the keras.applications layout and their defaults, recorded only when
-#: not at the default (a file without them had the defaults); ``stem`` only as
-#: "imagenet_preact" (the other stems differ in their variables anyway).
+#: keras.applications-layout arguments and their defaults, recorded only when not at the default
+#: (older files lack them); ``stem`` only as "imagenet_preact" (other stems have other variables).
 OPTIONAL_ARCHITECTURE_KEYS = {"stride_position": "first", "strided_shortcut": "projection",
                               "conv_bias": False, "stem": None}
-#: Variables of the classifier head (the `logits` Dense layer of `PreActResNet`).
-HEAD_LAYER = "logits"
+HEAD_LAYER = "logits"  # the classifier of `PreActResNet`
 
 
 def resolve_weights_argument(weights):
-    """A factory's `weights` argument (None or a path to an existing Keras
-    `.weights.h5` file) as None or the absolute path; ValueError if the path does not
-    exist, is not a `.weights.h5` or not HDF5."""
+    """A factory's `weights` argument (None or a path to an existing Keras `.weights.h5`
+    file) as None or the absolute path; ValueError for another value."""
     if weights is None:
         return None
-    if not isinstance(weights, (str, os.PathLike)):
-        raise ValueError("`weights` must be None or a path to a .weights.h5 file. "
-                         f"Received: weights={weights!r}")
-    path = os.path.abspath(os.fspath(weights))
+    path = os.fspath(weights) if isinstance(weights, (str, os.PathLike)) else ""
     if not path.endswith(WEIGHTS_SUFFIX):
         raise ValueError("`weights` must be None or a path to a Keras weights file ending in "
                          f"'{WEIGHTS_SUFFIX}'. Received: weights={weights!r}")
+    path = os.path.abspath(path)
     if not os.path.isfile(path):
         raise ValueError(f"The weights file does not exist. Received: weights={weights!r}")
-    import h5py
-
     if not h5py.is_hdf5(path):
         raise ValueError("The weights file is not an HDF5 file (corrupt or of another format). "
                          f"Received: weights={weights!r}")
@@ -63,8 +52,6 @@ def inspect_weights_file(path):
     """The stem and head shapes of a keras-preact `.weights.h5` file: dict with
     "in_channels", "stem_filters", "kernel_size" and "classes" (None without a head);
     ValueError if the file does not hold a keras-preact model's weights."""
-    import h5py
-
     with h5py.File(path, "r") as f:
         stem = f.get("layers/conv2d/vars/0")
         if stem is None or len(stem.shape) != 4:
@@ -77,29 +64,25 @@ def inspect_weights_file(path):
 
 
 def model_layout(model):
-    """``[[path, shape], ...]`` of the model's variables in creation order (paths
-    without the model's own name prefix, which says nothing about the architecture)."""
+    """``[[path, shape], ...]`` of the model's variables in creation order, without its name."""
     prefix = model.name + "/"
     return [[v.path.removeprefix(prefix), [int(d) for d in v.shape]] for v in model.weights]
 
 
 def model_architecture(model):
-    """The architecture arguments of a `PreActResNet` (recognised by its config, so
-    weights/ needs no import of models/), or None for other models."""
+    """The architecture arguments of a `PreActResNet` (told apart by its config: weights/
+    never imports models/), or None for other models."""
     try:
-        config = model.get_config()
+        config = model.get_config() or {}
     except NotImplementedError:
         return None
-    if not set(ARCHITECTURE_KEYS) <= set(config or ()):
-        return None
-    return architecture_record(config)
+    return architecture_record(config) if set(ARCHITECTURE_KEYS) <= set(config) else None
 
 
 def architecture_record(config):
     """The architecture arguments of a `PreActResNet` config, as files record them."""
-    arch = {k: _jsonable(config.get(k)) for k in ARCHITECTURE_KEYS}
-    arch.update(_optional_architecture(config, only_set=True))
-    return arch
+    return {**{k: _jsonable(config.get(k)) for k in ARCHITECTURE_KEYS},
+            **_optional_architecture(config, only_set=True)}
 
 
 def _optional_architecture(arch, *, only_set=False):
@@ -123,8 +106,8 @@ def _has_head(model):
 
 
 def save_weights_file(model, path):
-    """Saves `model`'s weights to `path` (atomically) as a plain Keras `.weights.h5`
-    with its layout recorded (see `record_model`); returns the absolute path."""
+    """Saves `model`'s weights to `path` as a Keras `.weights.h5` with its layout recorded
+    (see `record_model`); returns the absolute path."""
     path = os.path.abspath(os.fspath(path))
     if not path.endswith(WEIGHTS_SUFFIX):
         raise ValueError(f"A weights file name must end in '{WEIGHTS_SUFFIX}'. "
@@ -139,11 +122,9 @@ def save_weights_file(model, path):
 
 
 def record_model(model, path):
-    """Writes `model`'s variable layout into the `.weights.h5` at `path`, and for a
-    `PreActResNet` its architecture arguments and its preprocessing, input shape and
-    data format, as root attributes (`PreActResNet.save_weights` calls this)."""
-    import h5py
-
+    """Writes `model`'s variables (path and shape) in creation order into the
+    `.weights.h5` at `path`, and for a `PreActResNet` its architecture arguments and its
+    preprocessing, input shape and data format, as root attributes."""
     with h5py.File(path, "a") as f:
         f.attrs[LAYOUT_ATTR] = json.dumps(model_layout(model))
         arch = model_architecture(model)
@@ -155,42 +136,31 @@ def record_model(model, path):
 
 
 def read_recorded(path):
-    """The (layout, architecture, defaults: preprocessing, input shape and data format)
-    recorded in a file by `save_weights_file`, or Nones."""
-    import h5py
-
-    names = (LAYOUT_ATTR, ARCHITECTURE_ATTR, DEFAULTS_ATTR)
+    """The (layout, architecture, defaults) `record_model` wrote into a file, or Nones."""
     with h5py.File(path, "r") as f:
         layout, arch, defaults = (None if f.attrs.get(n) is None else json.loads(f.attrs[n])
-                                  for n in names)
+                                  for n in (LAYOUT_ATTR, ARCHITECTURE_ATTR, DEFAULTS_ATTR))
     if arch is not None:
         arch = {RENAMED_KEYS.get(k, k): v for k, v in arch.items()}
     return layout, arch, defaults
 
 
 def read_recorded_layout(path):
-    """The (layout, architecture) recorded in a file by `save_weights_file`, or Nones."""
+    """The (layout, architecture) of `read_recorded`."""
     return read_recorded(path)[:2]
 
 
 def _h5_datasets(path):
-    import h5py
-
-    out = {}
-
-    def visit(name, obj):
-        # The optimizer's state (in training checkpoints) is not the model's.
-        if isinstance(obj, h5py.Dataset) and not name.startswith("optimizer"):
-            out[name] = [int(d) for d in obj.shape]
-
+    """Dataset name -> shape, without the optimizer's state (in training checkpoints)."""
+    names = []
     with h5py.File(path, "r") as f:
-        f.visititems(visit)
-    return out
+        f.visit(names.append)
+        return {n: [int(d) for d in f[n].shape] for n in names
+                if isinstance(f[n], h5py.Dataset) and not n.startswith("optimizer")}
 
 
 def first_difference(expected, found):
-    """``(index, expected item, found item)`` where two lists first differ (an item
-    past the end of a list is None)."""
+    """``(index, expected, found)`` where two lists first differ (None past a list's end)."""
     for i, (a, b) in enumerate(zip(expected, found)):
         if a != b:
             return i, a, b
@@ -204,8 +174,8 @@ def _mismatch(model, path, detail):
 
 
 def compare_layouts(model, stored_layout, stored_arch, *, source):
-    """Raises ValueError unless a stored layout and architecture fit `model`; a model
-    without the classifier head (include_top=False) skips the head's variables."""
+    """Raises ValueError unless a stored layout and architecture fit `model` (without a
+    head, the head's variables are skipped)."""
     expected = model_layout(model)
     found = [[p, list(s)] for p, s in stored_layout]
     if not _has_head(model):
@@ -218,29 +188,23 @@ def compare_layouts(model, stored_layout, stored_arch, *, source):
     arch = model_architecture(model)
     if arch is None or stored_arch is None:
         return
-    diff = {k: (stored_arch.get(k), arch[k]) for k in ARCHITECTURE_KEYS
-            if stored_arch.get(k) != arch[k]}
-    stored_opt, model_opt = _optional_architecture(stored_arch), _optional_architecture(arch)
-    diff.update({k: (stored_opt[k], model_opt[k]) for k in model_opt
-                 if stored_opt[k] != model_opt[k]})
+    stored = {**{k: stored_arch.get(k) for k in ARCHITECTURE_KEYS},
+              **_optional_architecture(stored_arch)}
+    own = {**arch, **_optional_architecture(arch)}
+    diff = {k: (stored[k], own[k]) for k in own if stored[k] != own[k]}
     if diff:
         raise _mismatch(model, source, "architecture arguments differ (file, model): "
                         + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in sorted(diff.items())))
 
 
 def check_weights_file_layout(model, path):
-    """Raises ValueError unless the `.weights.h5` at `path` fits `model` exactly.
-
-    Returns how: "recorded" (a file of `save_weights_file`, by variable paths: a
-    reordering is caught) or "structure" (another Keras file, by its variables and
-    shapes against what `model` writes: another depth, unit or head is caught).
-    """
+    """Raises ValueError unless the `.weights.h5` at `path` fits `model` exactly. Returns
+    how: "recorded" (a file of `save_weights_file`, by variable paths) or "structure"
+    (another Keras file, by its variables and shapes against what `model` writes)."""
     layout, arch = read_recorded_layout(path)
     if layout is not None:
         compare_layouts(model, layout, arch, source=path)
         return "recorded"
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         own = os.path.join(tmp, "own" + WEIGHTS_SUFFIX)
         model.save_weights(own)
@@ -260,9 +224,7 @@ def check_weights_file_layout(model, path):
 
 
 def load_weights_file(model, path):
-    """Loads `path` into `model` after checking that the file fits it exactly;
-    ValueError, with nothing loaded, when it holds another architecture (another depth,
-    unit, head, or the same shapes in another order)."""
+    """Loads `path` into `model` after `check_weights_file_layout` (nothing loads on error)."""
     check_weights_file_layout(model, path)
     try:
         model.load_weights(path)
@@ -273,8 +235,6 @@ def load_weights_file(model, path):
 def read_keras_file_config(path):
     """The model config stored in a `.keras` file, read without building anything;
     ValueError if the file is not a `.keras` archive or holds a Lambda layer."""
-    import zipfile
-
     try:
         with zipfile.ZipFile(path) as archive:
             config = json.loads(archive.read("config.json"))
@@ -303,30 +263,23 @@ def _find_class(node, class_name):
 
 
 def keras_file_info(path):
-    """What a `.keras` file holding a `PreActResNet` records, from its config: a dict
-    like `inspect_weights_file`'s plus its defaults and architecture; None for another
-    model (checked after loading instead)."""
+    """What the config of a `.keras` file holding a `PreActResNet` records: a dict like
+    `inspect_weights_file`'s plus its defaults and architecture; None for another model."""
     config = read_keras_file_config(path)
     if config.get("class_name") != "PreActResNet":
         return None
     inner = config.get("config", {})
     shape = inner.get("input_shape") or [None, None, 3]
     data_format = inner.get("data_format", "channels_last")
-    return {
-        "in_channels": shape[-1] if data_format == "channels_last" else shape[0],
-        "stem_filters": inner.get("stem_filters", 16),
-        "classes": inner.get("classes") if inner.get("include_top", True) else None,
-        "preprocessing": inner.get("preprocessing"),
-        "input_shape": inner.get("input_shape"),
-        "data_format": data_format,
-        "architecture": architecture_record(inner),
-    }
+    return {"in_channels": shape[-1] if data_format == "channels_last" else shape[0],
+            "stem_filters": inner.get("stem_filters", 16),
+            "classes": inner.get("classes") if inner.get("include_top", True) else None,
+            "preprocessing": inner.get("preprocessing"), "input_shape": inner.get("input_shape"),
+            "data_format": data_format, "architecture": architecture_record(inner)}
 
 
 def load_keras_file(path):
     """Loads a `.keras` model with ``safe_mode=True`` after refusing Lambda layers."""
-    import keras
-
     read_keras_file_config(path)
     try:
         return keras.saving.load_model(path, compile=False, safe_mode=True)
@@ -337,7 +290,7 @@ def load_keras_file(path):
 
 def copy_weights_from_model(source, target, *, source_label):
     """Assigns `source`'s weights to `target` (without a head: all but the head's);
-    ValueError, with nothing assigned, if the layouts or architectures differ."""
+    ValueError, with nothing assigned, if `compare_layouts` finds a difference."""
     compare_layouts(target, model_layout(source), model_architecture(source),
                     source=source_label)
     # Equal layouts: the variables correspond one to one, in order.

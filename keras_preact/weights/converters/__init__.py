@@ -1,7 +1,6 @@
 """Converters ``convert(source_path, model, entry) -> dict``: load a verified published
 file into `model`, built from the catalog entry's architecture, and return facts (at least
-``{"converted_tensors": int}``); another architecture raises ValueError, changing nothing.
-"""
+``{"converted_tensors": int}``); another architecture raises ValueError, changing nothing."""
 
 import importlib
 
@@ -9,11 +8,8 @@ import numpy as np
 
 #: name -> "module:function", imported on first use (torch only for "pytorchcv").
 CONVERTERS = {
-    # The published file already is a Keras `.weights.h5` of this architecture.
-    "keras_weights": "keras_preact.weights.converters.keras_weights:convert",
-    # imgclsmob / pytorchcv `.pth` state dicts (needs the `torch` extra).
+    "keras_weights": "keras_preact.weights.converters:convert_keras_weights",
     "pytorchcv": "keras_preact.weights.converters.pytorchcv:convert",
-    # keras.applications ResNet50V2/101V2/152V2 `.h5` files.
     "keras_applications": "keras_preact.weights.converters.keras_applications:convert",
 }
 
@@ -27,21 +23,28 @@ def get_converter(name):
     return getattr(importlib.import_module(module_name), func_name)
 
 
+def convert_keras_weights(source_path, model, entry):
+    """Converter for published files that already are keras-preact `.weights.h5` files."""
+    from keras_preact.weights.local import load_weights_file
+
+    load_weights_file(model, source_path)
+    return {"converted_tensors": len(model.weights)}
+
+
 def require_preact_resnet(model, converter):
-    """Raises ValueError unless `model` is a `PreActResNet` (told apart by its stages:
-    weights/ never imports models/)."""
+    """Raises ValueError unless `model` is a `PreActResNet` (told apart by its stages)."""
     if not hasattr(model, "stage_blocks"):
         raise ValueError(f"The {converter} converter loads into a keras_preact PreActResNet. "
                          f"Received: {type(model).__name__}")
 
 
-def match_arrays(assignments, arrays):
+def match_arrays(assignments, arrays, *, source, rows, key_name=str):
     """Pairs each variable with its source arrays, checking the shapes; assigns nothing.
 
-    `assignments` yields ``(variable, [(key, transform or None), ...], stacked)`` (a
-    stacked variable takes one key per row); `arrays` maps key -> numpy array. Returns
-    (plan: [(variable, value)], missing keys, mismatches: [(keys, shape, variable)],
-    unused keys)."""
+    `assignments` yields ``(variable, [(key, transform or None), ...], stacked)`` (a stacked
+    variable takes one key per row); `arrays` maps key -> numpy array; `source`, `rows` and
+    `key_name` word the shape mismatches. Returns (plan for `assign_all`, missing keys,
+    unused keys, problems: [] or the message on shape mismatches)."""
     used, missing, mismatched, plan = set(), [], [], []
     for var, sources, stacked in assignments:
         keys = [k for k, _ in sources]
@@ -56,20 +59,13 @@ def match_arrays(assignments, arrays):
             mismatched.append((keys, tuple(value.shape), var))
         else:
             plan.append((var, value))
-    return plan, missing, mismatched, [k for k in arrays if k not in used]
-
-
-def describe_mismatches(mismatched, *, source, rows, key_name=str):
-    """``["N shape mismatches, e.g. [...]"]`` for `match_arrays`' mismatches (``[]`` for
-    none): `source` names the file's side, `rows` a stacked variable's rows."""
-    if not mismatched:
-        return []
     examples = []
     for keys, shape, var in mismatched[:3]:
         more = f" (+{len(keys) - 1} {rows})" if len(keys) > 1 else ""
         examples.append(f"{key_name(keys[0])}{more}: {source} {shape}, "
                         f"model {tuple(var.shape)} ({var.path})")
-    return [f"{len(mismatched)} shape mismatches, e.g. {examples}"]
+    problems = [f"{len(mismatched)} shape mismatches, e.g. {examples}"] if mismatched else []
+    return plan, missing, [k for k in arrays if k not in used], problems
 
 
 def assign_all(plan):

@@ -1,46 +1,31 @@
-"""Converter for the keras.applications ResNet50V2 / 101V2 / 152V2 ImageNet weights
-(``resnet{50,101,152}v2_weights_tf_dim_ordering_tf_kernels[_notop].h5``): legacy Keras 2
-HDF5 files, read with h5py by layer name and mapped one to one onto a model built in
-`KERAS_LAYOUT` (block u of stage s is ``conv{s+1}_block{u}``).
-"""
+"""Converter for the keras.applications ResNet50V2 / 101V2 / 152V2 ImageNet weights: legacy
+Keras 2 HDF5 files, read with h5py by layer name and mapped one to one onto a model built in
+`KERAS_LAYOUT` (block u of stage s is ``conv{s+1}_block{u}``)."""
 
+import h5py
 import numpy as np
 
-from keras_preact.weights.converters import assign_all
-from keras_preact.weights.converters import describe_mismatches
-from keras_preact.weights.converters import match_arrays
-from keras_preact.weights.converters import require_preact_resnet
+from keras_preact.weights.converters import assign_all, match_arrays, require_preact_resnet
 
 #: The `PreActResNet` arguments of the keras.applications ResNetV2 layout (with the
-#: stages and widths of `preact_resnet50/101/152`): a 7x7 stem conv with a bias and no
-#: BN-ReLU, the stride on the 3x3 conv of the last unit of stages 1-3 with a subsampled
-#: identity shortcut there, a bias on the stem, projection and each unit's last conv,
-#: and BatchNorm epsilon 1.001e-5.
-KERAS_LAYOUT = {
-    "stem": "imagenet_preact",
-    "stage_strides": [2, 2, 2, 1],
-    "stride_position": "last",
-    "strided_shortcut": "subsample",
-    "conv_bias": True,
-    "bottleneck_stride": "middle",
-    "bn_epsilon": 1.001e-5,
-}
+#: stages and widths of `preact_resnet50/101/152`).
+KERAS_LAYOUT = {"stem": "imagenet_preact", "stage_strides": [2, 2, 2, 1],
+                "stride_position": "last", "strided_shortcut": "subsample", "conv_bias": True,
+                "bottleneck_stride": "middle", "bn_epsilon": 1.001e-5}
 #: Arguments the layout fixes that the factories set by depth (checked too).
 _FIXED = {"block": "bottleneck", "stem_kernel_size": 7, "stem_strides": 2,
           "unit": "full_preact", "bottleneck_expansion": 4}
-#: keras.applications names of the depths keras-preact builds in this layout.
 UPSTREAM_NAMES = {50: "ResNet50V2", 101: "ResNet101V2", 152: "ResNet152V2"}
-#: BatchNorm weights in Keras' legacy order (trainable, then non-trainable).
-_BN_FIELDS = ("gamma", "beta", "moving_mean", "moving_variance")
+#: (our layer, keras.applications layer, weight names) outside the stages, the head last.
+_OUTER_LAYERS = (("stem_conv", "conv1_conv", ("kernel", "bias")),
+                 ("post_bn", "post_bn", ("gamma", "beta", "moving_mean", "moving_variance")),
+                 ("logits", "predictions", ("kernel", "bias")))
 
 
 def read_legacy_h5(path):
-    """Reads a legacy Keras HDF5 weights file (Keras 2's ``save_weights("....h5")``, or
-    the ``model_weights`` group of a whole-model ``.h5``) as dict layer name -> dict
-    weight name (``"kernel"``, ``"gamma"``, ...) -> numpy array, for layers with weights;
+    """Reads a legacy Keras HDF5 weights file (also a whole-model ``.h5``) as dict layer
+    name -> dict weight name ("kernel", ...) -> numpy array, for layers with weights;
     ValueError when the file is not HDF5 or not a legacy Keras weights file."""
-    import h5py
-
     if not h5py.is_hdf5(path):
         raise ValueError("The keras.applications weights file is not an HDF5 file. "
                          f"Received: {path!r}")
@@ -66,14 +51,11 @@ def read_legacy_h5(path):
 
 def _string_list_attr(group, name):
     """A list-of-strings attribute, also split in chunks (``name0``, ...); None if absent."""
-    if name in group.attrs:
-        values = list(group.attrs[name])
-    elif f"{name}0" in group.attrs:
-        values, i = [], 0
-        while f"{name}{i}" in group.attrs:
-            values.extend(group.attrs[f"{name}{i}"])
-            i += 1
-    else:
+    values, i = list(group.attrs.get(name, [])), 0
+    while f"{name}{i}" in group.attrs:
+        values.extend(group.attrs[f"{name}{i}"])
+        i += 1
+    if name not in group.attrs and i == 0:
         return None
     return [v.decode("utf8") if hasattr(v, "decode") else str(v) for v in values]
 
@@ -95,18 +77,16 @@ def check_layout(model):
             f"{model.name!r} is not built in the keras.applications ResNetV2 layout the "
             "keras_applications converter loads into: " + ", ".join(wrong) + ". Build it "
             "with keras_preact.weights.converters.keras_applications.KERAS_LAYOUT (or from "
-            "its catalog entry)."
-        )
+            "its catalog entry).")
 
 
 def _unit_targets(layer_prefix, variables):
     """Yields (variable, (keras layer, weight name)) for the variables of one unit."""
     for name, var in variables.items():
+        head, _, field = name.partition("_")
         if name.startswith("preact_bn_"):
             yield var, (f"{layer_prefix}_preact_bn", name[len("preact_bn_"):])
-            continue
-        head, _, field = name.partition("_")
-        if head == "shortcut":
+        elif head == "shortcut":
             yield var, (f"{layer_prefix}_0_conv", field)
         elif head.startswith("bn"):
             yield var, (f"{layer_prefix}_{int(head[2:]) - 1}_bn", field)
@@ -115,11 +95,10 @@ def _unit_targets(layer_prefix, variables):
 
 
 def assignments(model):
-    """Yields (variable, [(keras layer, weight name), ...], stacked) for every
-    variable of a model in `KERAS_LAYOUT`; stacked variables list one source per row."""
-    stem = model.get_layer("stem_conv")
-    yield stem.kernel, [("conv1_conv", "kernel")], False
-    yield stem.bias, [("conv1_conv", "bias")], False
+    """Yields `match_arrays` assignments: (variable, [(keras layer, weight name)], stacked)."""
+    for ours, theirs, fields in _OUTER_LAYERS[:None if model.include_top else -1]:
+        for field in fields:
+            yield getattr(model.get_layer(ours), field), [(theirs, field)], False
     for s in range(1, len(model.stage_blocks) + 1):
         stage = model.get_layer(f"stage{s}")
         prefix = f"conv{s + 1}_block"
@@ -132,31 +111,19 @@ def assignments(model):
         if stage.unit_last is not None:
             for var, source in _unit_targets(f"{prefix}{stage.num_blocks}", stage.unit_last._vars):
                 yield var, [source], False
-    post = model.get_layer("post_bn")
-    for field in _BN_FIELDS:
-        yield getattr(post, field), [("post_bn", field)], False
-    if model.include_top:
-        dense = model.get_layer("logits")
-        yield dense.kernel, [("predictions", "kernel")], False
-        yield dense.bias, [("predictions", "bias")], False
 
 
 def load_weights(model, weights, *, source="weights"):
     """Loads keras.applications ResNetV2 weights (see `read_legacy_h5`) into a
-    `PreActResNet` built with `KERAS_LAYOUT` (e.g. ``preact_resnet50(**KERAS_LAYOUT)``;
-    include_top=False for a ``_notop`` file); returns ``{"converted_tensors": n}``.
-
-    Raises:
-        ValueError: with nothing changed, when the model is not in the layout, or the
-            file and the model do not match one to one (depth, layers, head, shapes).
-    """
+    `PreActResNet` built with `KERAS_LAYOUT` (include_top=False for a ``_notop`` file);
+    returns ``{"converted_tensors": n}``. ValueError, with nothing changed, when the
+    model is not in the layout or does not match the file one to one."""
     check_layout(model)
     arrays = {(layer, field): v for layer, fields in weights.items() for field, v in fields.items()}
     targets = [(var, [(k, None) for k in keys], stacked)
                for var, keys, stacked in assignments(model)]
-    plan, missing, mismatched, unexpected = match_arrays(targets, arrays)
-    problems = describe_mismatches(mismatched, source="file", rows="blocks",
-                                   key_name="/".join)
+    plan, missing, unexpected, problems = match_arrays(targets, arrays, source="file",
+                                                       rows="blocks", key_name="/".join)
     for keys, what in ((missing, "weights missing from the file"),
                        (unexpected, "weights of the file have no place in the model")):
         layers = list(dict.fromkeys(layer for layer, _ in keys))
@@ -172,8 +139,7 @@ def load_weights(model, weights, *, source="weights"):
             f"{model.name!r} ({upstream} layout, stages {list(model.stage_blocks)}, {head}): "
             f"the file has {len(weights)} layers with weights, the model expects "
             f"{expected_layers}; " + "; ".join(problems)
-            + f". Nothing was loaded. Received: {source}"
-        )
+            + f". Nothing was loaded. Received: {source}")
     assign_all(plan)
     return {"converted_tensors": len(arrays)}
 

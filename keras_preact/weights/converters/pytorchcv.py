@@ -1,24 +1,15 @@
-"""Converter for the imgclsmob / pytorchcv pre-activation ResNet checkpoints (CIFAR,
-SVHN and ImageNet): PyTorch ``state_dict`` pickles (``{name}-{error}-{sha1[:8]}.pth`` in
-a ``.pth.zip``), read with ``torch.load(..., weights_only=True)`` so that a checkpoint
-cannot run code. The architecture (e.g. ``first_shared_preact=False`` for the basic
-nets) comes from the catalog entry.
-"""
+"""Converter for the imgclsmob / pytorchcv pre-activation ResNet checkpoints (CIFAR, SVHN,
+ImageNet): PyTorch ``state_dict`` pickles, read with ``torch.load(..., weights_only=True)``
+so that a checkpoint cannot run code. The architecture (e.g. ``first_shared_preact=False``
+for the basic nets) comes from the catalog entry."""
 
 import numpy as np
 
-from keras_preact.weights.converters import assign_all
-from keras_preact.weights.converters import describe_mismatches
-from keras_preact.weights.converters import match_arrays
-from keras_preact.weights.converters import require_preact_resnet
+from keras_preact.layers.functional import BN_FIELDS
+from keras_preact.weights.converters import assign_all, match_arrays, require_preact_resnet
 
-#: pytorchcv BatchNorm buffer/parameter names -> keras-preact BN field names.
-_BN_FIELDS = {
-    "weight": "gamma",
-    "bias": "beta",
-    "running_mean": "moving_mean",
-    "running_var": "moving_variance",
-}
+_BN_FIELDS = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean",
+              "running_var": "moving_variance"}
 _TORCH_BN = {v: k for k, v in _BN_FIELDS.items()}
 
 
@@ -31,8 +22,7 @@ def read_state_dict(path):
     except ImportError:
         raise ModuleNotFoundError(
             "Converting PyTorch checkpoints needs PyTorch. Install the CPU build with "
-            "`pip install \"keras-preact[torch]\"` (or `pip install torch==2.13.0`)."
-        ) from None
+            "`pip install \"keras-preact[torch]\"` (or `pip install torch==2.13.0`).") from None
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError...
@@ -48,15 +38,13 @@ def read_state_dict(path):
 
 
 def _conv_kernel(w):
-    # torch (out, in, kh, kw) -> keras (kh, kw, in, out)
+    """torch (out, in, kh, kw) -> keras (kh, kw, in, out)."""
     return np.transpose(w, (2, 3, 1, 0))
 
 
 def _unit_source(stage, unit, var_name):
     """(torch key, transform) of a unit variable: ``body.conv{i}`` is ``conv{i}_kernel``,
     its BN ``preact_bn_*`` for i = 1, else ``bn{i}_*``."""
-    from keras_preact.layers.functional import BN_FIELDS
-
     prefix = f"features.stage{stage}.unit{unit}."
     if var_name == "shortcut_kernel":
         return prefix + "identity_conv.weight", _conv_kernel
@@ -76,8 +64,7 @@ def _batchnorm(layer, prefix):
 
 
 def _assignments(model):
-    """Yields (variable, [(torch key, transform), ...], stacked) for every variable;
-    a stacked variable lists one key per stacked unit (rows in order)."""
+    """Yields `match_arrays` assignments: (variable, [(torch key, transform), ...], stacked)."""
     stem = model.get_layer("stem_conv")
     if getattr(model, "stem", "cifar") == "imagenet":
         # PreResInitBlock: 7x7/2 conv, BN, ReLU, 3x3/2 max pool.
@@ -101,11 +88,7 @@ def _assignments(model):
 def load_state_dict(model, state, *, source="checkpoint"):
     """Loads a pytorchcv pre-activation ResNet state dict (name -> numpy array) into a
     `PreActResNet` of the checkpoint's architecture; returns ``{"converted_tensors": n}``.
-
-    Raises:
-        ValueError: before any variable changes, when the checkpoint and the model do
-            not match one to one (another depth, block, width or number of classes).
-    """
+    ValueError, with nothing changed, when they do not match one to one."""
     require_preact_resnet(model, "pytorchcv")
     # num_batches_tracked is bookkeeping with no counterpart in Keras.
     state = {k: v for k, v in state.items() if not k.endswith("num_batches_tracked")}
@@ -116,8 +99,8 @@ def load_state_dict(model, state, *, source="checkpoint"):
                  "BatchNorm and max pooling)")
         raise ValueError(f"The checkpoint is {kinds[imagenet_checkpoint]}, but {model.name!r} is "
                          f"{kinds[imagenet_model]}. Received: {source}")
-    plan, missing, mismatched, unexpected = match_arrays(_assignments(model), state)
-    problems = describe_mismatches(mismatched, source="checkpoint", rows="units")
+    plan, missing, unexpected, problems = match_arrays(_assignments(model), state,
+                                                       source="checkpoint", rows="units")
     for keys, what in ((missing, "tensors missing"), (sorted(unexpected), "unexpected tensors")):
         if keys:
             problems.append(f"{len(keys)} {what}, e.g. {keys[:3]}")
@@ -126,8 +109,7 @@ def load_state_dict(model, state, *, source="checkpoint"):
             f"The checkpoint does not match the architecture of {model.name!r} "
             f"(depth {model.depth}, {model.block} units, stages {list(model.stage_blocks)}, "
             f"classes {model.classes if model.include_top else None}): "
-            + "; ".join(problems) + f". Received: {source}"
-        )
+            + "; ".join(problems) + f". Received: {source}")
     assign_all(plan)
     return {"converted_tensors": len(state)}
 
