@@ -2,8 +2,7 @@
 
 `import keras_preact` is cheap: the public names load on first use, and the classes
 that saved files reference are registered with Keras whenever Keras is imported. Imported
-before TensorFlow, it sets `TF_ENABLE_ONEDNN_OPTS=1` unless that variable is set.
-"""
+before TensorFlow, it sets `TF_ENABLE_ONEDNN_OPTS=1` unless that variable is set."""
 
 __version__ = "0.1.0"
 
@@ -19,13 +18,11 @@ if "tensorflow" not in _sys.modules:
     _os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 _MODELS = "keras_preact.models"
-#: Public name -> defining module, loaded on first use (PEP 562) so that
-#: `import keras_preact` and `keras-preact --help` start without Keras or TensorFlow.
+#: Public name -> module, loaded on first use (PEP 562): no Keras or TF at import or --help.
 _LAZY = {
     name: _MODELS
     for name in ("PreActResNet", "count_macs", "count_params", "get_model", "list_models",
-                 "model_info", "register_model", "preact_resnet_cifar", "preact_resnet_imagenet")
-}
+                 "model_info", "register_model", "preact_resnet_cifar", "preact_resnet_imagenet")}
 for _depth in (20, 32, 44, 56, 110, 164, 272, 542, 1001, 1202, 18, 34, 50, 101, 152, 200):
     _LAZY[f"preact_resnet{_depth}"] = _MODELS
 _LAZY["CoupledSGD"] = "keras_preact.training.optimizers"
@@ -50,18 +47,13 @@ def __dir__():
 
 
 def load_model(path, *, compile=True, safe_mode=True):
-    """Loads a `.keras` model file, such as a training run's `model.keras`.
+    """Loads a `.keras` model file, such as a training run's `model.keras`; returns the model.
 
     Args:
         path: str or `os.PathLike`, a `.keras` file.
         compile: bool: restore the optimizer and loss the file was compiled with.
-        safe_mode: bool: refuse a file holding a Lambda layer (arbitrary code).
-
-    Returns:
-        The Keras model.
-    """
+        safe_mode: bool: refuse a file holding a Lambda layer (arbitrary code)."""
     import keras
-
     return keras.saving.load_model(path, compile=compile, safe_mode=safe_mode)
 
 

@@ -79,7 +79,6 @@ def gradient_flow(model, images=None, labels=None, *, batch_size=16, seed=0, lab
     leaving the model's variables unchanged. ValueError on another backend than
     TensorFlow, for a model without residual stages or classifier, or a bad batch."""
     import tensorflow as tf
-
     if keras.backend.backend() != "tensorflow":
         raise ValueError("gradient_flow uses tf.GradientTape and needs the TensorFlow backend. "
                          f"Received: KERAS_BACKEND={keras.backend.backend()!r}")
@@ -207,7 +206,6 @@ def plot_gradient_flow(reports, path, *, title=None):
     """Saves a PNG of RMS of dL/dx_l (top) and std of x_l (bottom) against depth for one
     or more reports, without `matplotlib.pyplot`; returns `path`."""
     from matplotlib.figure import Figure
-
     reports = _as_reports(reports)
     fig = Figure(figsize=(8, 7))
     ax_g, ax_a = fig.subplots(2, 1, sharex=True)

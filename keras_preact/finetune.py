@@ -107,9 +107,7 @@ def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
         dict: "source" (the file loaded), "copied_head" (bool), "classes" (of the
         weights' head, or None).
 
-    Raises:
-        ValueError: if the weights hold another architecture; nothing is loaded.
-    """
+    Raises ValueError if the weights hold another architecture; nothing is loaded."""
     _check_model(model)
     model_name = model_name or model.name
     entry = hooks.url_entry(model_name, weights)

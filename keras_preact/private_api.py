@@ -22,7 +22,6 @@ def initializer_seed(initializer):
 def onednn_enabled():
     """Whether TensorFlow runs its oneDNN kernels (fixed at import; it has no public query)."""
     from tensorflow.python.util import _pywrap_util_port
-
     return bool(_pywrap_util_port.IsMklEnabled())
 
 
@@ -36,11 +35,8 @@ def configure_coordination_service(*, leader, job_counts, register_timeout_ms,
         job_counts: dict job name -> number of tasks.
         register_timeout_ms, heartbeat_timeout_ms: int.
 
-    Returns:
-        True when configured, False if it already was, None without an importable config.
-    """
+    Returns True when configured, False if it already was, None without an importable config."""
     from tensorflow.python.eager import context
-
     try:
         from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
     except ImportError:  # the module moved between TensorFlow releases

@@ -65,10 +65,8 @@ def _quiet_tensorflow():
         os.dup2(capture.fileno(), 2)  # the C++ runtime writes there, past `sys.stderr`
         try:
             import keras
-
             if keras.backend.backend() == "tensorflow":
                 import tensorflow as tf
-
                 tf.config.list_physical_devices()
         finally:
             sys.stderr.flush()

@@ -30,7 +30,6 @@ def cmd_diagnose(args):
     if args.every is not None and args.every < 1:
         raise ValueError(f"`--every` must be >= 1. Received: --every={args.every}")
     from keras_preact import diagnostics
-
     reports = diagnostics.compare_units(
         args.model, args.unit or ["full_preact"], batch_size=args.batch, seed=args.seed,
         input_shape=(args.input_size, args.input_size, 3), classes=args.classes)

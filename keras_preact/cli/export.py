@@ -68,7 +68,6 @@ def _preprocessing(value):
         return None
     if value != "auto":
         from keras_preact.layers.preprocessing import resolve_preprocessing
-
         resolve_preprocessing(value)
     return value
 
@@ -81,7 +80,6 @@ def cmd_export(args):
                              f"Received: --format {args.format}")
     preprocessing = _preprocessing(args.preprocessing)
     from keras_preact import export
-
     class_names = None if args.class_names is None else export.read_class_names(args.class_names)
     model, described = export.load_model_to_export(args.model, classes=args.classes,
                                                    preprocessing=preprocessing)
@@ -103,7 +101,6 @@ def cmd_predict(args):
     import numpy as np
 
     from keras_preact import export
-
     preprocessing = _preprocessing(args.preprocessing)
     class_names = None if args.class_names is None else export.read_class_names(args.class_names)
     # From the model card (or a .keras file's config), so that bad images are found

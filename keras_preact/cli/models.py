@@ -18,13 +18,11 @@ def add_commands(subparsers):
 
 def cmd_list(args):
     from keras_preact import models
-
     names = models.list_models(args.pattern)
     if not names:
         raise ValueError(f"No model matches the pattern. Received: pattern={args.pattern!r}. "
                          f"Models: {', '.join(models.list_models())}")
     from keras.utils import Progbar
-
     bar = Progbar(len(names), unit_name="model", verbose=1 if sys.stderr.isatty() else 0)
     rows = []
     for i, name in enumerate(names):
@@ -40,7 +38,6 @@ def cmd_list(args):
 
 def cmd_summary(args):
     from keras_preact import models
-
     model = models.get_model(args.name, classes=args.classes)
     model.summary(expand_nested=args.expand)
     print(f"Trainable parameters: {models.count_params(model):,}")

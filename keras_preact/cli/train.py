@@ -90,7 +90,6 @@ def _print_result(result):
 
 def cmd_train(args):
     from keras_preact.training.trainer import train_and_evaluate
-
     config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
     result = train_and_evaluate(config, args.workdir)
     if result["resumed_from_epoch"] is None:
@@ -115,7 +114,6 @@ def cmd_evaluate(args):
             f"its .weights.h5). Received: --dataset {args.dataset}, --model {args.model}, "
             f"--weights {args.weights}")
     from keras_preact.training.trainer import evaluate
-
     result = evaluate(
         args.workdir, model=args.model, weights=args.weights, dataset=args.dataset,
         data_dir=args.data_dir, data_source=args.data_source, data_path=args.data_path,
@@ -127,7 +125,6 @@ def cmd_evaluate(args):
 
 def cmd_demo(args):
     from keras_preact.training.demo import run_demo
-
     result = run_demo(args.workdir, epochs=args.epochs, seed=args.seed, export=not args.no_export,
                       verbose=args.verbose)
     print(f"Held-out accuracy on digits: {100 * result['test_accuracy']:.2f}%")

@@ -70,10 +70,8 @@ def cmd_tune(args):
         space["depths"] = args.depths
     if args.cpu_devices:
         from keras_preact.training.distribute import configure_runtime
-
         configure_runtime(cpu_devices=args.cpu_devices)
     from keras_preact.tuning.study import tune
-
     strategy = None if args.strategy == "default" else args.strategy
     result = tune(args.workdir, tuner=args.tuner, max_trials=args.max_trials,
                   overwrite=args.overwrite, export=not args.no_export,

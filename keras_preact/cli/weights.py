@@ -44,10 +44,8 @@ def _cell(value):
 def cmd_list(args):
     from keras_preact.weights.catalog import list_entries
     from keras_preact.weights.download import cached_entries
-
     if args.model is not None:
         from keras_preact.models.registry import model_info
-
         model_info(args.model)  # an unknown name is an error, not an empty list
     entries = list_entries(args.model)
     if not entries:
@@ -64,7 +62,6 @@ def cmd_list(args):
 def cmd_fetch(args):
     from keras_preact.models import get_model
     from keras_preact.weights.download import fetch_weights
-
     failed = 0
     for key in args.keys:
         try:
@@ -87,7 +84,6 @@ _VERIFY_LINES = {"ok": "{key}: ok (sha256 {sha256})", "not cached": "{key}: not 
 
 def cmd_verify(args):
     from keras_preact.weights.download import verify_cache
-
     rows = verify_cache(args.keys, args.cache_dir)
     if not rows:
         print("The cache holds no weights.")
@@ -99,7 +95,6 @@ def cmd_verify(args):
 def cmd_path(args):
     from keras_preact.weights.catalog import get_entry
     from keras_preact.weights.download import cached_paths, resolve_cache_dir
-
     if args.key is None:
         print(resolve_cache_dir(args.cache_dir))
         return 0
@@ -110,7 +105,6 @@ def cmd_path(args):
 
 def cmd_clear(args):
     from keras_preact.weights.download import clear_cache
-
     removed = [path for key in args.keys or [None] for path in clear_cache(key, args.cache_dir)]
     print(f"Removed {len(removed)} file(s).")
     return 0
@@ -119,7 +113,6 @@ def cmd_clear(args):
 def cmd_readme(args):
     from keras_preact.files import atomic_write_text
     from keras_preact.weights.catalog import render_zoo_readme
-
     if args.output is None:
         sys.stdout.write(render_zoo_readme())
     else:

@@ -1,8 +1,6 @@
 """Datasets and input pipelines: CIFAR-10/100 (TFDS or the original files), digits, folders.
-
 Importing this package does not import TensorFlow; the tf.data functions
-(`keras_preact.data.pipeline`) and the TFDS and folder sources import it on first use.
-"""
+(`keras_preact.data.pipeline`) and the TFDS and folder sources import it on first use."""
 
 from keras_preact.data.registry import (AUGMENTATIONS, CIFAR10_CLASSES, CIFAR100_CLASSES,
                                         channel_stats, list_datasets)
@@ -12,13 +10,11 @@ from keras_preact.data.sources import SOURCES, clear_cache, dataset_info, load_a
 __all__ = [
     "AUGMENTATIONS", "CIFAR10_CLASSES", "CIFAR100_CLASSES", "SOURCES", "channel_stats",
     "clear_cache", "dataset_from_arrays", "dataset_info", "epoch_order", "list_datasets",
-    "load_arrays", "make_dataset", "safe_load_pickle",
-]
+    "load_arrays", "make_dataset", "safe_load_pickle"]
 
 
 def __getattr__(name):
     if name in ("dataset_from_arrays", "epoch_order", "make_dataset"):
         from keras_preact.data import pipeline
-
         return getattr(pipeline, name)
     raise AttributeError(f"module 'keras_preact.data' has no attribute {name!r}")

@@ -1,7 +1,6 @@
 """Readers for the original CIFAR-10/100 files (https://www.cs.toronto.edu/~kriz/cifar.html),
 extracted or as the ``.tar.gz`` archive (streamed, never extracted to disk). NumPy only.
-Python layout: pickled dicts, read with `safe_pickle`; binary layout: fixed-size records.
-"""
+Python layout: pickled dicts, read with `safe_pickle`; binary layout: fixed-size records."""
 
 import os
 import pathlib
@@ -25,16 +24,13 @@ LAYOUTS = {
     "cifar10": {
         "python": _spec("cifar-10-batches-py", "cifar-10-python.tar.gz", _BATCHES, "test_batch"),
         "binary": _spec("cifar-10-batches-bin", "cifar-10-binary.tar.gz",
-                        [b + ".bin" for b in _BATCHES], "test_batch.bin"),
-    },
+                        [b + ".bin" for b in _BATCHES], "test_batch.bin")},
     "cifar100": {
         "python": _spec("cifar-100-python", "cifar-100-python.tar.gz", ["train"], "test"),
-        "binary": _spec("cifar-100-binary", "cifar-100-binary.tar.gz", ["train.bin"], "test.bin"),
-    },
-}
+        "binary": _spec("cifar-100-binary", "cifar-100-binary.tar.gz", ["train.bin"],
+                        "test.bin")}}
 _NUM_CLASSES = {"cifar10": 10, "cifar100": 100}
-# Python layout: the key of the labels used (CIFAR-100: the 100 fine classes, as in the
-# paper's CIFAR-100 results; the 20 coarse ones are not used).
+# Python layout: the labels' key (CIFAR-100: the 100 fine classes, as the paper's results).
 _LABEL_KEY = {"cifar10": b"labels", "cifar100": b"fine_labels"}
 # Binary layout: number of label bytes before the pixels and which one is used.
 _BINARY_LABELS = {"cifar10": (1, 0), "cifar100": (2, 1)}
@@ -60,8 +56,7 @@ def find_cifar_files(name, location):
             (base == spec["dir"], "dir", location),  # the extracted folder itself
             (any(map(os.path.isfile, batch_files)), "dir", location),  # renamed folder
             (os.path.isdir(inner), "dir", inner),  # a folder holding the extracted one
-            (os.path.isfile(archive), "tar", archive),  # a folder holding the archive
-        )
+            (os.path.isfile(archive), "tar", archive))  # a folder holding the archive
         hits += [(rank, kind, layout, path) for rank, (ok, kind, path) in enumerate(checks) if ok]
     return min(hits, key=lambda hit: hit[0])[1:] if hits else None
 

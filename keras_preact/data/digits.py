@@ -1,7 +1,6 @@
 """scikit-learn's 8 x 8 handwritten digits (1,797 real images), shaped like CIFAR: 0..16
 scaled to uint8 0..255, each pixel a 4 x 4 block (no new intensities), grey copied to three
-channels; 20% of every class held out with seed 0 (1,438 train and 359 test images).
-"""
+channels; 20% of every class held out with seed 0 (1,438 train and 359 test images)."""
 
 import numpy as np
 
@@ -14,10 +13,8 @@ UPSAMPLE = 4
 def read_digits(split):
     """One split ("train" or "test") of the digits: ``(images, labels, meta)``, uint8
     (N, 32, 32, 3), int64 (N,) and a dict with "indices" (positions in scikit-learn's
-    array) and "source".
-    """
+    array) and "source"."""
     from sklearn.datasets import load_digits
-
     check_choice("split", split, SPLITS)
     bunch = load_digits()
     small = np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)  # (N, 8, 8)

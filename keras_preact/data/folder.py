@@ -1,7 +1,6 @@
 """A folder of images, ``root/train/<class>/*`` and ``root/test/<class>/*`` or
 ``root/<class>/*`` (20% of every class held out as "test" with seed 0), read into uint8
-arrays with `keras.utils.image_dataset_from_directory` (TensorFlow, imported when read).
-"""
+arrays with `keras.utils.image_dataset_from_directory` (TensorFlow, imported when read)."""
 
 import os
 
@@ -42,7 +41,6 @@ def class_folders(directory, *, within=None):
 
 def _read_directory(directory, class_names, image_size):
     import keras
-
     try:
         ds = keras.utils.image_dataset_from_directory(
             directory, labels="inferred", label_mode="int", class_names=class_names,

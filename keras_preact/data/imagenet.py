@@ -1,8 +1,6 @@
-"""ImageNet-style input pipelines, streamed from image folders or TFDS `imagenet2012`.
-
-The order and the crops of example ``i`` of epoch ``e`` are functions of ``(seed, e, i)``
-only, so a resumed run sees the same crops. Transforms as in fb.resnet.torch.
-"""
+"""ImageNet-style input pipelines, streamed from image folders or TFDS `imagenet2012`. The
+order and the crops of example ``i`` of epoch ``e`` are functions of ``(seed, e, i)``
+only, so a resumed run sees the same crops. Transforms as in fb.resnet.torch."""
 
 import math
 import os
@@ -132,7 +130,6 @@ def _folder_examples(path, split, *, shuffle, seed, epoch):
 def _tfds_examples(split, *, data_dir, manual_dir):
     """``(JPEG bytes, label)`` examples of TFDS' imagenet2012 and its class names."""
     import tensorflow_datasets as tfds
-
     if data_dir is not None:
         data_dir = os.path.expanduser(os.fspath(data_dir))
     builder = tfds.builder("imagenet2012", data_dir=data_dir)
@@ -175,12 +172,8 @@ def make_imagenet_dataset(split, *, source="folder", path=None, data_dir=None, m
         seed, epoch: the order and the crops are functions of them.
         shuffle_buffer: "tfds" only (folders are shuffled exactly).
 
-    Returns:
-        (`tf.data.Dataset` of (float32 (B, S, S, 3), int32 (B,)), class names).
-
-    Raises:
-        ValueError: for invalid arguments or missing data, before reading images.
-    """
+    Returns (`tf.data.Dataset` of (float32 (B, S, S, 3), int32 (B,)), class names).
+    Raises ValueError for invalid arguments or missing data, before reading images."""
     check_choice("split", split, ("train", "val", "test"))
     check_choice("source", source, SOURCES)
     for name, value, minimum in (("batch_size", batch_size, 1), ("image_size", image_size, 8),

@@ -1,9 +1,7 @@
-"""The tf.data input pipeline over in-memory uint8 arrays, with stateless augmentation.
-
-Step ``s`` is batch ``b = s % steps`` of epoch ``e = epoch + s // steps``: the order is keyed
-by ``(seed, e)`` and the augmentation by ``(seed, e, b)`` (`stateless_key`), never by a
-generator's state, so a run resumed at epoch 3 sees the batches of an uninterrupted run's.
-"""
+"""The tf.data input pipeline over in-memory uint8 arrays, with stateless augmentation. Step
+``s`` is batch ``b = s % steps`` of epoch ``e = epoch + s // steps``: the order is keyed by
+``(seed, e)`` and the augmentation by ``(seed, e, b)`` (`stateless_key`), never by a
+generator's state, so a run resumed at epoch 3 sees the batches of an uninterrupted run's."""
 
 import math
 
@@ -18,8 +16,7 @@ from keras_preact.layers.utils import check_bool
 _SHUFFLE_STREAM, _AUGMENT_STREAM = 0, 1
 #: Padding of the paper's CIFAR augmentation (He et al. 2016a, Sec. 4.2).
 PAD = 4
-# Every stateless op names its algorithm: "auto_select" may pick a different one per
-# device, which would change the random numbers.
+# Every stateless op names its algorithm ("auto_select" may differ, and so the numbers, by device).
 ALG = "philox"
 
 
@@ -78,9 +75,7 @@ def dataset_from_arrays(images, labels, *, batch_size=128, shuffle=False, augmen
         seed: keys the order and the augmentation; epoch: the first epoch yielded.
         repeat_epochs: None (one epoch), k > 0 (epochs epoch .. epoch+k-1) or -1 (no end).
 
-    Returns:
-        `tf.data.Dataset` of ``(images float32 (B, H, W, C), labels int32 (B,))``.
-    """
+    Returns `tf.data.Dataset` of ``(images float32 (B, H, W, C), labels int32 (B,))``."""
     images, labels = _check_arrays(images, labels)
     num = int(images.shape[0])
     _check_common(batch_size, seed, epoch, normalize, repeat_epochs, shuffle, drop_remainder)
@@ -131,12 +126,8 @@ def make_dataset(name, split, *, batch_size=128, data_dir=None, source="auto", p
         normalize: True: with the dataset's statistics; False: raw pixels.
         batch_size, seed, epoch, repeat_epochs: see `dataset_from_arrays`.
 
-    Returns:
-        `tf.data.Dataset` of ``(float32 images (B, H, W, C), int32 labels (B,))``.
-
-    Raises:
-        ValueError: for invalid arguments (before anything is read) or missing data.
-    """
+    Returns `tf.data.Dataset` of ``(float32 images (B, H, W, C), int32 labels (B,))``.
+    Raises ValueError for invalid arguments (before anything is read) or missing data."""
     check_bool("cache", cache)
     _check_common(batch_size, seed, epoch, normalize, repeat_epochs, shuffle, drop_remainder,
                   allow_none=True)
@@ -151,8 +142,7 @@ def make_dataset(name, split, *, batch_size=128, data_dir=None, source="auto", p
     augment = train if augment is None else augment
     if isinstance(augment, bool):
         augment = info["augmentation"] if augment else "none"
-    # Train drops the last partial batch: a constant batch shape (steady BatchNorm
-    # statistics, one compiled step); test evaluates every example.
+    # Train drops the last partial batch (steady BN statistics, one compiled step).
     return dataset_from_arrays(
         images, labels, batch_size=batch_size, shuffle=train if shuffle is None else shuffle,
         augment=augment, normalize=normalize, mean=info["mean"], std=info["std"], seed=seed,

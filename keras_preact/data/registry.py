@@ -34,8 +34,7 @@ def _entry(description, classes, class_names, mean, std, stats_source, augmentat
 
 
 def _cifar(n, description, class_names):
-    # The model presets' statistics (pytorchcv's published std): a model with
-    # `preprocessing="cifar10"` sees exactly what this pipeline's normalisation produces.
+    # The model presets' statistics (pytorchcv's std): as `preprocessing="cifar10"` sees them.
     name = f"cifar{n}"
     return _entry(description, n, class_names, *PRESETS[name][1:3],
                   f"published (pytorchcv, the {name!r} preprocessing preset)", "pad_crop_flip",
@@ -57,8 +56,7 @@ DATASETS = {
     "folder": _entry(
         "A folder of images with one sub-folder per class (or train/ and test/ "
         "sub-folders holding those); needs `path`.", None, None, None, None, _COMPUTED,
-        "pad_crop_flip", ("folder",)),
-}
+        "pad_crop_flip", ("folder",))}
 
 
 def list_datasets():

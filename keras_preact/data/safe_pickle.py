@@ -1,9 +1,7 @@
-"""A pickle reader for the CIFAR batch files that never runs code from the file.
-
-Only the globals CIFAR batches use are admitted (`_ADMITTED`), each mapped to an inert
-stand-in; arrays of plain numeric dtypes are rebuilt with `numpy.frombuffer` from the
-validated bytes. Everything else (other globals, object arrays) raises ValueError.
-"""
+"""A pickle reader for the CIFAR batch files that never runs code from the file. Only the
+globals CIFAR batches use are admitted (`_ADMITTED`), each mapped to an inert stand-in;
+arrays of plain numeric dtypes are rebuilt with `numpy.frombuffer` from the validated
+bytes. Everything else (other globals, object arrays) raises ValueError."""
 
 import io
 import math
@@ -145,8 +143,7 @@ _ADMITTED = {
     ("numpy", "dtype"): _DtypeSpec,
     ("_codecs", "encode"): _codecs_encode,
     ("__builtin__", "bytes"): _empty_bytes,
-    ("builtins", "bytes"): _empty_bytes,
-}
+    ("builtins", "bytes"): _empty_bytes}
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
@@ -185,10 +182,8 @@ def safe_load_pickle(data, *, source):
         dicts, lists, tuples, bytes (Python 2 strings too), str, numbers and numpy arrays
         of plain numeric dtypes.
 
-    Raises:
-        ValueError: when the pickle asks for any other global, holds other objects, or is
-            truncated or corrupt.
-    """
+    Raises ValueError when the pickle asks for any other global, holds other objects, or is
+    truncated or corrupt."""
     try:
         return _materialize(_RestrictedUnpickler(io.BytesIO(data), encoding="bytes").load())
     except _Refused as err:

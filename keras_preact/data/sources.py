@@ -1,6 +1,5 @@
 """Loads a registered dataset into uint8 arrays, choosing and checking the source, and
-describes it (`dataset_info`). No TensorFlow at import time: TFDS and folders import it.
-"""
+describes it (`dataset_info`). No TensorFlow at import time: TFDS and folders import it."""
 
 import collections
 import functools
@@ -45,12 +44,8 @@ def load_arrays(name, split, *, data_dir=None, source="auto", path=None, downloa
         cache: keep the decoded arrays in memory (they are then read-only).
         image_size: "folder" only: (height, width), default (32, 32).
 
-    Returns:
-        ``(images, labels)``: uint8 (N, H, W, 3) RGB, and int64 (N,) class ids.
-
-    Raises:
-        ValueError: for invalid or inapplicable arguments, missing data or corrupt files.
-    """
+    Returns ``(images, labels)``: uint8 (N, H, W, 3) RGB, and int64 (N,) class ids.
+    Raises ValueError for invalid or inapplicable arguments, missing data or corrupt files."""
     return load_arrays_with_meta(name, split, data_dir=data_dir, source=source, path=path,
                                  download=download, cache=cache, image_size=image_size)[:2]
 
@@ -121,7 +116,6 @@ def _load_cifar(name, split, data_dir, source, path, download, cache):
 def _read_tfds(name, split, data_dir, download):
     """One CIFAR split from TFDS' `data_dir` (None: TFDS' default)."""
     import tensorflow_datasets as tfds
-
     if data_dir is not None:
         data_dir = os.path.expanduser(os.fspath(data_dir))
     try:
@@ -129,13 +123,11 @@ def _read_tfds(name, split, data_dir, download):
                              as_supervised=True, shuffle_files=False, with_info=True)
     except (AssertionError, FileNotFoundError, tfds.core.registered.DatasetNotFoundError) as err:
         where = data_dir if data_dir is not None else "TFDS' default (~/tensorflow_datasets)"
-        raise ValueError(
-            f"The TFDS dataset {name!r} is not prepared in data_dir={where!r} "
-            f"({str(err).splitlines()[0]}). Prepare it there (e.g. `tfds build {name} "
-            "--data_dir ...` on a machine with network, or download=True), or use "
-            "source='archive' with the original CIFAR files.") from None
-    # Batched reads, not batch_size=-1: the whole-split read relies on split metadata
-    # that mocked or partially prepared builders lack.
+        raise ValueError(f"The TFDS dataset {name!r} is not prepared in data_dir={where!r} "
+                         f"({str(err).splitlines()[0]}). Prepare it there (e.g. `tfds build {name} "
+                         "--data_dir ...` on a machine with network, or download=True), or use "
+                         "source='archive' with the original CIFAR files.") from None
+    # Batched reads: batch_size=-1 needs split metadata mocked or partial builders lack.
     batches = list(tfds.as_numpy(ds.batch(4096)))
     if not batches:
         raise ValueError(f"The TFDS dataset {name!r} split {split!r} in data_dir={data_dir!r} "
@@ -210,8 +202,7 @@ def dataset_info(name, *, path=None, image_size=None):
     Returns:
         dict with "name", "description", "classes", "input_shape", "num_train",
         "num_test", "class_names", "mean" and "std" (per channel, [0, 1] units),
-        "stats_source", "augmentation" (the train default), "sources" ("path" for folders).
-    """
+        "stats_source", "augmentation" (the train default), "sources" ("path" for folders)."""
     check_dataset_name(name)
     if name != "folder" and (path is not None or image_size is not None):
         raise ValueError("`path` and `image_size` only apply to the 'folder' dataset. Received: "

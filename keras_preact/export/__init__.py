@@ -24,5 +24,4 @@ __all__ = [
     "ExportedModel", "build_serving_model", "expected_input_shape", "export_litert", "export_model",
     "export_onnx", "export_saved_model", "fit_image", "load_export", "load_model_to_export",
     "read_class_names", "read_image_file", "read_model_card", "render_model_card",
-    "top_k_predictions", "validate_images",
-]
+    "top_k_predictions", "validate_images"]

@@ -75,8 +75,7 @@ def load_export(path, *, preprocessing=AUTO, top_k=None):
 
     Raises:
         ValueError: if `path` is none of these.
-        ImportError: if the runtime for a LiteRT or ONNX file is not installed.
-    """
+        ImportError: if the runtime for a LiteRT or ONNX file is not installed."""
     kind, folder, target = locate_export(path)
     if kind == "keras":
         parts = ServingParts(load_keras_file(target), preprocessing=preprocessing, top_k=top_k,
@@ -107,9 +106,7 @@ def load_model_to_export(name_or_path, *, classes=10, preprocessing=AUTO):
         ``(model, described)``: the model and its `export_model` arguments ``preprocessing``,
         ``weights_info`` and ``metrics`` (a run's, or None).
 
-    Raises:
-        ValueError: for an unknown name or a `.keras` file that does not exist.
-    """
+    Raises ValueError for an unknown name or a `.keras` file that does not exist."""
     if name_or_path in kp.list_models():
         if preprocessing == AUTO:
             family = kp.model_info(name_or_path)["family"]
@@ -126,7 +123,6 @@ def load_model_to_export(name_or_path, *, classes=10, preprocessing=AUTO):
     if not os.path.isfile(name_or_path):
         raise ValueError(f"The model file does not exist. Received: name_or_path={name_or_path!r}")
     from keras_preact.training.demo import run_metrics
-
     weights_info = {"file": os.path.basename(name_or_path), "sha256": file_hash(name_or_path)}
     described = {"preprocessing": preprocessing, "weights_info": weights_info,
                  "metrics": run_metrics(name_or_path)}
@@ -140,12 +136,8 @@ def read_image_file(path, input_shape, *, resize=False):
         path: an image file Pillow reads (PNG, JPEG, ...) or a ``.npy`` file holding a uint8
             array ``[H, W]``, ``[H, W, C]`` or ``[N, H, W, C]``.
 
-    Returns:
-        list of ``(name, uint8 [H, W, C] array)``: one per image, named ``path[i]`` in a batch.
-
-    Raises:
-        ValueError: naming the file: missing, unreadable, not 8-bit, or not fitting.
-    """
+    Returns a list of ``(name, uint8 [H, W, C] array)``, one per image (``path[i]`` in a batch).
+    Raises ValueError naming the file: missing, unreadable, not 8-bit, or not fitting."""
     if not os.path.isfile(path):
         raise ValueError(f"image {path!r} " + ("is not a file" if os.path.exists(path)
                                                else "does not exist"))
@@ -196,9 +188,7 @@ def fit_image(array, input_shape, *, resize=False, name="image"):
         resize: convert a mismatch (Pillow's grey / RGB / RGBA) and resize it (bilinear).
         name: the image's name in messages.
 
-    Raises:
-        ValueError: for a mismatch without `resize`, or channels that cannot be converted.
-    """
+    Raises ValueError for a mismatch without `resize`, or channels that cannot be converted."""
     height, width, channels = input_shape
     h, w, c = array.shape
     if c == channels and height in (None, h) and width in (None, w):
@@ -226,12 +216,8 @@ def top_k_predictions(outputs, *, top_k=None, class_names=None):
         top_k: 1 to the export's top-k; None: the export's.
         class_names: one per class, for ``"label"`` entries.
 
-    Returns:
-        per image, a list of ``{"class": int, "score": float[, "label": str]}``, best first.
-
-    Raises:
-        ValueError: for a `top_k` out of range or class names not one per class.
-    """
+    Returns per image, a list of ``{"class": int, "score": float[, "label": str]}``, best first.
+    Raises ValueError for a `top_k` out of range or class names not one per class."""
     exported_k = outputs["top_k_classes"].shape[-1]
     k = exported_k if top_k is None else top_k
     if not 1 <= k <= exported_k:

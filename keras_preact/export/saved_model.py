@@ -111,14 +111,12 @@ def export_saved_model(model, path, *, version=1, accept_encoded=False, **option
             (default True: compare with the model on `parity_images`, default 8 seeded random
             ones, within `parity_tolerance`, default `PARITY_TOLERANCES`); `verbose`.
 
-    Returns:
-        str, the version folder written (``path/<version>``).
+    Returns str, the version folder written (``path/<version>``).
 
     Raises:
         ValueError: for an invalid argument or an unwritable path.
         FileExistsError: if the version exists and `overwrite` is False.
-        ExportParityError: if the reloaded export does not match the model.
-    """
+        ExportParityError: if the reloaded export does not match the model."""
     base = check_path("path", path)
     check_positive_int("version", version)
     check_bool("accept_encoded", accept_encoded)

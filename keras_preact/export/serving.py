@@ -100,9 +100,7 @@ def validate_images(images, input_shape, *, name="images"):
         input_shape: the export's ``(height, width, channels)``; None: any size.
         name: the argument's name in messages.
 
-    Raises:
-        ValueError: for a wrong dtype, rank, channel count or image size.
-    """
+    Raises ValueError for a wrong dtype, rank, channel count or image size."""
     height, width, channels = input_shape
     images = np.asarray(images)
     if images.dtype != np.uint8:
@@ -278,9 +276,7 @@ def build_serving_model(model, *, preprocessing=AUTO, top_k=None, include_featur
         A `keras.Model` sharing `model`'s weights: uint8 ``[batch, H, W, C]`` -> dict
         of "probabilities", "top_k_classes", "top_k_scores" (and "features").
 
-    Raises:
-        ValueError: for a model that is not a single-input classifier, a bad `top_k`,
-            a `preprocessing` that is missing or given twice.
-    """
+    Raises ValueError for a model that is not a single-input classifier, a bad `top_k`, a
+    `preprocessing` that is missing or given twice."""
     return ServingParts(model, preprocessing=preprocessing, top_k=top_k,
                         include_features=include_features).raw

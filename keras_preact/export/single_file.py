@@ -92,9 +92,7 @@ def export_litert(model, path, *, quantization=None, **kwargs):
         quantization: one of `QUANTIZATIONS`; each has its `PARITY_TOLERANCES` entry.
         **kwargs: as in `export_saved_model`.
 
-    Raises:
-        As `export_saved_model`; ImportError for the parity check without `ai-edge-litert`.
-    """
+    Raises as `export_saved_model`; ImportError for the parity check without `ai-edge-litert`."""
     check_choice("quantization", quantization, QUANTIZATIONS)
     # Dynamic range: int8 weights, no representative data set needed.
     optimize = {} if quantization is None else {"optimizations": [tf.lite.Optimize.DEFAULT]}
@@ -112,9 +110,8 @@ def export_onnx(model, path, *, opset_version=None, **kwargs):
         opset_version: the ONNX opset; None (default): tf2onnx's.
         **kwargs: as in `export_saved_model`.
 
-    Raises:
-        As `export_saved_model`; ImportError without `tf2onnx` or (parity check) `onnxruntime`.
-    """
+    Raises as `export_saved_model`; ImportError without `tf2onnx` or (parity check)
+    `onnxruntime`."""
     if opset_version is not None:
         check_positive_int("opset_version", opset_version)
     # The converter Keras' ONNX export calls, checked before any work.
@@ -127,9 +124,7 @@ def export_model(model, path, *, format="saved_model", **kwargs):
     """Exports in one of `FORMATS` with its exporter (`export_saved_model`, `export_litert`,
     `export_onnx`), which takes `kwargs`; returns the folder written.
 
-    Raises:
-        ValueError: for an unknown format or an argument that format does not take.
-    """
+    Raises ValueError for an unknown format or an argument that format does not take."""
     check_choice("format", format, FORMATS)
     check_known_arguments(kwargs, SHARED_ARGUMENTS + EXTRA_ARGUMENTS[format],
                           where=f"the {format!r} exporter")

@@ -13,5 +13,4 @@ __all__ = [
     "PreActBottleneckBlock",
     "PreActStage",
     "UNIT_TYPES",
-    "resolve_unit_options",
-]
+    "resolve_unit_options"]

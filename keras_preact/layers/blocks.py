@@ -12,7 +12,7 @@ from keras_preact.layers import functional as F
 from keras_preact.layers import remat as remat_lib
 from keras_preact.layers.utils import (
     check_bool, check_choice, check_positive_int, normalize_data_format, pop_deprecated,
-    spatial_shape, deprecated_alias)
+    spatial_shape)
 
 #: A strided bottleneck strides on its 3x3 conv ("middle": pytorchcv, timm, torchvision
 #: v1.5, the published CIFAR weights) or its first 1x1 conv ("first": the paper's code).
@@ -57,8 +57,7 @@ def check_unit_arguments(*, strides, bottleneck_stride, bn_momentum, bn_epsilon,
     if synchronized and keras.backend.backend() != "tensorflow":
         raise ValueError(
             "`synchronized=True` (cross-replica BatchNorm statistics) needs the "
-            f"TensorFlow backend. Received: synchronized=True on {keras.backend.backend()!r}"
-        )
+            f"TensorFlow backend. Received: synchronized=True on {keras.backend.backend()!r}")
     options = variants.resolve_unit_options(unit, **unit_options)
     check_choice("strided_shortcut", strided_shortcut, STRIDED_SHORTCUTS)
     check_bool("conv_bias", conv_bias)
@@ -94,8 +93,7 @@ class _UnitConfigMixin:
         if seed is not None and not dropout:
             raise ValueError("`seed` is used only by unit='dropout_shortcut'. "
                              f"Received: seed={seed!r} with unit={unit_args['unit']!r}")
-        # The arguments as given (None = the paper's value), for get_config.
-        for name, value in unit_args.items():
+        for name, value in unit_args.items():  # as given (None: the paper's), for get_config
             setattr(self, name, value)
         self.filters, self.expansion, self.seed = filters, expansion, seed
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -103,8 +101,7 @@ class _UnitConfigMixin:
         self.bn_momentum, self.bn_epsilon = float(self.bn_momentum), float(self.bn_epsilon)
         self.data_format = normalize_data_format(data_format)
         self._channel_axis = -1 if self.data_format == "channels_last" else 1
-        # Only the dropout unit gets a generator (a variable): the others' variable
-        # lists must not change.
+        # Only the dropout unit gets a generator (a variable): the others' variables stay.
         self.seed_generator = (keras.random.SeedGenerator(seed, name="shortcut_dropout_seed")
                                if dropout else None)
 
@@ -132,10 +129,9 @@ class _UnitConfigMixin:
 
     def _check_input(self, input_shape):
         if len(input_shape) != 4 or input_shape[self._channel_axis] is None:
-            raise ValueError(
-                f"{type(self).__name__} expects a 4D input (batch, height, width, channels) "
-                f"with a known channel dimension. Received: input_shape={tuple(input_shape)}"
-            )
+            raise ValueError(f"{type(self).__name__} expects a 4D input (batch, height, width, "
+                             "channels) with a known channel dimension. "
+                             f"Received: input_shape={tuple(input_shape)}")
         return int(input_shape[self._channel_axis])
 
     def _run_kwargs(self, training):
@@ -176,8 +172,8 @@ class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
                  synchronized=False, data_format=None, unit=variants.DEFAULT_UNIT,
                  shortcut_scale=None, residual_scale=None, gate_bias=None, dropout_rate=None,
                  seed=None, strided_shortcut="projection", conv_bias=False, **kwargs):
-        args = {k: v for k, v in locals().items()
-                if k not in ("self", "kwargs", "__class__", "projection", "shared_preact")}
+        args = {k: v for k, v in locals().items() if k not in (
+            "self", "kwargs", "__class__", "projection", "shared_preact")}
         super().__init__(**kwargs)
         self._init_common(**args)
         check_bool("projection", projection, allow_none=True)
@@ -189,19 +185,16 @@ class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
             preact = [n for n, u in variants.UNITS.items() if u.preactivation]
             raise ValueError(f"`shared_preact` needs a unit with a pre-activation {preact}. "
                              f"Received: shared_preact=True with unit={unit!r}")
-        self.projection = projection
-        self.shared_preact = shared_preact
+        self.projection, self.shared_preact = projection, shared_preact
 
     def _make_spec(self, in_channels):
         # A stride alone needs a projection unless the shortcut subsamples.
         needed = in_channels != self.filters or (
             self.strides != 1 and self.strided_shortcut == "projection")
         if self.projection is False and needed:
-            raise ValueError(
-                f"{self.name}: an identity shortcut cannot change the shape "
-                f"(in_channels={in_channels}, filters={self.filters}, "
-                f"strides={self.strides}). Received: projection=False"
-            )
+            raise ValueError(f"{self.name}: an identity shortcut cannot change the shape "
+                             f"(in_channels={in_channels}, filters={self.filters}, "
+                             f"strides={self.strides}). Received: projection=False")
         has_projection = self.variant.shortcut == "conv" or (
             needed if self.projection is None else self.projection)
         shared = has_projection if self.shared_preact is None else self.shared_preact
@@ -243,10 +236,9 @@ class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="keras_preact")
 class PreActBasicBlock(_PreActUnit):
-    """Full pre-activation basic unit (paper Fig. 4e, two 3x3 convs).
-
-    ``y = h(x) + conv3x3(relu(bn(conv3x3(a))))`` with ``a = relu(bn(x))``; ``h`` is
-    the identity, or a 1x1 projection of ``a`` when the shape changes.
+    """Full pre-activation basic unit (paper Fig. 4e): ``y = h(x) + conv3x3(relu(bn(conv3x3(a))))``
+    with ``a = relu(bn(x))``; ``h`` is the identity, or a 1x1 projection of ``a`` when the
+    shape changes.
 
     Args:
         projection: None (a projection exactly when the shape changes), True or False
@@ -278,9 +270,8 @@ class PreActBasicBlock(_PreActUnit):
 @keras.saving.register_keras_serializable(package="keras_preact")
 class PreActBottleneckBlock(_PreActUnit):
     """Full pre-activation bottleneck unit (paper Fig. 4e with 1x1, 3x3, 1x1 convs) of
-    inner width ``filters // expansion``; see `BOTTLENECK_STRIDES`, `PreActBasicBlock`.
+    inner width ``filters // expansion``; see `BOTTLENECK_STRIDES`, `PreActBasicBlock`:
 
-    Example:
         >>> PreActBottleneckBlock(64)(keras.ops.zeros((1, 8, 8, 16))).shape
         (1, 8, 8, 64)
     """
@@ -291,10 +282,9 @@ class PreActBottleneckBlock(_PreActUnit):
         super().__init__(filters, strides=strides, expansion=expansion,
                          bottleneck_stride=bottleneck_stride, **kwargs)
         if filters % expansion:
-            raise ValueError(
-                "`filters` must be divisible by `expansion` (the inner width is "
-                f"filters // expansion). Received: filters={filters}, expansion={expansion}"
-            )
+            raise ValueError("`filters` must be divisible by `expansion` (the inner width is "
+                             f"filters // expansion). Received: filters={filters}, "
+                             f"expansion={expansion}")
 
     def get_config(self):
         config = super().get_config()
@@ -316,9 +306,9 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         block: "basic" or "bottleneck".
         num_blocks: the number of units (``units=`` is a deprecated alias).
         first_shared_preact: the first unit's `shared_preact` (None: the paper's rule).
-        remat: rematerialisation of the stacked units in training (`remat`): None/False,
-            True or "segment", "unit" or an int. Not with unit="dropout_shortcut".
-            Without it, training loops over `plain_loop_min_units` or more units too.
+        remat: rematerialisation in training (`remat`): None/False, True or "segment", "unit"
+            or an int; not with unit="dropout_shortcut". Without it, training loops over
+            `plain_loop_min_units` or more units too.
         (the rest, **kwargs): as in the units, for every unit.
 
     Example:
@@ -328,8 +318,8 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
 
     # False unrolls the looped paths (a reference for tests and benchmarks).
     remat_loop = True
-    # Without remat, training loops from this many stacked units on: the 1000-layer
-    # models (110 and 199 a stage), whose unrolled step takes minutes to trace.
+    # Without remat, training loops from this many stacked units on: the 1000-layer models
+    # (110 and 199 a stage), whose unrolled step takes minutes to trace.
     plain_loop_min_units = 64
 
     def __init__(self, block, filters, num_blocks=None, strides=1, first_shared_preact=None,
@@ -360,8 +350,7 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         unit_args.update(kernel_initializer=self.kernel_initializer, dtype=self.dtype_policy,
                          kernel_regularizer=self.kernel_regularizer,
                          data_format=self.data_format, expansion=expansion)
-        # The sub-layers' dropout draws from their own seeds (seed + 1, seed + 2) so
-        # that they do not repeat the stacked units' masks.
+        # The sub-layers' own seeds (seed + 1, seed + 2) keep their dropout masks apart.
         seeds = (None, None) if seed is None else (seed + 1, seed + 2)
         last = stride_position == "last" and strides > 1
         self.unit1 = UNIT_CLASSES[block](filters, strides=1 if last else strides,
@@ -388,15 +377,14 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         # Units 2..n keep the shape: only the conv-shortcut unit projects.
         return self._spec(self.filters, 1, self.variant.shortcut == "conv", False)
 
-    units = deprecated_alias("units", "num_blocks", "PreActStage")
 
     def get_variable(self, name):
         """The stacked variable `name` of units 2..num_blocks (leading axis: unit - 2)."""
         return self._stacked[name]
 
     def _loopable(self):
-        """Not with synchronized BN (its all-reduce cannot run in a `tf.while_loop`
-        under MirroredStrategy) nor dropout (a seed generator in a loop body leaks)."""
+        # Not with synchronized BN (its all-reduce cannot run in a `tf.while_loop` under
+        # MirroredStrategy) nor dropout (a seed generator in a loop body leaks).
         return self.remat_loop and not self.synchronized and self.seed_generator is None
 
     def call(self, inputs, training=None, return_unit_inputs=False):
@@ -442,8 +430,7 @@ def check_stride_position(stride_position, stage_blocks, stage_strides):
     check_choice("stride_position", stride_position, STRIDE_POSITIONS)
     short = [i + 1 for i, (n, s) in enumerate(zip(stage_blocks, stage_strides)) if s > 1 and n < 2]
     if stride_position == "last" and short:
-        raise ValueError(
-            "stride_position='last' strides in a unit after the first, so every strided "
-            f"stage needs at least 2 units. Received: stage_blocks={tuple(stage_blocks)}, "
-            f"stage_strides={tuple(stage_strides)} (stages {short})"
-        )
+        raise ValueError("stride_position='last' strides in a unit after the first, so every "
+                         "strided stage needs at least 2 units. Received: stage_blocks="
+                         f"{tuple(stage_blocks)}, stage_strides={tuple(stage_strides)} "
+                         f"(stages {short})")

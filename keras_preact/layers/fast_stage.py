@@ -1,10 +1,6 @@
-"""`PreActStage`'s stacked units: run unrolled, in checkpointed segments (`remat`) or
-as a backend loop, each unit by `functional.unit_forward`.
-
-A stage's identical units share one variable per name with a leading unit axis, so a
-ResNet-1001 is a few dozen variables instead of ~5,000 (it builds, saves and loads in
-seconds).
-"""
+"""`PreActStage`'s stacked units, run unrolled, in checkpointed segments (`remat`) or as
+a backend loop. They share one variable per name with a leading unit axis, so a ResNet-1001
+is a few dozen variables instead of ~5,000 (it builds, saves and loads in seconds)."""
 
 import keras
 from keras import ops
@@ -19,8 +15,7 @@ class StackedInitializer:
     slice with one unit's distribution."""
 
     def __init__(self, base, units):
-        self.base = base
-        self.units = units
+        self.base, self.units = base, units
 
     def __call__(self, shape, dtype=None):
         base = self.base
@@ -28,23 +23,17 @@ class StackedInitializer:
             # The stacked shape multiplies both fans by `units`; the scale compensates.
             stacked = keras.initializers.VarianceScaling(
                 scale=base.scale * self.units, mode=base.mode,
-                distribution=base.distribution, seed=private_api.initializer_seed(base),
-            )
+                distribution=base.distribution, seed=private_api.initializer_seed(base))
             return stacked(shape, dtype=dtype)
-        slices = [
+        return ops.stack([
             keras.initializers.get(keras.initializers.serialize(base))(shape[1:], dtype=dtype)
-            for _ in range(self.units)
-        ]
-        return ops.stack(slices)
+            for _ in range(self.units)])
 
 
 def stacked_units(x, stacked, spec, kwargs, unit_inputs=None):
     """Runs the units of `stacked` (name -> tensor with a leading unit axis), unrolled,
-    appending each unit's input to `unit_inputs` when given.
-
-    Returns (x, {bn: (means, variances)}): the new moving statistics, stacked like the
-    variables (nothing is assigned).
-    """
+    appending each unit's input to `unit_inputs` when given. Returns (x, {bn: (means,
+    variances)}): the new moving statistics, stacked like the variables (not assigned)."""
     length = next(iter(stacked.values())).shape[0]
     # Read each stacked tensor once, then slice per unit.
     slices = {k: ops.unstack(t, num=length, axis=0) for k, t in stacked.items()}
@@ -55,21 +44,17 @@ def stacked_units(x, stacked, spec, kwargs, unit_inputs=None):
         x, updates = F.unit_forward(x, {k: s[i] for k, s in slices.items()}, spec, **kwargs)
         for bn, stats in updates.items():
             new_stats.setdefault(bn, []).append(stats)
-    return x, {
-        bn: (ops.stack([m for m, _ in stats]), ops.stack([v for _, v in stats]))
-        for bn, stats in new_stats.items()
-    }
+    return x, {bn: (ops.stack([m for m, _ in stats]), ops.stack([v for _, v in stats]))
+               for bn, stats in new_stats.items()}
 
 
 def segmented_units(x, stacked, spec, kwargs, *, remat, loop):
     """`stacked_units` in checkpointed segments of `remat`'s lengths (``remat=None``:
-    plain segments of one unit).
-
-    A segment returns its new moving statistics instead of assigning them, so the
-    backward pass's recomputation cannot update them twice. With `loop` the equal
-    segments run as one `remat.scan` over a (count, size, ...) view of the variables:
-    the traced graph holds one segment (what keeps ResNet-1001's train step small).
-    """
+    plain segments of one unit). A segment returns its new moving statistics instead of
+    assigning them, so the backward pass's recomputation cannot update them twice. With
+    `loop` the equal segments run as one `remat.scan` over a (count, size, ...) view of
+    the variables: the traced graph holds one segment (what keeps ResNet-1001's train
+    step small)."""
     names = sorted(stacked)
     bns = [name[: -len("_moving_mean")] for name, _, kind in spec.variable_specs()
            if kind == "moving_mean"]
@@ -109,13 +94,15 @@ def segmented_units(x, stacked, spec, kwargs, *, remat, loop):
         start = count * size
     else:
         for _ in range(count):
-            out = run(x, *[t[start:start + size] for t in tensors])
-            x = out[0]
-            collect(out[1:])
+            x = _run_segment(run, x, [t[start:start + size] for t in tensors], collect)
             start += size
     if start < num:
-        out = run(x, *[t[start:] for t in tensors])
-        x = out[0]
-        collect(out[1:])
+        x = _run_segment(run, x, [t[start:] for t in tensors], collect)
     return x, {bn: (ops.concatenate(means, axis=0), ops.concatenate(variances, axis=0))
                for bn, (means, variances) in pieces.items()}
+
+
+def _run_segment(run, x, slices, collect):
+    out = run(x, *slices)
+    collect(out[1:])
+    return out[0]

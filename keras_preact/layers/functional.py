@@ -109,7 +109,6 @@ def _tf_kernels():
     if keras.backend.backend() != "tensorflow":
         return None
     from keras_preact.layers import tf_kernels
-
     return tf_kernels
 
 
@@ -154,26 +153,20 @@ def add_bias(x, bias, data_format):
 
 def subsample(x, strides, data_format):
     """The strided identity shortcut (keras.applications' ``MaxPooling2D(1, strides)``)."""
-    if strides == 1:
-        return x
-    if data_format == "channels_last":
-        return x[:, ::strides, ::strides, :]
-    return x[:, :, ::strides, ::strides]
+    s = slice(None, None, strides)
+    return x[:, s, s, :] if data_format == "channels_last" else x[:, :, s, s]
 
 
 def unit_forward(x, params, spec, *, training, momentum, epsilon, data_format, synchronized=False,
                  seed_generator=None, dropout_training=None):
-    """One residual unit, ``y = f(h(x) + F(x))`` (He, Zhang, Ren, Sun, "Identity
-    Mappings in Deep Residual Networks", ECCV 2016, arXiv:1603.05027, Eqs. 1-2).
+    """One residual unit, ``y = f(h(x) + F(x))`` (He et al. 2016, arXiv:1603.05027, Eqs. 1-2).
 
     The default (Fig. 4e, Eq. 3) is ``y = h(x) + F(x)`` with F = (BN-ReLU-conv) x 2
-    (basic) or x 3 (bottleneck); `spec.variant` (a `variants.Unit`) selects the
-    other placements of Fig. 4 and the shortcuts of Fig. 2.
-
-    `params` are named as in `UnitSpec.variable_specs`; `seed_generator` and
-    `dropout_training` (None: `training`) drive the shortcut dropout of Fig. 2f.
-    Returns (y, updates): BN name -> new moving statistics.
-    """
+    (basic) or x 3 (bottleneck); `spec.variant` (a `variants.Unit`) selects the other
+    placements of Fig. 4 and the shortcuts of Fig. 2. `params` are named as in
+    `UnitSpec.variable_specs`; `seed_generator` and `dropout_training` (None:
+    `training`) drive the shortcut dropout of Fig. 2f.
+    Returns (y, updates): BN name -> new moving statistics."""
     v, fmt, updates = spec.variant, data_format, {}
     bn_args = dict(training=training, momentum=momentum, epsilon=epsilon,
                    synchronized=synchronized)

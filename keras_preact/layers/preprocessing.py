@@ -14,8 +14,7 @@ PRESETS = {
     "cifar10": (1.0 / 255.0, (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
     "cifar100": (1.0 / 255.0, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
     # ImageNet statistics (torchvision / keras.applications "torch" mode).
-    "imagenet": (1.0 / 255.0, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
-}
+    "imagenet": (1.0 / 255.0, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
 
 
 def resolve_preprocessing(preprocessing):
@@ -28,10 +27,9 @@ def resolve_preprocessing(preprocessing):
         scale, mean, std = PRESETS[preprocessing]
         return float(scale), tuple(mean), tuple(std)
     if isinstance(preprocessing, str):
-        raise ValueError(
-            f"Unknown `preprocessing` preset. Received: preprocessing={preprocessing!r}. "
-            f"Valid: None, a dict with 'mean' and 'std', or one of {sorted(PRESETS)}"
-        )
+        raise ValueError(f"Unknown `preprocessing` preset. Received: preprocessing="
+                         f"{preprocessing!r}. Valid: None, a dict with 'mean' and 'std', or one "
+                         f"of {sorted(PRESETS)}")
     if not isinstance(preprocessing, dict):
         raise ValueError("`preprocessing` must be None, a preset name or a dict. "
                          f"Received: preprocessing={preprocessing!r}")
@@ -59,10 +57,9 @@ def _as_tuple(name, value):
 
 @keras.saving.register_keras_serializable(package="keras_preact")
 class ImageNormalization(keras.layers.Layer):
-    """Per-channel ``(x * scale - mean) / std`` (one value or one per channel);
-    accepts integer images.
+    """Per-channel ``(x * scale - mean) / std`` (one value or one per channel); accepts
+    integer images:
 
-    Example:
         >>> layer = ImageNormalization(scale=1 / 127.5, mean=(1.0,), std=(1.0,))
         >>> float(layer(keras.ops.full((1, 2, 2, 3), 255.0))[0, 0, 0, 0])
         1.0
@@ -70,8 +67,7 @@ class ImageNormalization(keras.layers.Layer):
 
     def __init__(self, scale=1.0 / 255.0, mean=(0.0,), std=(1.0,), data_format=None, **kwargs):
         super().__init__(**kwargs)
-        self.scale = float(scale)
-        self.mean = _as_tuple("mean", mean)
+        self.scale, self.mean = float(scale), _as_tuple("mean", mean)
         self.std = _as_tuple("std", std)
         if any(s <= 0 for s in self.std):
             raise ValueError(f"`std` must be positive. Received: std={self.std}")
@@ -83,19 +79,16 @@ class ImageNormalization(keras.layers.Layer):
         channels = input_shape[channel_axis]
         for name, values in (("mean", self.mean), ("std", self.std)):
             if channels is not None and len(values) not in (1, channels):
-                raise ValueError(
-                    f"`{name}` has {len(values)} values for an input with {channels} "
-                    f"channels. Received: {name}={values}, input_shape="
-                    f"{tuple(input_shape)}"
-                )
+                raise ValueError(f"`{name}` has {len(values)} values for an input with {channels} "
+                                 f"channels. Received: {name}={values}, input_shape="
+                                 f"{tuple(input_shape)}")
 
     def _broadcast(self, values):
         shape = (1, 1, 1, -1) if self.data_format == "channels_last" else (1, -1, 1, 1)
         return ops.reshape(ops.convert_to_tensor(values, dtype=self.compute_dtype), shape)
 
     def call(self, inputs):
-        x = ops.cast(inputs, self.compute_dtype)
-        x = x * ops.cast(self.scale, self.compute_dtype)
+        x = ops.cast(inputs, self.compute_dtype) * ops.cast(self.scale, self.compute_dtype)
         return (x - self._broadcast(self.mean)) / self._broadcast(self.std)
 
     def compute_output_shape(self, input_shape):

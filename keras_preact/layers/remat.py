@@ -1,15 +1,12 @@
-"""Rematerialisation (gradient checkpointing) of a stage's stacked units.
-
-The forward pass keeps only each segment's input; the backward pass recomputes one
-segment at a time (~1.33x a training step). The checkpoint is the backend's:
-`tf.recompute_grad` (works under `fit`, where `keras.RematScope` fails in Keras 3.15 /
-TF 2.21), `jax.checkpoint` or non-reentrant `torch.utils.checkpoint`. The equal
-segments run as one backend loop (`scan`): ResNet-1001, TensorFlow, batch 8 traces in
-minutes and ~3.3 GB unrolled, 37 s and 1.8 GB looped.
-
-Modes (`remat=`): None / False (off), True or "segment" (segments of ceil(sqrt(n))
-units, the memory-optimal split), "unit" (one unit a segment), or an int N >= 1.
-"""
+"""Rematerialisation (gradient checkpointing) of a stage's stacked units. The forward
+pass keeps only each segment's input; the backward pass recomputes one segment at a
+time (~1.33x a training step). The checkpoint is the backend's: `tf.recompute_grad`
+(works under `fit`, where `keras.RematScope` fails in Keras 3.15 / TF 2.21),
+`jax.checkpoint` or non-reentrant `torch.utils.checkpoint`. The equal segments run as
+one backend loop (`scan`): ResNet-1001, TensorFlow, batch 8 traces in minutes and ~3.3
+GB unrolled, 37 s and 1.8 GB looped. Modes (`remat=`): None / False (off), True or
+"segment" (segments of ceil(sqrt(n)) units, the memory-optimal split), "unit" (one
+unit a segment), or an int N >= 1."""
 
 import contextlib
 import math
@@ -31,28 +28,23 @@ def normalize_remat(remat):
         return remat
     if isinstance(remat, int) and not isinstance(remat, bool) and remat >= 1:
         return remat
-    raise ValueError(
-        "`remat` must be None/False (off), True, 'unit', 'segment' or a positive int "
-        f"(units per segment). Received: remat={remat!r}"
-    )
+    raise ValueError("`remat` must be None/False (off), True, 'unit', 'segment' or a positive int "
+                     f"(units per segment). Received: remat={remat!r}")
 
 
 def check_remat(remat, unit):
     """`normalize_remat(remat)`, refused (ValueError) for unit="dropout_shortcut"."""
     mode = normalize_remat(remat)
     if mode is not None and get_unit(unit).shortcut == "dropout":
-        raise ValueError(
-            "`remat` cannot be combined with unit='dropout_shortcut': recomputing a "
-            f"unit would draw a different dropout mask. Received: remat={remat!r} "
-            f"with unit={unit!r}"
-        )
+        raise ValueError("`remat` cannot be combined with unit='dropout_shortcut': recomputing a "
+                         f"unit would draw a different dropout mask. Received: remat={remat!r} "
+                         f"with unit={unit!r}")
     return mode
 
 
 def segment_lengths(units, remat):
-    """Lengths of the segments that `units` stacked units are cut into.
+    """Lengths of the segments that `units` stacked units are cut into, e.g.:
 
-    Example:
         >>> segment_lengths(110, "segment")  # ceil(sqrt(110)) = 11
         [11, 11, 11, 11, 11, 11, 11, 11, 11, 11]
         >>> segment_lengths(5, 2)
@@ -61,12 +53,7 @@ def segment_lengths(units, remat):
     remat = normalize_remat(remat)
     if units < 1 or remat is None:
         return [units] if units else []
-    if remat == "unit":
-        size = 1
-    elif remat == "segment":
-        size = max(1, math.ceil(math.sqrt(units)))
-    else:
-        size = remat
+    size = {"unit": 1, "segment": max(1, math.ceil(math.sqrt(units)))}.get(remat, remat)
     lengths = [size] * (units // size)
     if units % size:
         lengths.append(units % size)
@@ -79,18 +66,15 @@ def checkpoint(fn):
     backend = keras.backend.backend()
     if backend == "tensorflow":
         import tensorflow as tf
-
         return tf.recompute_grad(fn)
     if backend == "jax":
         import jax
-
         return jax.checkpoint(fn)
     if backend == "torch":
         from torch.utils import checkpoint as torch_checkpoint
 
         def wrapped(*args):
-            # checkpoint saves its inputs with their version; the moving-statistic
-            # slices are views of variables assigned in place after the forward pass.
+            # checkpoint checks its inputs' versions; statistic slices are views assigned in place.
             args = tuple(a if a.requires_grad else a.clone() for a in args)
             return torch_checkpoint.checkpoint(fn, *args, use_reentrant=False)
 
@@ -106,10 +90,8 @@ def model_pruning_off():
     plain 3.04 GB peak, remat 2.86 GB with pruning, 1.61 GB without). TensorFlow reads
     the option when a function *runs*, not when traced, so the block must enclose the
     training step's calls (`PreActResNet` wraps its train function; a custom
-    `tf.function` loop wraps its calls).
-    """
+    `tf.function` loop wraps its calls)."""
     import tensorflow as tf
-
     if tf.config.optimizer.get_experimental_options().get("disable_model_pruning"):
         yield
         return
@@ -130,7 +112,6 @@ def scan(fn, carry, xs, ys_like):
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
-
         return jax.lax.scan(lambda c, s: fn(c, tuple(s)), carry, xs)
     if backend == "tensorflow":
         return _tf_scan(fn, carry, xs, tuple(ys_like), length)
@@ -143,13 +124,9 @@ def scan(fn, carry, xs, ys_like):
 
 def _tf_scan(fn, carry, xs, ys_like, length):
     import tensorflow as tf
-
-    xs_ta = [
-        tf.TensorArray(x.dtype, size=length, element_shape=x.shape[1:]).unstack(x)
-        for x in xs
-    ]
-    ys_ta = [tf.TensorArray(y.dtype, size=length, element_shape=y.shape[1:])
-             for y in ys_like]
+    xs_ta = [tf.TensorArray(x.dtype, size=length, element_shape=x.shape[1:]).unstack(x)
+             for x in xs]
+    ys_ta = [tf.TensorArray(y.dtype, size=length, element_shape=y.shape[1:]) for y in ys_like]
 
     def body(i, c, *tas):
         c, ys = fn(c, tuple(ta.read(i) for ta in xs_ta))
@@ -157,9 +134,6 @@ def _tf_scan(fn, carry, xs, ys_like, length):
 
     out = tf.while_loop(
         lambda i, *_: i < length, body, (tf.constant(0), carry) + tuple(ys_ta),
-        parallel_iterations=1,
-        # A known trip count: the gradient's per-iteration buffers get a fixed
-        # size, which XLA (jit_compile=True) requires.
-        maximum_iterations=length,
-    )
+        # A known trip count gives the gradient's buffers a fixed size (XLA requires it).
+        parallel_iterations=1, maximum_iterations=length)
     return out[1], tuple(ta.stack() for ta in out[2:])

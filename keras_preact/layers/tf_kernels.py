@@ -8,8 +8,7 @@ Timings: 2 CPU cores, AVX2, TF 2.21, batch 128, 16 channels at 32x32, forward + 
   conv gradient as two forward convs (a matmul for 1x1); forward bit-identical,
   gradients equal to float32 rounding; 23.2 ms.
 - `batch_norm_relu` (`KERAS_PREACT_FUSED_BN=0` disables): training BN + ReLU as the fused
-  kernel instead of Keras' moments arithmetic: 10.8 -> 6.0 ms with oneDNN, 16.1 -> 11.1 without.
-"""
+  kernel instead of Keras' moments arithmetic: 10.8 -> 6.0 ms with oneDNN, 16.1 -> 11.1 without."""
 
 import os
 
@@ -28,7 +27,6 @@ def bn_enabled():
 def onednn_enabled():
     """Whether TensorFlow runs its oneDNN kernels (fixed at its import)."""
     from keras_preact import private_api
-
     try:
         return private_api.onednn_enabled()
     except (ImportError, AttributeError):  # a TensorFlow without the query
@@ -49,22 +47,18 @@ def warn_if_onednn_off():
     if tf.config.list_physical_devices("GPU"):
         return
     import warnings
-
     warnings.warn(
         "TensorFlow's oneDNN CPU kernels are off in this process (TensorFlow turns them on "
         "by itself only on CPUs with AVX-512/AMX), so keras_preact models train on its "
         "slower Eigen kernels (1.5-1.9x slower training on an AVX2 CPU). Import keras_preact "
         "before keras or tensorflow, or set TF_ENABLE_ONEDNN_OPTS=1 before TensorFlow is "
         "imported; TF_ENABLE_ONEDNN_OPTS=0 keeps the Eigen kernels and silences this.",
-        UserWarning,
-        stacklevel=2,
-    )
+        UserWarning, stacklevel=2)
 
 
 def fast_conv_applies(kernel_shape, strides, data_format):
-    kh, kw = kernel_shape[0], kernel_shape[1]
-    return (enabled() and strides == 1 and data_format == "channels_last" and kh % 2 == 1
-            and kw % 2 == 1)
+    odd = kernel_shape[0] % 2 == 1 and kernel_shape[1] % 2 == 1
+    return enabled() and strides == 1 and data_format == "channels_last" and odd
 
 
 def fused_bn_applies(data_format, synchronized, dtype="float32"):
@@ -101,17 +95,14 @@ def conv2d(x, kernel):
 
 def batch_norm_relu(x, gamma, beta, epsilon):
     """Training ``relu(batch_norm(x))`` of float32 NHWC `x` as `FusedBatchNormV3`, which
-    Grappler fuses with the ReLU (`_FusedBatchNormEx`).
-
-    Returns (y, mean, variance), the variance the biased one Keras' BN averages (the
-    kernel's Bessel-corrected one rescaled by (n - 1) / n).
-    """
+    Grappler fuses with the ReLU (`_FusedBatchNormEx`). Returns (y, mean, variance), the
+    variance the biased one Keras' BN averages (the kernel's Bessel-corrected one rescaled
+    by (n - 1) / n)."""
     empty = tf.zeros([0], x.dtype)
     # The raw op: `tf.compat.v1.nn.fused_batch_norm` would raise epsilon to 1.001e-5.
     y, mean, variance = tf.raw_ops.FusedBatchNormV3(
         x=x, scale=gamma, offset=beta, mean=empty, variance=empty, epsilon=epsilon,
-        exponential_avg_factor=1.0, data_format="NHWC", is_training=True,
-    )[:3]
+        exponential_avg_factor=1.0, data_format="NHWC", is_training=True)[:3]
     n = tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), variance.dtype)
     variance = tf.where(n > 1.0, variance * ((n - 1.0) / n), tf.zeros_like(variance))
     return tf.nn.relu(y), tf.stop_gradient(mean), tf.stop_gradient(variance)

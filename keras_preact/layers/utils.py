@@ -14,10 +14,8 @@ def normalize_data_format(data_format):
     if data_format is None:
         return keras.config.image_data_format()
     if data_format not in DATA_FORMATS:
-        raise ValueError(
-            f"`data_format` must be one of {DATA_FORMATS} or None. "
-            f"Received: data_format={data_format!r}"
-        )
+        raise ValueError(f"`data_format` must be one of {DATA_FORMATS} or None. "
+                         f"Received: data_format={data_format!r}")
     return data_format
 
 
@@ -54,16 +52,14 @@ def check_known_arguments(given, valid, *, where):
     for name in sorted(set(given) - set(valid)):
         close = difflib.get_close_matches(name, valid, n=1)
         hint = f" Did you mean `{close[0]}`?" if close else ""
-        raise ValueError(
-            f"Unknown argument `{name}` for {where}.{hint} Received: "
-            f"{name}={given[name]!r}. Valid: {', '.join(valid)}"
-        )
+        raise ValueError(f"Unknown argument `{name}` for {where}.{hint} Received: "
+                         f"{name}={given[name]!r}. Valid: {', '.join(valid)}")
 
 
 def warn_deprecated(old, new, where):
-    """Warns (DeprecationWarning) that `old` of `where` is now called `new`."""
+    """Warns that `old` of `where` is now `new` (a FutureWarning: users see it by default)."""
     warnings.warn(f"`{old}` of {where} is deprecated and will be removed in the next "
-                  f"release; use `{new}`.", DeprecationWarning, stacklevel=3)
+                  f"release; use `{new}`.", FutureWarning, stacklevel=3)
 
 
 def deprecated_alias(old, new, where):
@@ -84,21 +80,16 @@ def pop_deprecated(kwargs, old, new, where):
 
 
 def spatial_shape(shape, data_format):
-    if data_format == "channels_last":
-        return shape[1], shape[2]
-    return shape[2], shape[3]
+    return (shape[1], shape[2]) if data_format == "channels_last" else (shape[2], shape[3])
 
 
 def conv_macs(conv, input_shape, data_format):
     """Multiply-adds of a built `keras.layers.Conv2D` for one example of 4D `input_shape`."""
     height, width = spatial_shape(input_shape, data_format)
     if height is None or width is None:
-        raise ValueError(
-            "Multiply-adds need a fixed input size. "
-            f"Received: input_shape={tuple(input_shape)}"
-        )
-    sh, sw = conv.strides
-    kh, kw = conv.kernel_size
+        raise ValueError(f"Multiply-adds need a fixed input size. Received: input_shape="
+                         f"{tuple(input_shape)}")
+    (sh, sw), (kh, kw) = conv.strides, conv.kernel_size
     if conv.padding == "same":
         out_h, out_w = -(-height // sh), -(-width // sw)
     else:
@@ -107,5 +98,4 @@ def conv_macs(conv, input_shape, data_format):
         pad_w = (kw - 1) // 2 * 2 if sw > 1 else 0
         out_h = (height + pad_h - kh) // sh + 1
         out_w = (width + pad_w - kw) // sw + 1
-    in_channels = conv.kernel.shape[2]
-    return int(out_h * out_w * kh * kw * in_channels * conv.filters)
+    return int(out_h * out_w * kh * kw * conv.kernel.shape[2] * conv.filters)

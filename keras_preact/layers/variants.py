@@ -1,10 +1,8 @@
-"""The residual units compared in He et al. 2016 (arXiv:1603.05027), as data.
-
-Every unit is ``y = f(h(x) + F(x))``, differing in where BN and ReLU go (Section 4,
-Fig. 4, Table 2) or in the shortcut ``h`` (Section 3, Fig. 2, Table 1). The gating
-units' gate is ``g(x) = sigmoid(conv1x1(x) + b_g)``. Plain Python (no Keras), so
-configs can be checked before any layer is built.
-"""
+"""The residual units compared in He et al. 2016 (arXiv:1603.05027), as data. Every unit is
+``y = f(h(x) + F(x))``, differing in where BN and ReLU go (Section 4, Fig. 4, Table 2) or
+in the shortcut ``h`` (Section 3, Fig. 2, Table 1). The gating units' gate is ``g(x) =
+sigmoid(conv1x1(x) + b_g)``. Plain Python (no Keras), so configs can be checked before
+any layer is built."""
 
 import dataclasses
 import math
@@ -27,8 +25,7 @@ class Unit:
             "exclusive_gate" (``(1 - g) x + g F``), "shortcut_gate" (``(1 - g) x + F``),
             "conv" (a 1x1 conv in every unit) or "dropout".
         parameters: the unit's keyword parameters with the paper's values.
-        paper: CIFAR-10 test error (%) in the paper (Tables 1, 2; "fail" = above 20%).
-    """
+        paper: CIFAR-10 test error (%) in the paper (Tables 1, 2; "fail" = above 20%)."""
 
     figure: str
     preactivation: bool = False
@@ -72,8 +69,7 @@ UNITS = {
         "resnet110": "6.91 (b_g=-6); 12.86 (b_g=0)"}),
     "conv_shortcut": Unit("2e", shortcut="conv", paper={"resnet110": "12.22"}),
     "dropout_shortcut": Unit("2f", shortcut="dropout", parameters=(("dropout_rate", 0.5),),
-                             paper={"resnet110": "fail (rate 0.5)"}),
-}
+                             paper={"resnet110": "fail (rate 0.5)"})}
 #: Every unit name, the default first. KerasTuner can search over this list.
 UNIT_TYPES = tuple(UNITS)
 DEFAULT_UNIT = UNIT_TYPES[0]

@@ -1,9 +1,7 @@
-"""The CIFAR pre-activation ResNets of the paper, as thin factories.
-
-Basic units for depth 6n+2 (stage widths 16/32/64), bottleneck units for depth 9n+2
-(stage outputs 64/128/256, inner width out/4); a 3x3 stem of 16 filters; stride 2 in
-the first unit of stages 2 and 3 (paper Section 4 and Table 3 / 4).
-"""
+"""The paper's CIFAR pre-activation ResNets: basic units for depth 6n+2 (stage widths
+16/32/64), bottleneck units for depth 9n+2 (stage outputs 64/128/256, inner width out/4);
+a 3x3 stem of 16 filters; stride 2 in the first unit of stages 2 and 3 (Section 4, Tables
+3 / 4)."""
 
 from keras_preact.layers.blocks import BLOCK_TYPES
 from keras_preact.layers.utils import check_choice
@@ -18,26 +16,20 @@ CIFAR_MIN_INPUT_SIZE = 8
 
 
 def cifar_units_per_stage(depth, block="auto"):
-    """Returns (block, units per stage) of a CIFAR depth; ValueError if invalid.
-
-    "auto" means bottleneck when depth >= 164 and (depth - 2) is divisible by 9, basic
-    otherwise (so 110 and 1202 are basic; 164, 272, 542 and 1001 bottleneck).
-    """
+    """Returns (block, units per stage) of a CIFAR depth; ValueError if invalid. "auto"
+    means bottleneck when depth >= 164 and (depth - 2) is divisible by 9, basic otherwise
+    (so 110 and 1202 are basic; 164, 272, 542 and 1001 bottleneck)."""
     check_choice("block", block, CIFAR_BLOCKS)
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 8:
-        raise ValueError(
-            "`depth` must be an integer of the form 6n+2 (basic: 8, 14, 20, ...) or "
-            f"9n+2 (bottleneck: 11, 20, 29, ...), n >= 1. Received: depth={depth!r}"
-        )
+        raise ValueError("`depth` must be an integer of the form 6n+2 (basic: 8, 14, 20, ...) or "
+                         f"9n+2 (bottleneck: 11, 20, 29, ...), n >= 1. Received: depth={depth!r}")
     if block == "auto":
         block = "bottleneck" if depth >= 164 and (depth - 2) % 9 == 0 else "basic"
     per_unit = 6 if block == "basic" else 9
     if (depth - 2) % per_unit:
         form = "6n+2 (8, 14, 20, 32, 44, 56, 110, ...)" if block == "basic" else "9n+2 (11, 20, ..., 164, 272, 542, 1001)"
-        raise ValueError(
-            f"A {block} CIFAR network needs depth of the form {form}. "
-            f"Received: depth={depth}, block={block!r}"
-        )
+        raise ValueError(f"A {block} CIFAR network needs depth of the form {form}. "
+                         f"Received: depth={depth}, block={block!r}")
     return block, (depth - 2) // per_unit
 
 
@@ -49,19 +41,17 @@ def preact_resnet_cifar(depth, *, block="auto", include_top=True, weights=None,
     Args:
         depth: 6n+2 for basic units or 9n+2 for bottleneck units.
         block: "auto", "basic" or "bottleneck"; see `cifar_units_per_stage`.
-        weights: None (random He initialisation), a catalog tag ("cifar10",
-            "cifar100", "svhn", "DEFAULT" or "preact_resnet110.cifar10"), a
-            `.weights.h5` or `.keras` path, or a URL with its hash
-            ("https://host/f.weights.h5#sha256=<hex>"); see `weights.hooks`. Their
-            architecture arguments and preprocessing apply unless passed explicitly.
+        weights: None (random He initialisation), a catalog tag ("cifar10", "cifar100",
+            "svhn", "DEFAULT" or "preact_resnet110.cifar10"), a `.weights.h5` or `.keras`
+            path, or a URL with its hash ("https://host/f.weights.h5#sha256=<hex>"); see
+            `weights.hooks`. Their architecture and preprocessing apply unless passed.
         input_shape: default the weights' input size or (32, 32, 3); sizes >= 8.
         classes: default the weights' classes, or 10.
         **kwargs: any other `PreActResNet` argument.
 
     Returns a `PreActResNet`; raises ValueError for an invalid argument before any
-    layer is built.
+    layer is built:
 
-    Example:
         >>> model = preact_resnet_cifar(56, classes=100)
     """
     block, units = cifar_units_per_stage(depth, block)
@@ -74,8 +64,7 @@ def preact_resnet_cifar(depth, *, block="auto", include_top=True, weights=None,
         default_input_shape=default_input_shape(32, input_shape, input_tensor, kwargs),
         pooling=pooling, classes=classes, default_classes=weights_hooks.DEFAULT_CLASSES,
         classifier_activation=classifier_activation, name=name or f"preact_resnet{depth}",
-        kwargs=kwargs,
-    )
+        kwargs=kwargs)
 
 
 def _register(depth, block):

@@ -9,19 +9,15 @@ from keras_preact import private_api
 
 def count_macs(model):
     """Multiply-adds of one forward pass for one image of a functional model with a
-    fixed input size (nested functional models included; ValueError otherwise).
+    fixed input size (nested functional models included; ValueError otherwise). Convolutions
+    and dense layers are counted (BN, ReLU, pooling and additions are not), the convention of
+    the paper and of pytorchcv's model table:
 
-    Convolutions and dense layers are counted (BN, ReLU, pooling and additions are
-    not), the convention of the paper and of pytorchcv's model table.
-
-    Example:
         >>> count_macs(keras_preact.preact_resnet110())  # about 253M
     """
     if not isinstance(model, keras.Model) or not private_api.is_functional(model):
-        raise ValueError(
-            "count_macs needs a functional Keras model (such as a PreActResNet). "
-            f"Received: model={type(model).__name__}"
-        )
+        raise ValueError("count_macs needs a functional Keras model (such as a PreActResNet). "
+                         f"Received: model={type(model).__name__}")
     total = 0
     for layer in model.layers:
         if isinstance(layer, keras.layers.InputLayer):
@@ -33,7 +29,6 @@ def count_macs(model):
             total += count_macs(layer)
         elif isinstance(layer, keras.layers.Conv2D):
             from keras_preact.layers.utils import conv_macs
-
             total += conv_macs(layer, shape, layer.data_format)
         elif isinstance(layer, keras.layers.Dense):
             total += int(layer.kernel.shape[0] * layer.kernel.shape[1])
@@ -43,10 +38,8 @@ def count_macs(model):
 def _input_shape(layer):
     shape = tuple(layer.input.shape)
     if any(d is None for d in shape[1:]):
-        raise ValueError(
-            "count_macs needs a fixed input size; build the model with e.g. "
-            f"input_shape=(32, 32, 3). Layer {layer.name!r} has input shape {shape}"
-        )
+        raise ValueError("count_macs needs a fixed input size; build the model with e.g. "
+                         f"input_shape=(32, 32, 3). Layer {layer.name!r} has input shape {shape}")
     return shape
 
 

@@ -20,10 +20,8 @@ def default_input_shape(size, input_shape, input_tensor, kwargs):
 def check_reserved(kwargs, reserved):
     for name in reserved:
         if name in kwargs:
-            raise ValueError(
-                f"`{name}` is set by the depth; use PreActResNet directly to change it. "
-                f"Received: {name}={kwargs[name]!r}"
-            )
+            raise ValueError(f"`{name}` is set by the depth; use PreActResNet directly to "
+                             f"change it. Received: {name}={kwargs[name]!r}")
 
 
 def build_with_weights(model_name, architecture, *, weights, include_top, input_tensor,
@@ -31,11 +29,9 @@ def build_with_weights(model_name, architecture, *, weights, include_top, input_
                        classifier_activation, name, kwargs, defaults=None):
     """Builds a registered model's `PreActResNet` and loads its `weights`, validated
     (and fetched) before any layer is built; they may set architecture arguments, the
-    preprocessing and the input size (`weights.hooks`).
-
-    `architecture` holds the arguments the model's name fixes; `defaults` the family's,
-    which the weights' recorded architecture and the caller's `kwargs` override.
-    """
+    preprocessing and the input size (`weights.hooks`). `architecture` holds the
+    arguments the model's name fixes; `defaults` the family's, which the weights'
+    recorded architecture and the caller's `kwargs` override."""
     kwargs = rename_deprecated(kwargs, model_name)
     check_known_arguments(kwargs, MODEL_ARGUMENTS, where=model_name)
     if weights is None and classes is None:

@@ -1,16 +1,13 @@
-"""The ImageNet pre-activation ResNets (paper Section 5, Table 5) as thin factories.
-
-The paper's layout, as in its Torch code and the imgclsmob/pytorchcv models: a 7x7
-stride-2 stem conv of 64 filters, BN, ReLU and a 3x3 stride-2 max pool; four stages of
-widths 64/128/256/512 (basic) or 256/512/1024/2048 (bottleneck); stride 2 in the first
-unit of stages 2-4; BN-ReLU, global average pooling and a 1000-way dense head.
-
+"""The ImageNet pre-activation ResNets (paper Section 5, Table 5), laid out as its Torch
+code and the imgclsmob/pytorchcv models: a 7x7 stride-2 stem conv of 64 filters, BN, ReLU
+and a 3x3 stride-2 max pool; four stages of widths 64/128/256/512 (basic) or
+256/512/1024/2048 (bottleneck); stride 2 in the first unit of stages 2-4; BN-ReLU, global
+average pooling and a 1000-way dense head.
 - ``bottleneck_stride="first"``, as the official code and pytorchcv's
   ``preresnet50/101/152`` (their ``...b`` models and ``preresnet200b``: "middle").
 - ``first_shared_preact=False``: the first unit of stage 1 keeps an identity
   shortcut on the stem's activated output unless it projects (the layout of the
-  published pytorchcv weights).
-"""
+  published pytorchcv weights)."""
 
 from keras_preact.models.factory import (
     build_with_weights, check_reserved, default_input_shape, register_factory)
@@ -18,13 +15,9 @@ from keras_preact.models.preact_resnet import POOLED_STEMS
 
 #: depth -> (block, units per stage)
 IMAGENET_DEPTHS = {
-    18: ("basic", (2, 2, 2, 2)),
-    34: ("basic", (3, 4, 6, 3)),
-    50: ("bottleneck", (3, 4, 6, 3)),
-    101: ("bottleneck", (3, 4, 23, 3)),
-    152: ("bottleneck", (3, 8, 36, 3)),
-    200: ("bottleneck", (3, 24, 36, 3)),
-}
+    18: ("basic", (2, 2, 2, 2)), 34: ("basic", (3, 4, 6, 3)), 50: ("bottleneck", (3, 4, 6, 3)),
+    101: ("bottleneck", (3, 4, 23, 3)), 152: ("bottleneck", (3, 8, 36, 3)),
+    200: ("bottleneck", (3, 24, 36, 3))}
 IMAGENET_WIDTHS = {"basic": (64, 128, 256, 512), "bottleneck": (256, 512, 1024, 2048)}
 #: Minimum input height and width (total stride 32).
 IMAGENET_MIN_INPUT_SIZE = 32
@@ -38,9 +31,8 @@ def preact_resnet_imagenet(depth, *, include_top=True, weights=None, input_tenso
     Arguments as in `preact_resnet_cifar` (default input (224, 224, 3), at least 32;
     classes: the weights' or 1000). Of the layout, `stage_strides`, `stem`
     ("imagenet" or "imagenet_preact"), `stride_position`, `strided_shortcut` and
-    `conv_bias` may change; the stages, widths and stem conv are the depth's.
+    `conv_bias` may change; the stages, widths and stem conv are the depth's:
 
-    Example:
         >>> features = preact_resnet_imagenet(50, include_top=False, pooling="avg")
     """
     if isinstance(depth, bool) or depth not in IMAGENET_DEPTHS:
@@ -62,8 +54,7 @@ def preact_resnet_imagenet(depth, *, include_top=True, weights=None, input_tenso
         default_input_shape=default_input_shape(224, input_shape, input_tensor, kwargs),
         pooling=pooling, classes=classes, default_classes=1000,
         classifier_activation=classifier_activation, name=name or f"preact_resnet{depth}",
-        kwargs=kwargs,
-    )
+        kwargs=kwargs)
 
 
 def _register(depth):

@@ -15,7 +15,7 @@ from keras_preact.layers.blocks import (
 from keras_preact.layers.preprocessing import ImageNormalization, resolve_preprocessing
 from keras_preact.layers.remat import check_remat, model_pruning_off
 from keras_preact.layers.utils import (
-    check_bool, check_choice, check_known_arguments, deprecated_alias, is_int,
+    check_bool, check_choice, check_known_arguments, is_int,
     normalize_data_format, pop_deprecated)
 
 #: Stems: "cifar", a single conv (the paper's CIFAR nets); "imagenet", conv, BN, ReLU
@@ -24,12 +24,12 @@ from keras_preact.layers.utils import (
 STEMS = ("cifar", "imagenet", "imagenet_preact")
 POOLED_STEMS = ("imagenet", "imagenet_preact")
 POOLINGS = (None, "avg", "max")
-#: Deprecated argument names -> their names now (accepted, with a warning, for one release).
+#: Deprecated argument names -> their names now (accepted with a warning for one release).
 RENAMED_ARGUMENTS = {"first_unit_shared_preact": "first_shared_preact"}
 
 
 def rename_deprecated(kwargs, where):
-    """`kwargs` with the names of `RENAMED_ARGUMENTS` replaced (a DeprecationWarning each)."""
+    """`kwargs` with the names of `RENAMED_ARGUMENTS` replaced (a FutureWarning each)."""
     kwargs = dict(kwargs)
     for old, new in RENAMED_ARGUMENTS.items():
         if old in kwargs:
@@ -61,11 +61,9 @@ def _check_head(include_top, pooling, classes, classifier_activation):
         try:
             keras.activations.get(classifier_activation)
         except (ValueError, TypeError):
-            raise ValueError(
-                f"Unknown `classifier_activation`. Received: classifier_activation="
-                f"{classifier_activation!r}. Valid: None, 'softmax', 'sigmoid', 'linear' or "
-                "any keras.activations name"
-            ) from None
+            raise ValueError(f"Unknown `classifier_activation`. Received: classifier_activation="
+                             f"{classifier_activation!r}. Valid: None, 'softmax', 'sigmoid', "
+                             "'linear' or any keras.activations name") from None
 
 
 def _check_input_shape(input_shape, data_format, total_stride):
@@ -79,8 +77,7 @@ def _check_input_shape(input_shape, data_format, total_stride):
     if len(input_shape) != 3:
         raise ValueError(
             "`input_shape` must have 3 dimensions (height, width, channels) for channels_last "
-            f"or (channels, height, width) for channels_first. Received: input_shape={input_shape}"
-        )
+            f"or (channels, height, width) for channels_first. Received: input_shape={input_shape}")
     last = data_format == "channels_last"
     channels, sizes = (input_shape[2], input_shape[:2]) if last else (input_shape[0], input_shape[1:])
     where = f"Received: input_shape={input_shape} (data_format={data_format!r})"
@@ -89,8 +86,7 @@ def _check_input_shape(input_shape, data_format, total_stride):
     if any(size is not None and size < 2 * total_stride for size in sizes):
         raise ValueError(
             f"`input_shape` is too small: this network downsamples by {total_stride}, so "
-            f"height and width must be at least {2 * total_stride}. {where}"
-        )
+            f"height and width must be at least {2 * total_stride}. {where}")
     return input_shape
 
 
@@ -104,8 +100,7 @@ def validate_config(*, block, stage_blocks, stage_filters, stage_strides, stem_f
     """Checks every `PreActResNet` argument before any layer is built (ValueError).
 
     Returns a dict: "stage_blocks", "stage_filters", "stage_strides" (tuples),
-    "data_format" and the full "input_shape" (None for a free height or width).
-    """
+    "data_format" and the full "input_shape" (None for a free height or width)."""
     check_choice("block", block, BLOCK_TYPES)
     check_unit_arguments(
         strides=1, bottleneck_stride=bottleneck_stride, bn_momentum=bn_momentum,
@@ -126,8 +121,7 @@ def validate_config(*, block, stage_blocks, stage_filters, stage_strides, stem_f
     if block == "bottleneck" and any(f % bottleneck_expansion for f in stages["stage_filters"]):
         raise ValueError(
             "Bottleneck stage widths must be divisible by `bottleneck_expansion`. Received: "
-            f"stage_filters={stages['stage_filters']}, bottleneck_expansion={bottleneck_expansion}"
-        )
+            f"stage_filters={stages['stage_filters']}, bottleneck_expansion={bottleneck_expansion}")
     _check_head(include_top, pooling, classes, classifier_activation)
     data_format = normalize_data_format(data_format)
     check_choice("stem", stem, STEMS)
@@ -140,19 +134,17 @@ def validate_config(*, block, stage_blocks, stage_filters, stage_strides, stem_f
 
 
 def _stem(x, a, preprocessing):
-    """Layer creation order is frozen (weights files match by it)."""
+    # Layer creation order is frozen (weights files match by it).
     if preprocessing is not None:
         scale, mean, std = preprocessing
         x = ImageNormalization(scale=scale, mean=mean, std=std, data_format=a.data_format,
                                dtype=a.dtype, name="preprocessing")(x)
     padding = "same"
     if a.stem in POOLED_STEMS and a.stem_strides > 1:
-        # Torch pads (k - 1) // 2 on every side; Keras' "same" pads only bottom/right
-        # of an even input, which would shift the grid of converted weights.
+        # Torch pads (k - 1) // 2 on every side; Keras' "same" would shift the grid.
         x = keras.layers.ZeroPadding2D((a.stem_kernel_size - 1) // 2, data_format=a.data_format,
                                        dtype=a.dtype, name="stem_pad")(x)
         padding = "valid"
-    # conv_bias: a bias where no BN follows the stem conv.
     x = keras.layers.Conv2D(a.stem_filters, a.stem_kernel_size, strides=a.stem_strides,
                             padding=padding, use_bias=a.conv_bias and a.stem != "imagenet",
                             kernel_initializer=a.kernel_initializer, data_format=a.data_format,
@@ -162,8 +154,7 @@ def _stem(x, a, preprocessing):
         x = _bn(a, "stem_bn")(x)
         x = keras.layers.Activation("relu", dtype=a.dtype, name="stem_relu")(x)
     if a.stem in POOLED_STEMS:
-        # After a ReLU zero padding acts as Torch's -inf padding for the max;
-        # "imagenet_preact" has no ReLU there, as keras.applications ResNetV2.
+        # After a ReLU zero padding is Torch's -inf one ("imagenet_preact": no ReLU, as ResNetV2).
         x = keras.layers.ZeroPadding2D(1, data_format=a.data_format, dtype=a.dtype,
                                        name="stem_pool_pad")(x)
         x = keras.layers.MaxPooling2D(3, strides=2, data_format=a.data_format, dtype=a.dtype,
@@ -179,8 +170,7 @@ def _bn(a, name):
 
 
 def _stages(x, a):
-    """The stages; the first unit shares its pre-activation with its shortcut (the
-    paper's first-unit rule) unless `first_shared_preact=False`."""
+    # The first unit shares its pre-activation with its shortcut unless first_shared_preact=False.
     preact = variants.get_unit(a.unit).preactivation
     kwargs = dict(kernel_initializer=a.kernel_initializer, bn_momentum=a.bn_momentum,
                   bn_epsilon=a.bn_epsilon, synchronized=a.synchronized_bn,
@@ -233,46 +223,38 @@ def _zero_last_convs(model):
 
 @keras.saving.register_keras_serializable(package="keras_preact")
 class PreActResNet(keras.Model):
-    """A pre-activation ResNet (He et al. 2016), driven entirely by its arguments.
-
-    stem -> stages of residual units -> the last unit's BN-ReLU -> pooling -> dense
-    head. The first unit applies its BN-ReLU before the split (its shortcut sees the
-    activated stem output) and nothing follows any addition (paper Section 4 and its
-    official code).
+    """A pre-activation ResNet (He et al. 2016): stem -> stages of residual units -> the
+    last unit's BN-ReLU -> pooling -> dense head. The first unit applies its BN-ReLU
+    before the split (its shortcut sees the activated stem output) and nothing follows
+    any addition (paper Section 4 and its official code).
 
     Args:
         stage_blocks, stage_filters, stage_strides: units, output width and stride of
             each stage, e.g. (18, 18, 18), (16, 32, 64), (1, 2, 2) for ResNet-110.
-        stem: see `STEMS`; use "imagenet" with ``stem_kernel_size=7, stem_strides=2,
-            stem_filters=64``.
+        stem: see `STEMS` ("imagenet" with ``stem_kernel_size=7, stem_strides=2, stem_filters=64``).
         bottleneck_stride: see `BOTTLENECK_STRIDES`.
-        first_shared_preact: the first unit shares its BN-ReLU with an identity
-            shortcut too (the paper's code; not pytorchcv's basic CIFAR nets).
-            ``first_unit_shared_preact`` is a deprecated alias.
+        first_shared_preact: the first unit shares its BN-ReLU with an identity shortcut too
+            (the paper's code; not pytorchcv's basic CIFAR nets); deprecated alias
+            ``first_unit_shared_preact``.
         pooling: None, "avg" or "max". Without the top, None returns the 4D features;
             with it, "max" replaces the global average pooling.
         classifier_activation: None returns logits.
-        preprocessing: None, a name of `layers.preprocessing.PRESETS` or a dict with
-            "mean", "std" and optional "scale": the model then takes [0, 255] pixels.
-        input_shape: default (None, None, 3) (channels first for channels_first);
-            sizes at least twice the total stride.
+        preprocessing: None, a name of `layers.preprocessing.PRESETS` or a dict with "mean",
+            "std" and optional "scale": the model then takes [0, 255] pixels.
+        input_shape: default (None, None, 3) (or channels first); sizes >= 2x total stride.
         input_tensor: optional Keras input tensor (not serialised).
-        zero_init_last: start every residual branch's last conv at zero (timm's
-            `zero_init_last`): an untrained ResNet-1001 otherwise overflows to NaN in
-            inference.
+        zero_init_last: start every residual branch's last conv at zero (timm's): an
+            untrained ResNet-1001 otherwise overflows to NaN in inference.
         bn_momentum, bn_epsilon: Torch's defaults 0.9 (Keras' convention), 1e-5.
         synchronized_bn: cross-replica BN statistics under `tf.distribute`.
-        unit: a name of `UNIT_TYPES` (`layers.variants`). Units that end in a ReLU get
-            a conv-BN-ReLU stem and nothing after the last unit (He et al. 2015).
-        shortcut_scale, residual_scale, gate_bias, dropout_rate: the unit's
-            parameters (None: the paper's; see `resolve_unit_options`).
-        stride_position: "first" or "last" (keras.applications ResNet50V2: the stride
-            on each stage's last unit, "unit_last").
+        unit: a name of `UNIT_TYPES` (`layers.variants`). Units that end in a ReLU get a
+            conv-BN-ReLU stem and nothing after the last unit (He et al. 2015).
+        shortcut_scale, residual_scale, gate_bias, dropout_rate: None: the paper's values.
+        stride_position: "first" or "last" (ResNet50V2: the stride on "unit_last").
         strided_shortcut: see `STRIDED_SHORTCUTS`.
-        conv_bias: biases on the convs no BN follows (each unit's last conv and
-            projection, the stem conv without a stem BN); "full_preact" only.
-        remat: rematerialisation of the stacked units in training (`layers.remat`):
-            same results for about one extra forward pass a step.
+        conv_bias: biases on the convs no BN follows (each unit's last conv and projection,
+            the stem conv without a stem BN); "full_preact" only.
+        remat: rematerialisation in training (`layers.remat`): same results, ~1 extra forward.
         dtype: dtype policy; the final activation computes in float32 at least.
         **kwargs: `trainable`; any other name raises ValueError.
 
@@ -313,8 +295,6 @@ class PreActResNet(keras.Model):
         for key in _ATTRIBUTES:
             setattr(self, key, args[key])
 
-    first_unit_shared_preact = deprecated_alias(
-        "first_unit_shared_preact", "first_shared_preact", "PreActResNet")
 
     @property
     def depth(self):
@@ -340,8 +320,7 @@ class PreActResNet(keras.Model):
         return contextlib.nullcontext()
 
     def fit(self, *args, **kwargs):
-        # Around the whole call: switching the option costs at every switch (ResNet-164
-        # remat, batch 32: 1.5x the step time when switched around each step).
+        # Around the whole call: switched each step, ResNet-164 remat steps take 1.5x.
         with self._pruning_off():
             return super().fit(*args, **kwargs)
 
@@ -366,7 +345,6 @@ class PreActResNet(keras.Model):
         super().save_weights(filepath, overwrite=overwrite, max_shard_size=max_shard_size)
         if str(filepath).endswith(".weights.h5") and os.path.isfile(filepath):
             from keras_preact.weights.local import record_model
-
             record_model(self, filepath)
 
     @classmethod

@@ -32,15 +32,13 @@ def list_models(pattern=None, family=None):
 def model_info(name):
     """Returns {"name", "depth", "block", "family"} of a registered model."""
     _check_name(name)
-    info = _REGISTRY[name]
-    return {"name": name, "depth": info["depth"], "block": info["block"], "family": info["family"]}
+    return {"name": name, **{k: _REGISTRY[name][k] for k in ("depth", "block", "family")}}
 
 
 def get_model(name, **kwargs):
     """Builds a registered model by name, `kwargs` forwarded to its factory; ValueError
-    listing the valid names for an unknown one.
+    listing the valid names for an unknown one:
 
-    Example:
         >>> model = keras_preact.get_model("preact_resnet20", classes=100)
     """
     _check_name(name)
@@ -49,6 +47,4 @@ def get_model(name, **kwargs):
 
 def _check_name(name):
     if name not in _REGISTRY:
-        raise ValueError(
-            f"Unknown model name. Received: name={name!r}. Valid: {list_models()}"
-        )
+        raise ValueError(f"Unknown model name. Received: name={name!r}. Valid: {list_models()}")

@@ -93,7 +93,6 @@ class TrainConfig:
         ValueError names the field, the value received and what is valid."""
         import keras_preact
         from keras_preact import data
-
         models = keras_preact.list_models()
         if "architecture" not in self.model_kwargs and self.model not in models:
             raise ValueError(f"Unknown model. Received: model={self.model!r}. Valid: {models}")
@@ -121,7 +120,6 @@ class TrainConfig:
                 raise ValueError("`weights` must be None, a catalog tag, a .weights.h5 / .keras "
                                  f"path or a URL with its hash. Received: weights={self.weights!r}")
             from keras_preact.weights import catalog
-
             if catalog.looks_like_tag(self.weights):
                 catalog.resolve_tag(self.model, self.weights)
             elif not (self.weights.startswith(catalog.URL_SCHEMES)
@@ -181,10 +179,8 @@ class TrainConfig:
         Returns:
             dict: ``total_steps``, ``warmup_steps``, ``boundaries`` (steps), ``values`` (rates
             after the warm-up, one per phase), ``warmup_learning_rate``, ``epochs`` (the last
-            may be cut short at ``total_steps``) and ``steps_per_epoch``.
-        """
+            may be cut short at ``total_steps``) and ``steps_per_epoch``."""
         from keras_preact.layers.utils import check_positive_int
-
         check_positive_int("steps_per_epoch", steps_per_epoch)
         per_step = (self.base_batch_size / self.batch_size  # steps per schedule unit
                     if self.schedule_unit == "iterations" else float(steps_per_epoch))
@@ -216,7 +212,6 @@ class TrainConfig:
     def make_schedule(self, steps_per_epoch):
         """The `WarmupPiecewiseConstant` for `resolve_schedule(steps_per_epoch)`."""
         from keras_preact.training.schedules import WarmupPiecewiseConstant
-
         s = self.resolve_schedule(steps_per_epoch)
         warmup_lr = s["warmup_learning_rate"] if s["warmup_steps"] else None
         return WarmupPiecewiseConstant(s["boundaries"], s["values"], warmup_steps=s["warmup_steps"],
@@ -258,8 +253,7 @@ _CHECKS = (
     ("total", lambda v: float(v) > 0, "> 0"),
     ("warmup", lambda v: float(v) >= 0, ">= 0"),
     ("eval_every seed", lambda v: _is_int(v) and v >= 0, "an int >= 0"),
-    ("verbose", lambda v: v in ("auto", 0, 1, 2), "'auto', 0, 1 or 2"),
-)
+    ("verbose", lambda v: v in ("auto", 0, 1, 2), "'auto', 0, 1 or 2"))
 #: Fields of `_CHECKS` that may be None.
 _OPTIONAL = ("epochs", "steps", "cpu_devices", "intra_op_threads", "inter_op_threads")
 

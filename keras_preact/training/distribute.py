@@ -42,10 +42,8 @@ def configure_runtime(*, cpu_devices=None, intra_op_threads=None, inter_op_threa
         cpu_devices: split the first CPU into that many logical devices (replicas); ValueError
             if TensorFlow already initialised another number.
         intra_op_threads, inter_op_threads: thread pool sizes (too late: a warning).
-        deterministic: enable TensorFlow's op determinism.
-    """
+        deterministic: enable TensorFlow's op determinism."""
     import tensorflow as tf
-
     if cpu_devices:
         wanted = [tf.config.LogicalDeviceConfiguration() for _ in range(int(cpu_devices))]
         try:
@@ -75,7 +73,6 @@ def make_strategy(name):
     GPU, else every logical CPU), "tpu" or "multiworker" (``TF_CONFIG``'s workers: train with
     `train_multiworker`). ValueError for an unknown name or "tpu" without a TPU."""
     import tensorflow as tf
-
     check_choice("strategy", name, STRATEGIES)
     if name == "default":
         return tf.distribute.get_strategy()
@@ -273,7 +270,6 @@ def make_multiworker_strategy(cluster, *, connect_timeout=None, collective_timeo
     `collective_timeout` s (defaults: `resolve_timeouts`). ValueError if a worker cannot be
     reached in time, or this process already joined another cluster."""
     import tensorflow as tf
-
     connect_timeout, collective_timeout = resolve_timeouts(connect_timeout, collective_timeout)
     key = json.dumps(cluster.raw, sort_keys=True)
     if _STRATEGY:

@@ -104,9 +104,7 @@ def train_data_parallel(config, *, devices=None):
             ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` makes N), an int n
             (the first n), or a list of device names such as ``["cpu:0", "cpu:1"]``.
 
-    Raises:
-        ValueError: for an invalid config, a backend other than JAX, unknown devices or a
-            global batch the devices cannot split.
-    """
+    Raises ValueError for an invalid config, a backend other than JAX, unknown devices or a
+    global batch the devices cannot split."""
     run = Run(config, None, DataParallelStepper(devices))
     return {**run.train(), "model": getattr(run, "model", None)}

@@ -235,8 +235,7 @@ def train_multiworker(config, workdir, *, connect_timeout=None, collective_timeo
             unsupported config, an unreachable worker, workers with different configs or a
             foreign workdir.
         ClusterError: if another worker fails or stops responding during training.
-        RuntimeError: if the workers' final weights differ (a bug).
-    """
+        RuntimeError: if the workers' final weights differ (a bug)."""
     config = as_config(config)
     for name, bad, why in (
         ("strategy", config.strategy != "multiworker", "it needs strategy='multiworker'"),
@@ -244,8 +243,7 @@ def train_multiworker(config, workdir, *, connect_timeout=None, collective_timeo
          "which the multi-worker loop does not implement; use 'fp32' or 'mixed_bfloat16'"),
         ("jit_compile", config.jit_compile, "XLA is off under tf.distribute in Keras"),
         ("cpu_devices", config.cpu_devices, "it is for strategy='mirrored' on one host; "
-         "each worker uses its own devices"),
-    ):
+         "each worker uses its own devices")):
         if bad:
             raise ValueError(f"Unsupported {name} with the multi-worker loop: {why}. "
                              f"Received: {name}={getattr(config, name)!r}")

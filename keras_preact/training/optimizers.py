@@ -36,8 +36,7 @@ class CoupledSGD(keras.optimizers.SGD):
     Args:
         learning_rate, momentum, nesterov, **kwargs: as `keras.optimizers.SGD`.
         l2: the coupled decay ``wd`` (>= 0).
-        decay_variables: "all" (every trainable variable) or "kernels" (`decays_variable`).
-    """
+        decay_variables: "all" (every trainable variable) or "kernels" (`decays_variable`)."""
 
     def __init__(self, learning_rate=0.1, momentum=0.9, nesterov=False, l2=1e-4,
                  decay_variables="all", name="coupled_sgd", **kwargs):

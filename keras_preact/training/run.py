@@ -197,8 +197,7 @@ class Run:
             dict: ``test_accuracy``, ``test_loss``, ``history`` (per-epoch dicts), ``epochs``,
             ``steps``, ``resumed_from_epoch`` (0 for a fresh start, None when the run was
             already complete), ``train_time_s``, ``num_replicas``, ``model_path`` and
-            ``workdir`` (None where this process writes no files), plus `Stepper.labels`.
-        """
+            ``workdir`` (None where this process writes no files), plus `Stepper.labels`."""
         self.owns_files = self.workdir is not None and self.stepper.is_chief
         with self.workdir.lock() if self.owns_files else contextlib.nullcontext():
             return self._train()

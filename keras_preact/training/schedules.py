@@ -16,8 +16,7 @@ class WarmupPiecewiseConstant(keras.optimizers.schedules.LearningRateSchedule):
         values: the rates, one more than `boundaries` (>= 0).
         warmup_steps: at most the first boundary.
         warmup_learning_rate: the warm-up rate (ignored when `warmup_steps` is 0).
-        name: the schedule's name.
-    """
+        name: the schedule's name."""
 
     def __init__(self, boundaries, values, *, warmup_steps=0, warmup_learning_rate=None,
                  name="WarmupPiecewiseConstant"):

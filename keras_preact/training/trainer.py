@@ -71,12 +71,10 @@ def train_and_evaluate(config, workdir):
     Raises:
         ValueError: before anything is written, for an invalid config, missing or corrupt
             data, a workdir holding another run or a batch the replicas cannot split.
-        WorkdirInUseError: if another process is training in `workdir`.
-    """
+        WorkdirInUseError: if another process is training in `workdir`."""
     config = as_config(config)
     if config.strategy == "multiworker":
         from keras_preact.training.multiworker import train_multiworker
-
         return train_multiworker(config, workdir)
     return Run(config, workdir, FitStepper()).train()
 
@@ -115,10 +113,8 @@ def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=N
         batch_size, split, verbose: of the evaluation.
         model_kwargs: extra `get_model` arguments for a model name.
 
-    Raises:
-        ValueError: for a missing workdir or weights file, an unknown model or dataset, or
-            weights that do not fit the model.
-    """
+    Raises ValueError for a missing workdir or weights file, an unknown model or dataset, or
+    weights that do not fit the model."""
     if workdir is not None:
         net, config, source = load_workdir_model(workdir)
         dataset = dataset or config.dataset

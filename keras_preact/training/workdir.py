@@ -65,7 +65,6 @@ class Workdir:
         """Holds the workdir for this process (a second run fails: `WorkdirInUseError`); one
         created here is removed again if nothing else was written (the run refused its input)."""
         import filelock
-
         created = not os.path.isdir(self.path)
         os.makedirs(self.path, exist_ok=True)
         lock = filelock.FileLock(self.file(LOCK_FILE), timeout=0)
@@ -151,7 +150,6 @@ def plot_training_curve(history, *, title=""):
     """PNG bytes of loss and error per epoch (as the paper's Fig. 6), from `history`'s dicts
     ("epoch" and any of "loss", "accuracy", "val_loss", "val_accuracy"); no pyplot."""
     from matplotlib.figure import Figure
-
     fig = Figure(figsize=(9, 3.6), dpi=100)
     panels = (("loss", "loss", float), ("accuracy", "error (%)", lambda v: 100 * (1 - float(v))))
     for ax, (key, ylabel, to_y) in zip(fig.subplots(1, 2), panels):

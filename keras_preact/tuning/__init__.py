@@ -1,16 +1,14 @@
 """Depth sweeps with KerasTuner (`keras-preact tune`): which depth fits my data and budget?
-
-`PreActResNetHyperModel` is the search space, `Budget` caps a candidate's cost and `tune` runs
-a resumable study (``results.csv``, ``results.png``, the best model). KerasTuner loads on
-first use of these names (see examples/tune_depth.py)."""
+`PreActResNetHyperModel` is the search space, `Budget` caps a candidate's cost and `tune`
+runs a resumable study (``results.csv``, ``results.png``, the best model). KerasTuner loads
+on first use of these names (see examples/tune_depth.py)."""
 
 import importlib
 
 _LAZY = {
     "keras_preact.tuning.hypermodel": ("BUDGET_KINDS", "Budget", "DEFAULT_DEPTHS", "OBJECTIVE",
                                        "PreActResNetHyperModel", "search_space_spec"),
-    "keras_preact.tuning.study": ("TUNERS", "make_tuner", "plot_results", "retrain", "tune"),
-}
+    "keras_preact.tuning.study": ("TUNERS", "make_tuner", "plot_results", "retrain", "tune")}
 __all__ = sorted(name for names in _LAZY.values() for name in names)
 
 

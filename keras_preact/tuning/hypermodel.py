@@ -1,8 +1,6 @@
-"""`PreActResNetHyperModel`: a KerasTuner search over depth, block, unit, width and recipe.
-
-A `Budget` on parameters or multiply-adds (exact) removes candidates before the first trial;
-a trial over a step-time budget (measured) is not trained and scores 0.
-"""
+"""`PreActResNetHyperModel`: a KerasTuner search over depth, block, unit, width and recipe. A
+`Budget` on parameters or multiply-adds (exact) removes candidates before the first trial; a
+trial over a step-time budget (measured) is not trained and scores 0."""
 
 import contextlib
 import dataclasses
@@ -143,8 +141,7 @@ def search_space_spec(*, dataset="digits", depths=DEFAULT_DEPTHS, blocks=("auto"
         ("width_multipliers", width_multipliers, partial(_check_width, sorted(concrete))),
         ("learning_rates", learning_rates, partial(_check_number, "learning_rates", 0, True)),
         ("weight_decays", weight_decays, partial(_check_number, "weight_decays", 0, False)),
-        ("warmups", warmups, partial(_check_number, "warmups", 0, False)),
-    ):
+        ("warmups", warmups, partial(_check_number, "warmups", 0, False))):
         # Floats: a KerasTuner Choice holds one type, and 1 and 1.0 must be the same study.
         floats[name] = list(dict.fromkeys(map(float, _values(name, given, check))))
     check_int("epochs", epochs, minimum=1)
@@ -186,9 +183,7 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         budget: None, a `Budget` or ``{"kind": ..., "limit": ...}``.
         data_dir, data_source, data_path: see `keras_preact.data.make_dataset`.
 
-    Raises:
-        ValueError: for an invalid search space or a budget no candidate fits.
-    """
+    Raises ValueError for an invalid search space or a budget no candidate fits."""
 
     def __init__(self, name="preact_resnet_hypermodel", tunable=True, **space):
         super().__init__(name=name, tunable=tunable)
@@ -227,10 +222,9 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
             (fits if self.cost(arch)[kind] <= limit else self.over_budget).append(arch)
         if not fits:
             cheapest = min(self.over_budget, key=lambda a: self.cost(a)[kind])
-            raise ValueError(
-                f"No candidate fits the budget: the cheapest, {_label(cheapest)}, has "
-                f"{self.cost(cheapest)[kind]:,} {_COST_NAMES[kind]}. "
-                f"Received: budget {kind} <= {limit:,}")
+            raise ValueError(f"No candidate fits the budget: the cheapest, {_label(cheapest)}, has "
+                             f"{self.cost(cheapest)[kind]:,} {_COST_NAMES[kind]}. "
+                             f"Received: budget {kind} <= {limit:,}")
         self.depths = [d for d in self.depths if any(a["depth"] == d for a in fits)]
         self.width_multipliers = [
             w for w in self.width_multipliers if any(a["width"] == w for a in fits)]
@@ -274,8 +268,7 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         return keras_preact.PreActResNet(  # the layout of `preact_resnet_cifar`, wider
             block=block, stage_blocks=(n,) * 3, stage_strides=(1, 2, 2),
             stage_filters=tuple(int(round(f * arch["width"])) for f in CIFAR_WIDTHS[block]),
-            name=f"{name}_w{arch['width']:g}".replace(".", "_"), **common,
-        )
+            name=f"{name}_w{arch['width']:g}".replace(".", "_"), **common)
 
     def cost(self, arch):
         """``{"params": int, "macs": int}`` of an architecture (cached)."""
@@ -350,8 +343,7 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         epochs = int(epochs or self.epochs)
         cost = dict(self.cost(arch))
         if self.budget is not None:
-            # Params / macs are over only through a combination of width / unit values
-            # that each fit on their own.
+            # Params / macs: over only by a width / unit combination whose values each fit.
             seconds = self.measure_step_time(arch) if self.budget.kind == "step_time" else 0.0
             if {**cost, "step_time": seconds}[self.budget.kind] > self.budget.limit:
                 logger.info("%s is over the %s budget: not trained.", _label(arch),

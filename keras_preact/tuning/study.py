@@ -1,8 +1,7 @@
 """A resumable tuning study in a workdir: ``study.json`` (space, tuner, budget; a re-run
 must match it), ``search/`` (KerasTuner's project), ``results.csv``, ``results.png`` and
 ``best/`` (``model.keras``, ``saved_model/1``, ``best.json``). Distributed search is
-KerasTuner's chief / worker mode (``KERASTUNER_*`` variables, a shared workdir).
-"""
+KerasTuner's chief / worker mode (``KERASTUNER_*`` variables, a shared workdir)."""
 
 import csv
 import io
@@ -57,8 +56,7 @@ def make_tuner(hypermodel, tuner="random", *, directory, project_name=PROJECT, m
         overwrite: start the project again (default False: continue it).
         distribution_strategy: None, a `tf.distribute.Strategy` (one worker, several
             devices) or a name of `keras_preact.training.STRATEGIES`.
-        seed: the oracle's seed.
-    """
+        seed: the oracle's seed."""
     _check_tuner(tuner, max_trials)
     if isinstance(distribution_strategy, str):
         distribution_strategy = make_strategy(distribution_strategy)
@@ -126,10 +124,8 @@ def tune(workdir, *, tuner="random", max_trials=10, overwrite=False, export=True
         dict: ``rows``, ``best`` (a row or None), ``csv``, ``png``, ``best_model``,
         ``saved_model`` (paths or None), ``role`` and ``workdir``.
 
-    Raises:
-        ValueError: for an invalid space, a budget no candidate fits or a workdir holding
-            another study, before anything is written.
-    """
+    Raises ValueError for an invalid space, a budget no candidate fits or a workdir holding
+    another study, before anything is written."""
     if not isinstance(workdir, (str, os.PathLike)) or not os.fspath(workdir):
         raise ValueError(f"`workdir` must be a folder path. Received: workdir={workdir!r}")
     workdir = os.path.abspath(os.fspath(workdir))
@@ -178,7 +174,6 @@ def serve_chief(kt_tuner, *, verbose=1, poll_s=0.5):
     import grpc
     from keras_tuner.src import protos
     from keras_tuner.src.distribute import oracle_chief
-
     kt_tuner.oracle.verbose = verbose
     kt_tuner.save()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
@@ -282,7 +277,6 @@ def plot_results(rows, *, budget=None, title=""):
     """Validation accuracy vs depth and vs multiply-adds, as PNG bytes (Agg canvas)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-
     fig = Figure(figsize=(10, 4), dpi=100)
     FigureCanvasAgg(fig)
     done = [r for r in rows if r["val_accuracy"] is not None and r["within_budget"] == 1]

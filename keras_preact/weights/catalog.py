@@ -131,8 +131,7 @@ _CHECKS = {
     "converter_max_abs_diff": (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool),
                                "a number or null"),
     "notes": (lambda v: isinstance(v, dict) and all(isinstance(n, str) for n in v.values()),
-              "a dict of strings"),
-}
+              "a dict of strings")}
 _NULLABLE = {f.name for f in dataclasses.fields(WeightsEntry) if f.default is None}
 
 
@@ -166,8 +165,7 @@ def validate_entry(entry, *, key=None, strict=True, manifest=None, manifest_sour
         **fields, "manifest": manifest, "manifest_source": manifest_source,
         "metrics": Metrics(**fields.get("metrics", {})),
         "class_names": _class_list(fields["class_names"]) if fields.get("class_names") else None,
-        "input_shape": tuple(fields["input_shape"]) if fields.get("input_shape") else None,
-    })
+        "input_shape": tuple(fields["input_shape"]) if fields.get("input_shape") else None})
     if key is not None and key != out.key:
         raise ValueError(f"{label} says model={out.model!r}, tag={out.tag!r}; "
                          "the key must be 'model.tag'.")

@@ -95,8 +95,7 @@ def fetch_weights(key_or_entry, *, build, cache_dir=None, offline=None, progress
         WeightsIntegrityError (a ValueError): the publisher's hash does not match (the
             download is deleted), or the cached file was altered.
         WeightsDownloadError (an OSError): the file could not be fetched, or offline
-            without a local copy; nothing is cached.
-    """
+            without a local copy; nothing is cached."""
     if isinstance(key_or_entry, dict):
         entry = validate_entry(key_or_entry, strict=False)
     else:
@@ -138,10 +137,9 @@ def _local_or_download(entry, work, *, offline, progress):
         return source, False
     if offline:
         raise WeightsDownloadError(
-            f"Offline mode: no local copy of the weights {entry.key!r}. Put "
-            f"{entry.key}.weights.h5 or the published file {published_name!r} into "
-            f"$KERAS_PREACT_WEIGHTS_DIR (now {folder!r}), or fetch it online first "
-            f"(`keras-preact weights fetch {entry.key}`).")
+            f"Offline mode: no local copy of the weights {entry.key!r}. Put {entry.key}.weights.h5 "
+            f"or the published file {published_name!r} into $KERAS_PREACT_WEIGHTS_DIR (now "
+            f"{folder!r}), or fetch it online first (`keras-preact weights fetch {entry.key}`).")
     source = _extract_member(entry, _download(entry.url, work, progress=progress), work)
     _verify_publisher_hash(entry, source, delete=True)
     return source, False
@@ -237,8 +235,7 @@ def _commit(entry, cache, tmp, facts):
     record = {"key": entry.key, "sha256": file_hash(tmp, "sha256"),
               "source": entry.source_record(), "conversion": facts,
               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    # The sidecar first: a weights file without its record is never trusted, and a
-    # record without its file is ignored.
+    # The sidecar first: a file without its record is never trusted, a lone record ignored.
     atomic_write_json(sidecar, record)
     os.replace(tmp, path)
     logger.info("Cached %s (sha256 %s)", path, record["sha256"])

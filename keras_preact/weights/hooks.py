@@ -148,10 +148,9 @@ def _apply(plan, request, info, architecture, name="weights"):
                     f"made for {key}={value!r}, the model has {key}={fixed[key]!r}. Nothing "
                     "was loaded.")
         elif key in kwargs and not _same(kwargs[key], value):
-            raise ValueError(
-                f"The weights were made for {key}={value!r}. Received: {key}="
-                f"{kwargs[key]!r}, weights={request.weights!r}. Pass {key}={value!r} or "
-                f"leave {key} out.")
+            raise ValueError(f"The weights were made for {key}={value!r}. Received: {key}="
+                             f"{kwargs[key]!r}, weights={request.weights!r}. Pass "
+                             f"{key}={value!r} or leave {key} out.")
         else:
             overrides[key] = value
     if info.get("preprocessing") is not None and "preprocessing" not in kwargs:
@@ -170,19 +169,17 @@ def _resolve_classes(weights_classes, request):
         raise ValueError("The weights have no classifier head; use include_top=False. "
                          f"Received: include_top=True, weights={request.weights!r}")
     if request.classes not in (None, weights_classes):
-        raise ValueError(
-            f"The weights' classifier has {weights_classes} classes. Received: "
-            f"classes={request.classes}. Pass classes={weights_classes} (or leave it out), "
-            "or include_top=False to reuse the features.")
+        raise ValueError(f"The weights' classifier has {weights_classes} classes. Received: "
+                         f"classes={request.classes}. Pass classes={weights_classes} (or leave it "
+                         "out), or include_top=False to reuse the features.")
     return weights_classes
 
 
 def _apply_entry(plan, entry, request):
     if request.include_top and entry.architecture.get("include_top") is False:
-        raise ValueError(
-            f"The weights {entry.key!r} have no classifier head (a feature-extraction "
-            "file, e.g. keras.applications' '_notop'); use include_top=False. "
-            f"Received: include_top=True, weights={request.weights!r}")
+        raise ValueError(f"The weights {entry.key!r} have no classifier head (a feature-extraction "
+                         "file, e.g. keras.applications' '_notop'); use include_top=False. "
+                         f"Received: include_top=True, weights={request.weights!r}")
     size = entry.input_shape
     info = {"in_channels": None if size is None else size[-1], "classes": entry.classes,
             "preprocessing": entry.preprocessing, "input_shape": size}

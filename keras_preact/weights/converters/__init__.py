@@ -10,8 +10,7 @@ import numpy as np
 CONVERTERS = {
     "keras_weights": "keras_preact.weights.converters:convert_keras_weights",
     "pytorchcv": "keras_preact.weights.converters.pytorchcv:convert",
-    "keras_applications": "keras_preact.weights.converters.keras_applications:convert",
-}
+    "keras_applications": "keras_preact.weights.converters.keras_applications:convert"}
 
 
 def get_converter(name):
@@ -26,7 +25,6 @@ def get_converter(name):
 def convert_keras_weights(source_path, model, entry):
     """Converter for published files that already are keras-preact `.weights.h5` files."""
     from keras_preact.weights.local import load_weights_file
-
     load_weights_file(model, source_path)
     return {"converted_tensors": len(model.weights)}
 

@@ -7,8 +7,7 @@ import numpy as np
 
 from keras_preact.weights.converters import assign_all, match_arrays, require_preact_resnet
 
-#: The `PreActResNet` arguments of the keras.applications ResNetV2 layout (with the
-#: stages and widths of `preact_resnet50/101/152`).
+#: `PreActResNet` arguments of keras.applications' ResNetV2 layout (`preact_resnet50/101/152`).
 KERAS_LAYOUT = {"stem": "imagenet_preact", "stage_strides": [2, 2, 2, 1],
                 "stride_position": "last", "strided_shortcut": "subsample", "conv_bias": True,
                 "bottleneck_stride": "middle", "bn_epsilon": 1.001e-5}
