@@ -153,6 +153,8 @@ def add_bias(x, bias, data_format):
 
 def subsample(x, strides, data_format):
     """The strided identity shortcut (keras.applications' ``MaxPooling2D(1, strides)``)."""
+    if strides == 1:  # no slice op in the graph: every identity unit calls this
+        return x
     s = slice(None, None, strides)
     return x[:, s, s, :] if data_format == "channels_last" else x[:, :, s, s]
 
