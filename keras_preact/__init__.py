@@ -13,7 +13,7 @@ import os as _os
 import sys as _sys
 
 # TensorFlow enables oneDNN by itself only on CPUs with AVX-512/AMX features; on AVX2 it
-# trained ResNet-110 1.5-1.9x faster (README, "Performance"). Read when TF is imported.
+# trained ResNet-110 1.5-1.9x faster (CHANGELOG.md, 0.1.0). Read when TF is imported.
 if "tensorflow" not in _sys.modules:
     _os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 

@@ -1,7 +1,6 @@
-"""Fine-tuning a pretrained pre-activation ResNet on a new task. Parts are "stem", "stage1"
-... "stageN" (with the final BN-ReLU) and "head"; frozen parts keep BatchNorm in inference
-mode, even inside ``fit``. Keras 3 has no per-layer learning rates: freeze stages, train
-the head, then unfreeze and continue at a lower rate."""
+"""Fine-tuning a pretrained pre-activation ResNet on a new task: parts "stem", "stage1" ...
+"stageN" (with the final BN-ReLU) and "head", frozen with BatchNorm in inference mode (also in
+``fit``). No per-layer rates: train the head, then unfreeze and continue at a lower rate."""
 
 import os
 
@@ -9,6 +8,10 @@ from keras_preact.models.preact_resnet import PreActResNet
 from keras_preact.models.registry import get_model
 from keras_preact.weights import catalog, hooks, local
 from keras_preact.weights.download import fetch_weights
+
+
+_NOT_PLANNED = ("classes", "include_top", "input_shape", "preprocessing",  # the model's task,
+                "block", "stage_blocks", "stage_filters", "stage_strides")  # the factory's depth
 
 
 def _check_model(model):
@@ -28,10 +31,10 @@ def _layers_of(model, part):
     valid = parts(model)
     if part not in valid:
         raise ValueError(f"Unknown part. Received: part={part!r}. Valid: {valid}")
-    names = {"stem": ["stem_conv"], "head": ["logits"]}.get(part, [part])
+    names = {"stem": ["stem_conv", "stem_bn"], "head": ["logits"]}.get(part, [part])
     if part == f"stage{len(model.stage_blocks)}":
         names.append("post_bn")
-    return [model.get_layer(n) for n in names]
+    return [layer for layer in model.layers if layer.name in names]
 
 
 def freeze(model, which="all"):
@@ -56,8 +59,7 @@ def _set(model, which, trainable):
     except TypeError:
         raise ValueError("`which` must be a list of part names. "
                          f"Received: which={which!r}") from None
-    layers = [layer for part in chosen for layer in _layers_of(model, part)]  # all checked first
-    for layer in layers:
+    for layer in [layer for part in chosen for layer in _layers_of(model, part)]:  # all checked
         layer.trainable = trainable
     return chosen
 
@@ -146,10 +148,13 @@ def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
 
 
 def pretrained_architecture(model_name, weights):
-    """Architecture arguments a catalog tag needs (e.g. ``first_shared_preact``);
-    empty for files and URLs (their architecture is checked on load)."""
-    if not catalog.looks_like_tag(weights):
+    """Architecture arguments the weights need (e.g. ``first_shared_preact``): a catalog tag's
+    or those a local file records (not the depth: another one is refused on load); URLs: {}."""
+    if catalog.looks_like_tag(weights):
+        arch = catalog.resolve_tag(model_name, weights).architecture
+    elif isinstance(weights, str) and os.path.isfile(weights):
+        arch = ((local.keras_file_info(weights) or {}).get("architecture") if weights.endswith(
+            local.KERAS_SUFFIX) else local.read_recorded(weights)[1]) or {}
+    else:
         return {}
-    entry = catalog.resolve_tag(model_name, weights)
-    return {k: v for k, v in entry.architecture.items()
-            if k not in ("classes", "include_top", "input_shape", "preprocessing")}
+    return {k: v for k, v in arch.items() if v is not None and k not in _NOT_PLANNED}

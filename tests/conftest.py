@@ -90,3 +90,15 @@ def cifar_dir(tmp_path):
 
     train, test = data_fixtures.cifar10_splits(per_batch=4, num_test=6)
     return data_fixtures.write_cifar10_python(str(tmp_path / "data"), train, test)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many of the documentation's examples the tests run, and how many are marked."""
+    from tests.helpers import doc_blocks
+
+    for lang, what in (("python", "Python examples"), ("bash", "command blocks")):
+        blocks = doc_blocks(lang)
+        marked = sum(b.mark == "not run" for b in blocks)
+        terminalreporter.write_line(
+            f"docs: {len(blocks)} {what} in README.md and docs/: {len(blocks) - marked} run "
+            f"by tests/test_docs*.py, {marked} marked not run")

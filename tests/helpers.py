@@ -4,9 +4,11 @@ import contextlib
 import functools
 import http.server
 import os
+import re
 import threading
 import subprocess
 import sys
+from typing import NamedTuple
 
 import numpy as np
 
@@ -64,3 +66,34 @@ def serve_directory(root):
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+#: The documentation's pages with examples: the README and the site's sources.
+DOC_PAGES = ["README.md"] + sorted(
+    os.path.relpath(os.path.join(folder, name), REPO)
+    for folder, _, names in os.walk(os.path.join(REPO, "docs")) for name in names
+    if name.endswith(".md"))
+#: A fenced block, and the marker line that may precede it: ``<!-- not run: why -->``, or
+#: for commands ``<!-- run with: --epochs 1 -->`` (the tests run them with those values).
+_FENCE = re.compile(r"(?:<!-- (?P<mark>not run|run with): (?P<arg>[^>]*) -->\n)?"
+                    r"```(?P<lang>\w+)\n(?P<code>.*?)```", re.S)
+
+
+class DocBlock(NamedTuple):
+    page: str
+    line: int
+    code: str
+    mark: str  # "", "not run" or "run with"
+    arg: str  # why it is not run, or the flags it runs with
+
+
+def doc_blocks(lang):
+    """Every fenced `lang` block ("python", "bash") of `DOC_PAGES`, in order."""
+    blocks = []
+    for page in DOC_PAGES:
+        text = open(os.path.join(REPO, page), encoding="utf-8").read()
+        for m in _FENCE.finditer(text):
+            if m["lang"] == lang:
+                line = text[:m.start("code")].count("\n") + 1
+                blocks.append(DocBlock(page, line, m["code"], m["mark"] or "", m["arg"] or ""))
+    return blocks

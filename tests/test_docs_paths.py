@@ -1,4 +1,5 @@
-"""Every repository file the README, the zoo table and the docstrings name exists."""
+"""Every repository file the README, the documentation site's pages, the changelog, the zoo
+table and the docstrings name exists."""
 
 import ast
 import fnmatch
@@ -7,6 +8,7 @@ import os
 import re
 import subprocess
 
+from tests.helpers import DOC_PAGES
 from tests.helpers import REPO
 
 #: The repository's top-level folders: a path that starts with one is a repository path.
@@ -41,9 +43,9 @@ def _docstrings(path):
 
 
 def _texts():
-    for name in ("README.md", "zoo/README.md"):
+    for name in DOC_PAGES + ["CHANGELOG.md", "zoo/README.md", "mkdocs.yml"]:
         yield name, open(os.path.join(REPO, name), encoding="utf-8").read()
-    for folder in ("keras_preact", "examples", "benchmarks"):
+    for folder in ("keras_preact", "examples", "benchmarks", "docs"):
         for path in sorted(_repository_files()):
             if path.startswith(folder + "/") and path.endswith(".py"):
                 yield path, "\n".join(_docstrings(os.path.join(REPO, path)))

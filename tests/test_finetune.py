@@ -59,6 +59,34 @@ def test_frozen_stages_keep_weights_and_batchnorm_statistics(tiny_model_kwargs):
         finetune.freeze(model, ["stage9"])
 
 
+def test_freezing_the_stem_freezes_its_batchnorm_too(tiny_model_kwargs):
+    # The ImageNet stem (and the 2015 units' stem) is conv-BN-ReLU: both are the stem.
+    for kwargs in ({"stem": "imagenet"}, {"unit": "original"}, {}):
+        model = _tiny(tiny_model_kwargs, classes=3, **kwargs)
+        finetune.freeze(model, "stem")
+        stem = [layer.name for layer in model.layers if layer.name.startswith("stem_")
+                and layer.weights]
+        assert stem and not any(model.get_layer(n).trainable for n in stem), (kwargs, stem)
+        assert finetune.frozen_parts(model) == ["stem"]
+
+
+@pytest.mark.parametrize("suffix", [".weights.h5", ".keras"])
+def test_fine_tuning_a_file_builds_the_architecture_it_records(tmp_path, suffix):
+    # A run fine-tuned from pytorchcv weights has first_shared_preact=False; fine-tuning its
+    # files again must build that layout (`train --weights FILE`), not the factory default.
+    source = kp.preact_resnet20(classes=10, first_shared_preact=False, bottleneck_stride="first")
+    path = str(tmp_path / f"run{suffix}")
+    source.save(path) if suffix == ".keras" else source.save_weights(path)
+    arch = finetune.pretrained_architecture("preact_resnet20", path)
+    assert arch["first_shared_preact"] is False and arch["bottleneck_stride"] == "first"
+    assert not {"classes", "stage_blocks", "block"} & set(arch)
+    model = kp.preact_resnet20(classes=3, **arch)
+    assert finetune.load_pretrained(model, path)["copied_head"] is False
+    for a, b in zip(model.get_layer("stage3").weights, source.get_layer("stage3").weights):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b), err_msg=a.path)
+    assert finetune.pretrained_architecture("preact_resnet20", "https://h/f.weights.h5") == {}
+
+
 def test_load_pretrained_copies_the_backbone_and_a_fitting_head(tiny_model_kwargs, tmp_path):
     source = _tiny(tiny_model_kwargs, classes=10, preprocessing="unit")
     path = W.save_weights_file(source, str(tmp_path / "src.weights.h5"))

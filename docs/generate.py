@@ -1,0 +1,395 @@
+"""The documentation's generated parts: the model table, the command-line reference, the
+performance tables and the figures, made from the code, the catalog and committed data.
+
+The site's build runs this file as a MkDocs hook (``mkdocs.yml``): a page's
+``<!-- generated: NAME -->`` line becomes the part NAME, and the figures are added as
+files of the site. From the command line::
+
+    python docs/generate.py models --write   # README.md's model table (a test checks it)
+    python docs/generate.py performance      # the performance tables, as Markdown
+    python docs/generate.py figures OUT_DIR  # the figures, as PNG files
+"""
+
+import argparse
+import ast
+import csv
+import io
+import json
+import math
+import os
+import re
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # the figures import Keras
+if REPO not in sys.path:  # run as a hook or a script from anywhere
+    sys.path.insert(0, REPO)
+DATA = os.path.join(REPO, "docs", "data")
+MEASURED = os.path.join(REPO, "benchmarks", "measured", "2026-12-04-epyc-avx512")
+MARKER = re.compile(r"^<!-- generated: ([\w-]+) -->$", re.M)
+#: README.md's model table lies between these two lines (the site includes it from there).
+TABLE_START, TABLE_END = "<!-- --8<-- [start:models] -->", "<!-- --8<-- [end:models] -->"
+
+
+def table(header, rows):
+    """A Markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
+# --- the model table --------------------------------------------------------------------
+
+def models_table():
+    """`keras-preact list`'s models with their measured parameters and multiply-adds, and
+    the paper's figures from `zoo/models.json`."""
+    import keras_preact as kp
+    from keras_preact.zoo_catalog import load_json
+
+    paper = load_json("models.json")["models"]
+    tags = {}
+    for entry in kp.weights.list_entries():
+        tags.setdefault(entry.model, []).append(entry.tag)
+    rows = []
+    for name in kp.list_models():
+        info, model = kp.model_info(name), kp.get_model(name)
+        errors = ", ".join(f"{label} {paper[name][key]}%" for key, label in (
+            ("paper_error_cifar10", "CIFAR-10"), ("paper_error_cifar100", "CIFAR-100"),
+            ("paper_error_imagenet2012", "ImageNet top-1")) if key in paper[name])
+        rows.append((f"`{name}`", info["depth"], info["block"], f"{kp.count_params(model):,}",
+                     f"{kp.count_macs(model) / 1e6:,.1f}M", errors,
+                     ", ".join(tags.get(name, []))))
+    return table(("model", "depth", "block", "parameters", "multiply-adds", "paper's error",
+                  "pretrained `weights=`"), rows)
+
+
+def readme_with_models_table(text, generated):
+    """`text` (README.md) with the part between the table markers replaced by `generated`."""
+    start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
+    return text[:start] + "\n" + generated + "\n" + text[end:]
+
+
+# --- the command-line reference ---------------------------------------------------------
+
+def _subcommands(parser):
+    for action in parser._actions:  # argparse keeps subparsers only here
+        if isinstance(action, argparse._SubParsersAction):
+            yield from action.choices.items()
+
+
+def cli_reference():
+    """Every command's ``--help``, from the parser that `keras-preact` runs."""
+    from keras_preact.cli import build_parser
+
+    os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal: the same width everywhere
+    parser = build_parser()
+    parts = ["## keras-preact", "", "```text", parser.format_help().rstrip(), "```"]
+    for name, sub in _subcommands(parser):
+        parts += ["", f"## keras-preact {name}", "", "```text", sub.format_help().rstrip(), "```"]
+        for child, subsub in _subcommands(sub):
+            parts += ["", f"### keras-preact {name} {child}", "", "```text",
+                      subsub.format_help().rstrip(), "```"]
+    return "\n".join(parts)
+
+
+# --- the performance tables -------------------------------------------------------------
+
+def _measured(name):
+    with open(os.path.join(MEASURED, name + ".json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def speed_table(name="cpu"):
+    """ResNet-110 training rounds: keras-preact against the PyTorch reference (cpu.json; the
+    run with every kernel capped at AVX2: cpu_avx2.json)."""
+    report = _measured(name)
+    rounds = {}
+    for row in report["rows"]:
+        match = re.match(r"ResNet-110 b128 (.*) \(round (\d+)\)", row["case"])
+        if match and "images_per_s" in row:
+            rounds.setdefault(int(match[2]), {})[match[1]] = row
+    rows = []
+    for n, cases in sorted(rounds.items()):
+        ours, torch = cases["keras-preact"], cases["PyTorch ref"]
+        rate = lambda case: (f"{cases[case]['images_per_s']:.1f}" if case in cases else "-")
+        rows.append((n, rate("keras-preact"), rate("unoptimised"), rate("PyTorch ref"),
+                     f"{ours['images_per_s'] / torch['images_per_s']:.2f}x",
+                     rate("keras-preact bf16"), f"{ours['call_images_per_s']:.1f}"))
+    ratio = report["ratio_keras_over_torch"]["median"]
+    peak = report["fraction_of_matmul_peak"]
+    return table(("round", "keras-preact img/s", "unoptimised img/s", "PyTorch img/s",
+                  "keras-preact / PyTorch", "mixed bfloat16 img/s", "whole `fit` call img/s"),
+                 rows) + (f"\n\nMedian keras-preact / PyTorch: **{ratio:.2f}x**. Fraction of the "
+                          f"fp32 matmul peak measured in the same run "
+                          f"({report['matmul_gflops']:.1f} GFLOP/s): keras-preact "
+                          f"{peak['keras-preact']:.2f}, PyTorch {peak['torch']:.2f}.")
+
+
+def scaling_table():
+    """Per-image training time against multiply-adds (cpu_scaling.json)."""
+    report = _measured("cpu_scaling")
+    first = {}
+    rows = []
+    for r in report["cost_scaling"]:
+        ps = r["s_per_image"] / r["macs"] * 1e12
+        base = first.setdefault(r["family"], ps)
+        rows.append((r["model"], r["family"], f"{r['macs'] / 1e6:.1f}M",
+                     f"{r['s_per_image'] * 1e3:.2f}", f"{ps:.1f}", f"{ps / base:.2f}"))
+    summary = report["cost_scaling_summary"]
+    note = ", ".join(f"{family} {100 * summary[family + '_max_deviation_from_proportional']:.1f}%"
+                     for family in ("basic", "bottleneck"))
+    return table(("model", "block", "MACs", "ms / image", "ps / MAC", "against its shallowest"),
+                 rows) + f"\n\nLargest deviation from proportional to multiply-adds: {note}."
+
+
+def memory_table():
+    """ResNet-1001's peak memory with and without remat (cpu_memory.json)."""
+    report = _measured("cpu_memory")
+    rows = [(r["case"].replace("ResNet-1001 ", ""), f"{r['peak_rss_mb'] / 1e3:.2f} GB",
+             f"{r['s_per_step']:.2f}") for r in report["rows"] if r.get("peak_rss_mb")]
+    hours = report["resnet1001_schedule_hours"]["cpu fp32 remat b128"]
+    return table(("ResNet-1001", "peak resident memory", "s / step"), rows) + (
+        f"\n\nPer-image time with remat against without at batch 32, steps taking turns in one "
+        f"process: **{report['resnet1001']['remat_time_ratio']:.2f}x**. The paper's schedule "
+        f"(64k iterations of 128 images) would take {hours:.0f} hours on these cores.")
+
+
+def build_table():
+    """Build, save and load times (build_save_load.json)."""
+    report = _measured("build_save_load")
+    rows = [(r["model"], f"{r['build_s']:.2f} s", f"{r['save_s']:.2f} s", f"{r['load_s']:.2f} s",
+             r["keras_layers"], r["max_abs_diff"]) for r in report["models"]]
+    return table(("model", "build", "save `.keras`", "load `.keras`", "Keras layers",
+                  "reloaded output difference"), rows)
+
+
+def fused_bn_table():
+    """The fused BatchNorm + ReLU kernel on and off, steps alternating (fused_bn_ab.json)."""
+    report = _measured("fused_bn_ab")
+    rows = [(r["variant"] or "default (fused)", f"{r['images_per_s']:.1f}",
+             f"{r['median_s_per_step']:.2f}") for r in report["rows"]]
+    return table((f"ResNet-110, batch {report['batch']}", "img/s", "s / step (median)"), rows)
+
+
+def machine_line():
+    machine = _measured("cpu")["machine"]
+    cpu = machine["cpu"]
+    return (f"Measured on {machine['cpus']} cores of an {cpu['model']} "
+            f"({', '.join(cpu['features'])}), Python {machine['python']}; "
+            f"the JSON files are in `benchmarks/measured/{os.path.basename(MEASURED)}/`.")
+
+
+def _gradient_flow_rows(name):
+    from keras_preact import diagnostics
+
+    return diagnostics.read_csv(os.path.join(DATA, name))
+
+
+def gradient_flow_table():
+    """First-to-last gradient ratios of `keras-preact diagnose`'s committed CSV."""
+    reports = {r.label: r for r in _gradient_flow_rows("preact_resnet164_gradient_flow.csv")}
+    rows = [(f"`{label}`", f"{r.first_to_last:.3g}") for label, r in reports.items()]
+    ratio = reports["original"].first_to_last / reports["full_preact"].first_to_last
+    return table(("ResNet-164 unit", "first-to-last gradient ratio at initialisation"), rows) + (
+        f"\n\nThe original unit's gradient grows {ratio:.1f}x more from the last unit to the first.")
+
+
+def gradient_flow_1001_table():
+    """`examples/gradient_flow.py`'s committed CSV: ratios at initialisation and after training."""
+    rows = [(r.label, f"{r.first_to_last:.3g}", f"{r.stage_ratios()[max(r.stage_ratios())]:.3g}")
+            for r in _gradient_flow_rows("resnet1001_gradient_flow.csv")]
+    return table(("ResNet-1001", "first-to-last gradient ratio", "within the last stage"), rows)
+
+
+def ablation_table():
+    """The local ablation's runs (`docs/data/ablation_local/<run>/`): test error on the
+    digits beside the paper's CIFAR-10 ResNet-110 error."""
+    from keras_preact.layers.variants import PAPER_RESULTS, UNIT_TYPES
+
+    root = os.path.join(DATA, "ablation_local")
+    rows = []
+    for run in sorted(os.listdir(root)):
+        with open(os.path.join(root, run, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)["train_config"]
+        with open(os.path.join(root, run, "metrics.json"), encoding="utf-8") as f:
+            accuracy = json.load(f)["test_accuracy"]
+        kwargs = config["model_kwargs"]
+        unit = kwargs.pop("unit")
+        options = ", ".join(f"{k}={v:g}" for k, v in kwargs.items())
+        rows.append((f"`{unit}`", options, f"{100 * (1 - accuracy):.2f}",
+                     PAPER_RESULTS[unit]["resnet110"]))
+    rows.sort(key=lambda row: UNIT_TYPES.index(row[0].strip("`")))
+    return table(("unit", "parameters", "digits test error %", "paper: CIFAR-10 ResNet-110 %"),
+                 rows)
+
+
+PARTS = {"speed": speed_table, "speed-avx2": lambda: speed_table("cpu_avx2"),
+         "fused-bn": fused_bn_table, "scaling": scaling_table, "memory": memory_table,
+         "build": build_table, "machine": machine_line, "cli": cli_reference,
+         "gradient-flow": gradient_flow_table, "gradient-flow-1001": gradient_flow_1001_table,
+         "ablation": ablation_table}
+
+
+# --- the figures ------------------------------------------------------------------------
+
+def _read_csv(name):
+    with open(os.path.join(DATA, name), newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def training_curve():
+    from keras_preact.training.workdir import plot_training_curve
+
+    history = [{**row, "epoch": int(row["epoch"])} for row in _read_csv("demo_metrics.csv")]
+    return plot_training_curve(history, title="keras-preact demo: ResNet-20 on digits")
+
+
+def gradient_flow():
+    from keras_preact import diagnostics
+
+    reports = diagnostics.read_csv(os.path.join(DATA, "preact_resnet164_gradient_flow.csv"))
+    out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"gradient_flow_{os.getpid()}.png")
+    try:
+        diagnostics.plot_gradient_flow(reports, out, title="ResNet-164 at initialisation")
+        with open(out, "rb") as f:
+            return f.read()
+    finally:
+        os.remove(out)
+
+
+def depth_sweep():
+    from keras_preact.tuning.study import plot_results
+
+    def typed(row):
+        done = row["val_accuracy"] not in ("", None)
+        return {**row, "depth": int(row["depth"]), "macs": float(row["macs"]),
+                "within_budget": int(row["within_budget"]),
+                "val_accuracy": float(row["val_accuracy"]) if done else None}
+
+    rows = [typed(row) for row in _read_csv("depth_sweep_results.csv")]
+    return plot_results(rows, title="digits, --max-params 300000")
+
+
+def _import_graph():
+    """{part: parts it imports}, a part being a subpackage or a top-level module."""
+    root = os.path.join(REPO, "keras_preact")
+    edges = {}
+    for folder, _, files in os.walk(root):
+        for name in (n for n in files if n.endswith(".py")):
+            rel = os.path.relpath(os.path.join(folder, name), root).split(os.sep)
+            part = rel[0].removesuffix(".py")
+            if part in ("__init__", "__main__"):
+                continue
+            tree = ast.parse(open(os.path.join(folder, name), encoding="utf-8").read())
+            for node in ast.walk(tree):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [f"{node.module}.{a.name}" for a in node.names]
+                         if isinstance(node, ast.ImportFrom) and node.module else [])
+                for target in (n.split(".") for n in names):
+                    if target[0] == "keras_preact" and len(target) > 1 and target[1] != part:
+                        edges.setdefault(part, set()).add(target[1])
+            edges.setdefault(part, set())
+    return edges
+
+
+def house_of_modules():
+    """The package's parts in their three floors (command line, application, core) with
+    the imports between them, read from the source."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    edges = _import_graph()
+    floors = {"command line": ["cli"],
+              "application": ["data", "training", "tuning", "export", "diagnostics", "finetune"],
+              "core": ["layers", "models", "weights", "zoo_catalog", "files", "private_api"]}
+    assert set(edges) == {p for parts in floors.values() for p in parts}, sorted(edges)
+    fig = Figure(figsize=(10, 5.6), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set(xlim=(0, 10), ylim=(0, 5.6))
+    ax.axis("off")
+    where = {}
+    for level, (floor, parts) in enumerate(floors.items()):
+        y = 4.5 - 1.85 * level
+        ax.add_patch(_box(0.1, y - 0.6, 9.8, 1.2, "#eef1fb"))
+        ax.text(0.2, y + 0.45, floor, fontsize=9, color="#555")
+        for i, part in enumerate(parts):
+            x = 0.1 + 9.8 * (i + 0.5) / len(parts)
+            where[part] = (x, y)
+            ax.add_patch(_box(x - 0.7, y - 0.22, 1.4, 0.44, "white"))
+            ax.text(x, y, part, ha="center", va="center", fontsize=9, family="monospace")
+    for source, targets in edges.items():
+        for target in targets:
+            (x0, y0), (x1, y1) = where[source], where[target]
+            same = y0 == y1  # within a floor: an arc below the boxes
+            ax.annotate("", xy=(x1, y1 - 0.24 if same else y1 + 0.24),
+                        xytext=(x0, y0 - 0.24), arrowprops=dict(
+                            arrowstyle="->", color="#3f51b5", lw=0.7, alpha=0.6,
+                            connectionstyle=f"arc3,rad={_bend(x0, x1) if same else 0}"))
+    ax.text(9.9, 0.05, "an arrow: the module imports the other", ha="right", fontsize=8,
+            color="#555")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _bend(x0, x1):
+    """An arc of about the same small height below the boxes, whichever the direction."""
+    return math.copysign(min(0.4, 0.7 / abs(x1 - x0)), x1 - x0)
+
+
+def _box(x, y, w, h, color):
+    from matplotlib.patches import FancyBboxPatch
+    return FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02", fc=color, ec="#9fa8da")
+
+
+FIGURES = {"training_curve.png": training_curve, "gradient_flow.png": gradient_flow,
+           "depth_sweep.png": depth_sweep, "house_of_modules.png": house_of_modules}
+
+
+# --- the MkDocs hooks -------------------------------------------------------------------
+
+def on_files(files, config):
+    """Adds the figures to the site as figures/NAME.png."""
+    from mkdocs.structure.files import File
+
+    for name, make in FIGURES.items():
+        files.append(File.generated(config, f"figures/{name}", content=make()))
+    return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    """Replaces each ``<!-- generated: NAME -->`` line with the part NAME."""
+    return MARKER.sub(lambda m: PARTS[m[1]](), markdown)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=("models", "performance", "figures"))
+    parser.add_argument("out", nargs="?", help="figures: the folder to write them to")
+    parser.add_argument("--write", action="store_true", help="models: rewrite README.md's table")
+    args = parser.parse_args(argv)
+    if args.what == "models":
+        generated = models_table()
+        if not args.write:
+            print(generated)
+            return 0
+        path = os.path.join(REPO, "README.md")
+        with open(path, encoding="utf-8") as f:
+            text = readme_with_models_table(f.read(), generated)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    elif args.what == "performance":
+        for name in ("machine", "speed", "speed-avx2", "fused-bn", "scaling", "memory", "build"):
+            print(PARTS[name](), end="\n\n")
+    else:
+        if not args.out:
+            parser.error("figures needs OUT_DIR")
+        os.makedirs(args.out, exist_ok=True)
+        for name, make in FIGURES.items():
+            with open(os.path.join(args.out, name), "wb") as f:
+                f.write(make())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
