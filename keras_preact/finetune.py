@@ -2,6 +2,7 @@
 "stageN" (with the final BN-ReLU) and "head", frozen with BatchNorm in inference mode (also in
 ``fit``). No per-layer rates: train the head, then unfreeze and continue at a lower rate."""
 
+import contextlib
 import os
 
 from keras_preact.models.preact_resnet import PreActResNet
@@ -148,13 +149,12 @@ def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
 
 
 def pretrained_architecture(model_name, weights):
-    """Architecture arguments the weights need (e.g. ``first_shared_preact``): a catalog tag's
-    or those a local file records (not the depth: another one is refused on load); URLs: {}."""
+    """Architecture arguments the weights need: a catalog tag's, or what a local file records."""
+    arch = {}
     if catalog.looks_like_tag(weights):
         arch = catalog.resolve_tag(model_name, weights).architecture
     elif isinstance(weights, str) and os.path.isfile(weights):
-        arch = ((local.keras_file_info(weights) or {}).get("architecture") if weights.endswith(
-            local.KERAS_SUFFIX) else local.read_recorded(weights)[1]) or {}
-    else:
-        return {}
+        with contextlib.suppress(OSError):  # h5py's, for a damaged file: reported on load
+            arch = ((local.keras_file_info(weights) or {}).get("architecture") if weights.endswith(
+                local.KERAS_SUFFIX) else local.read_recorded(weights)[1]) or {}
     return {k: v for k, v in arch.items() if v is not None and k not in _NOT_PLANNED}
