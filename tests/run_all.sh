@@ -35,7 +35,10 @@ run() {
   fi
 }
 
-KERAS_BACKEND=tensorflow run "tensorflow" -q --durations=25 "${parallel[@]}" "$@"
+# XLA's forced CPU host devices (tests/test_jax_parallel.py) have stalled at an all-reduce
+# when other test processes shared the two cores: that file runs last, alone.
+KERAS_BACKEND=tensorflow run "tensorflow" -q --durations=25 "${parallel[@]}" \
+  --ignore=tests/test_jax_parallel.py "$@"
 # JAX compiles every new shape; a persistent cache makes reruns and subprocesses cheap.
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$PWD/.cache/jax}
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
@@ -43,4 +46,5 @@ export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 # once differed by 2e-4 (never in one process); the pass takes about two minutes.
 KERAS_BACKEND=jax run "jax" -q -m multibackend --durations=10 "$@"
 KERAS_BACKEND=torch run "torch" -q -m multibackend --durations=10 "${parallel[@]}" "$@"
+KERAS_BACKEND=tensorflow run "jax data parallel, alone" -q tests/test_jax_parallel.py "$@"
 exit $status
