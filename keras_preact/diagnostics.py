@@ -4,18 +4,18 @@ statistics of ``x_l``. TensorFlow only."""
 
 import csv
 import dataclasses
-import io
 import math
 
 import keras
 import numpy as np
 
 from keras_preact.data.registry import check_int
-from keras_preact.files import atomic_save, atomic_write_text
+from keras_preact.files import atomic_write_bytes
 from keras_preact.layers.blocks import PreActStage
 from keras_preact.layers.utils import pop_deprecated
 from keras_preact.layers.variants import check_unit_name
 from keras_preact.models.registry import get_model, model_info
+from keras_preact.training.workdir import figure_png, write_csv_rows
 
 CSV_FIELDS = ("unit", "stage", "index_in_stage", "grad_rms", "act_mean", "act_std", "act_rms")
 
@@ -183,11 +183,8 @@ def format_table(reports, *, every=None):
 
 def write_csv(reports, path):
     """Writes the rows of one or more reports as CSV, a "model" column first; returns `path`."""
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=("model",) + CSV_FIELDS)
-    writer.writeheader()
-    writer.writerows({"model": r.label, **row} for r in _as_reports(reports) for row in r.rows)
-    atomic_write_text(path, buf.getvalue())
+    rows = [{"model": r.label, **row} for r in _as_reports(reports) for row in r.rows]
+    write_csv_rows(path, rows, ("model",) + CSV_FIELDS, lineterminator="\r\n")
     return path
 
 
@@ -222,8 +219,5 @@ def plot_gradient_flow(reports, path, *, title=None):
         ax.legend(fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
     ax_a.set_xlabel("residual unit l (input side = 1)")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    atomic_write_bytes(path, figure_png(fig, title, dpi=110))
     return path

@@ -1,6 +1,5 @@
 """Datasets and input pipelines: CIFAR-10/100 (TFDS or the original files), digits, folders.
-Importing this package does not import TensorFlow; the tf.data functions
-(`keras_preact.data.pipeline`) and the TFDS and folder sources import it on first use."""
+TensorFlow loads on first use of the tf.data functions (`keras_preact.data.pipeline`)."""
 
 from keras_preact.data.registry import (AUGMENTATIONS, CIFAR10_CLASSES, CIFAR100_CLASSES,
                                         channel_stats, list_datasets)

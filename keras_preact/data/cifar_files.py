@@ -71,8 +71,7 @@ def read_cifar(name, split, location):
     """Reads one split of CIFAR-10/100 from its original files at `location`: ``(images,
     labels, meta)``, uint8 (N, 32, 32, 3) RGB, int64 (N,) and a dict with "layout", "kind",
     "path" and "files". ValueError, naming the file, for missing, corrupt or bad files."""
-    found = find_cifar_files(name, location)
-    if found is None:
+    if (found := find_cifar_files(name, location)) is None:
         raise ValueError(f"No {name} files found at {os.fspath(location)!r}. Expected one of: "
                          f"{describe_expected(name)} (or a path to one of them).")
     kind, layout, path = found
@@ -84,8 +83,7 @@ def read_cifar(name, split, location):
         members = {f: pathlib.Path(where + f).read_bytes() for f in LAYOUTS[name][layout][split]
                    if os.path.isfile(where + f)}
     files = LAYOUTS[name][layout][split]
-    missing = [f for f in files if f not in members]
-    if missing:
+    if missing := [f for f in files if f not in members]:
         raise ValueError(f"The {name} file {where + missing[0]!r} is missing (the {layout} "
                          f"layout needs {', '.join(files)} for split={split!r}).")
     blobs = [(where + f, members[f]) for f in files]
@@ -96,8 +94,7 @@ def read_cifar(name, split, location):
 
 
 def _read_tar(name, split, archive, layout):
-    """Reads the files of `split` in one pass over the (compressed) archive stream; returns
-    the layout and ``{file name: bytes}``."""
+    """`split`'s files, in one pass over the archive stream: ``(layout, {name: bytes})``."""
     layouts = LAYOUTS[name]
     candidates = [layout] if layout else list(layouts)
     wanted = {f"{layouts[lay]['dir']}/{f}" for lay in candidates for f in layouts[lay][split]}
@@ -117,8 +114,7 @@ def _read_tar(name, split, archive, layout):
         if not seen_layouts:
             raise ValueError(f"The archive {archive!r} holds no {name} folder (expected "
                              f"{' or '.join(spec['dir'] + '/' for spec in layouts.values())}).")
-        # Prefer the python layout when an archive somehow holds both.
-        layout = "python" if "python" in seen_layouts else "binary"
+        layout = "python" if "python" in seen_layouts else "binary"  # python if both
     top = layouts[layout]["dir"] + "/"
     return layout, {m.removeprefix(top): data for m, data in found.items() if m.startswith(top)}
 

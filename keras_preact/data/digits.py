@@ -1,6 +1,5 @@
-"""scikit-learn's 8 x 8 handwritten digits (1,797 real images), shaped like CIFAR: 0..16
-scaled to uint8 0..255, each pixel a 4 x 4 block (no new intensities), grey copied to three
-channels; 20% of every class held out with seed 0 (1,438 train and 359 test images)."""
+"""scikit-learn's 8 x 8 handwritten digits shaped like CIFAR (see ``DATASETS["digits"]``): each
+pixel a 4 x 4 block (no new intensities); 1,438 train and 359 test images."""
 
 import numpy as np
 
@@ -11,9 +10,8 @@ UPSAMPLE = 4
 
 
 def read_digits(split):
-    """One split ("train" or "test") of the digits: ``(images, labels, meta)``, uint8
-    (N, 32, 32, 3), int64 (N,) and a dict with "indices" (positions in scikit-learn's
-    array) and "source"."""
+    """One split ("train" or "test"): ``(images, labels, meta)``, uint8 (N, 32, 32, 3), int64
+    (N,) and a dict with "indices" (positions in scikit-learn's array) and "source"."""
     from sklearn.datasets import load_digits
     check_choice("split", split, SPLITS)
     bunch = load_digits()

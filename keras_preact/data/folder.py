@@ -1,6 +1,5 @@
-"""A folder of images, ``root/train/<class>/*`` and ``root/test/<class>/*`` or
-``root/<class>/*`` (20% of every class held out as "test" with seed 0), read into uint8
-arrays with `keras.utils.image_dataset_from_directory` (TensorFlow, imported when read)."""
+"""A folder of images, ``root/train/<class>/*`` and ``root/test/<class>/*`` or ``root/<class>/*``
+(20% of every class held out as "test"), read with `keras.utils.image_dataset_from_directory`."""
 
 import os
 
@@ -32,8 +31,7 @@ def class_folders(directory, *, within=None):
     if not names:
         raise ValueError(f"The image folder {directory!r} has no class sub-folders (expected "
                          "<folder>/<class name>/<images>).")
-    extra = sorted(set(names) - set(within or names))
-    if extra:
+    if extra := sorted(set(names) - set(within or names)):
         raise ValueError(f"The folder {directory!r} has classes missing from the train "
                          f"folder: {extra}.")
     return names

@@ -75,8 +75,7 @@ def resize_center_crop(image, *, image_size=IMAGE_SIZE, resize_size=RESIZE_SIZE)
     x = tf.cast(image, tf.float32)
     x = tf.cond(tf.equal(short, resize_size), lambda: x,
                 lambda: tf.image.resize(x, new_size, method="bilinear", antialias=True))
-    top = (tf.shape(x)[0] - image_size) // 2
-    left = (tf.shape(x)[1] - image_size) // 2
+    top, left = tf.unstack((tf.shape(x)[:2] - image_size) // 2)
     out = tf.ensure_shape(x[top:top + image_size, left:left + image_size],
                           (image_size, image_size, 3))
     return tf.clip_by_value(out, 0.0, 255.0)

@@ -1,7 +1,6 @@
-"""The tf.data input pipeline over in-memory uint8 arrays, with stateless augmentation. Step
-``s`` is batch ``b = s % steps`` of epoch ``e = epoch + s // steps``: the order is keyed by
-``(seed, e)`` and the augmentation by ``(seed, e, b)`` (`stateless_key`), never by a
-generator's state, so a run resumed at epoch 3 sees the batches of an uninterrupted run's."""
+"""The tf.data pipeline over in-memory uint8 arrays. Step ``s`` is batch ``b = s % steps`` of
+epoch ``e = epoch + s // steps``: the order is keyed by ``(seed, e)``, the augmentation by
+``(seed, e, b)`` (`stateless_key`), so a resumed run sees an uninterrupted run's batches."""
 
 import math
 
@@ -10,7 +9,7 @@ import tensorflow as tf
 
 from keras_preact.data.registry import AUGMENTATIONS, MAX_SEED, check_int
 from keras_preact.data.sources import dataset_info, load_arrays
-from keras_preact.layers.utils import check_bool
+from keras_preact.layers.utils import check_bool, check_choice
 
 # Distinct streams for the order and for the augmentation of the same (seed, epoch).
 _SHUFFLE_STREAM, _AUGMENT_STREAM = 0, 1
@@ -79,9 +78,7 @@ def dataset_from_arrays(images, labels, *, batch_size=128, shuffle=False, augmen
     images, labels = _check_arrays(images, labels)
     num = int(images.shape[0])
     _check_common(batch_size, seed, epoch, normalize, repeat_epochs, shuffle, drop_remainder)
-    if augment not in AUGMENTATIONS:
-        raise ValueError(f"`augment` must be one of {list(AUGMENTATIONS)}. "
-                         f"Received: augment={augment!r}")
+    check_choice("augment", augment, AUGMENTATIONS)
     steps = num // batch_size if drop_remainder else math.ceil(num / batch_size)
     if steps == 0:
         raise ValueError(f"batch_size={batch_size} with drop_remainder=True leaves no batch of "

@@ -1,23 +1,15 @@
 """The dataset registry (names, shapes, sizes, classes, statistics in [0, 1] units,
-augmentation) and the NumPy helpers the sources share; no TensorFlow, no file read."""
+augmentation) and the NumPy helpers the sources share; no TensorFlow, no dataset file read."""
 
 import numpy as np
 
 from keras_preact.layers.preprocessing import PRESETS
 from keras_preact.layers.utils import is_int
+from keras_preact.zoo_catalog import load_json
 
-CIFAR10_CLASSES = tuple("airplane automobile bird cat deer dog frog horse ship truck".split())
-# The 100 fine classes in label order (alphabetical, as in the dataset's meta file).
-CIFAR100_CLASSES = tuple("""
-    apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus
-    butterfly camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach couch
-    crab crocodile cup dinosaur dolphin elephant flatfish forest fox girl hamster house kangaroo
-    keyboard lamp lawn_mower leopard lion lizard lobster man maple_tree motorcycle mountain
-    mouse mushroom oak_tree orange orchid otter palm_tree pear pickup_truck pine_tree plain
-    plate poppy porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk
-    skyscraper snail snake spider squirrel streetcar sunflower sweet_pepper table tank telephone
-    television tiger tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm
-""".split())
+#: The catalog's class lists (``zoo/classes/``): CIFAR-100's 100 fine classes in label order.
+CIFAR10_CLASSES = tuple(load_json("classes/cifar10.json"))
+CIFAR100_CLASSES = tuple(load_json("classes/cifar100.json"))
 
 #: "pad_crop_flip" is the paper's CIFAR augmentation (He et al. 2016a, Sec. 4.2: 4-pixel
 #: padding, random crop, random horizontal flip); "pad_crop" spares digits the flip.
@@ -64,10 +56,10 @@ def list_datasets():
     return sorted(DATASETS)
 
 
-def check_dataset_name(name):
-    """Raises ValueError listing the valid names when `name` is not registered."""
+def check_dataset_name(name, argument="name"):
+    """Raises ValueError listing the valid names when `name` (an `argument`) is not registered."""
     if not isinstance(name, str) or name not in DATASETS:
-        raise ValueError(f"Unknown dataset name. Received: name={name!r}. "
+        raise ValueError(f"Unknown dataset name. Received: {argument}={name!r}. "
                          f"Valid: {list_datasets()}")
 
 

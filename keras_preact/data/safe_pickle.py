@@ -1,7 +1,6 @@
-"""A pickle reader for the CIFAR batch files that never runs code from the file. Only the
-globals CIFAR batches use are admitted (`_ADMITTED`), each mapped to an inert stand-in;
-arrays of plain numeric dtypes are rebuilt with `numpy.frombuffer` from the validated
-bytes. Everything else (other globals, object arrays) raises ValueError."""
+"""A pickle reader for the CIFAR batch files that never runs code from the file: only the
+globals CIFAR batches use are admitted (`_ADMITTED`), as inert stand-ins, and arrays of plain
+numeric dtypes are rebuilt from the validated bytes; anything else raises ValueError."""
 
 import io
 import math
@@ -14,14 +13,9 @@ class _Refused(Exception):
     """Raised inside the unpickler; turned into a ValueError naming the file."""
 
 
-class _NdarrayType:
+def _ndarray(*args, **kwargs):
     """Stands for the ``numpy.ndarray`` class; only usable as `_reconstruct`'s argument."""
-
-    def __call__(self, *args, **kwargs):
-        raise _Refused("numpy.ndarray may not be called directly")
-
-
-_NDARRAY_TYPE = _NdarrayType()
+    raise _Refused("numpy.ndarray may not be called directly")
 
 
 def _ascii(value):
@@ -91,6 +85,7 @@ class _ArraySpec:
         if not isinstance(data, (bytes, bytearray)):  # object arrays store a list here
             raise _Refused("array data is not raw bytes (object arrays are refused)")
         self.shape, self.dtype, self.fortran, self.data = shape, dtype, fortran, data
+        return self
 
     def to_numpy(self):
         if self.dtype is None:
@@ -106,7 +101,7 @@ class _ArraySpec:
 
 def _reconstruct(subtype, shape, dtype_code):
     # numpy passes (0,) and b"b" as shape and dtype_code; the state carries the array.
-    if subtype is not _NDARRAY_TYPE:
+    if subtype is not _ndarray:
         raise _Refused("_reconstruct may only rebuild numpy.ndarray")
     return _ArraySpec()
 
@@ -114,9 +109,7 @@ def _reconstruct(subtype, shape, dtype_code):
 def _frombuffer(buffer, dtype, shape, order):
     if isinstance(buffer, pickle.PickleBuffer):
         buffer = bytes(buffer.raw())
-    spec = _ArraySpec()
-    spec.set(shape, dtype, order == "F", buffer)
-    return spec
+    return _ArraySpec().set(shape, dtype, order == "F", buffer)
 
 
 def _codecs_encode(text, encoding="utf-8", errors="strict"):
@@ -139,7 +132,7 @@ _ADMITTED = {
     ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
     ("numpy.core.numeric", "_frombuffer"): _frombuffer,
     ("numpy._core.numeric", "_frombuffer"): _frombuffer,
-    ("numpy", "ndarray"): _NDARRAY_TYPE,
+    ("numpy", "ndarray"): _ndarray,
     ("numpy", "dtype"): _DtypeSpec,
     ("_codecs", "encode"): _codecs_encode,
     ("__builtin__", "bytes"): _empty_bytes,
@@ -163,7 +156,7 @@ def _materialize(obj, depth=0):
         raise _Refused("nesting too deep for a CIFAR batch file")
     if isinstance(obj, _ArraySpec):
         return obj.to_numpy()
-    if isinstance(obj, (_DtypeSpec, _NdarrayType)):
+    if obj is _ndarray or isinstance(obj, _DtypeSpec):
         raise _Refused("a bare numpy.dtype or numpy.ndarray object")
     if isinstance(obj, dict):
         return {_materialize(k, depth + 1): _materialize(v, depth + 1) for k, v in obj.items()}
@@ -182,8 +175,7 @@ def safe_load_pickle(data, *, source):
         dicts, lists, tuples, bytes (Python 2 strings too), str, numbers and numpy arrays
         of plain numeric dtypes.
 
-    Raises ValueError when the pickle asks for any other global, holds other objects, or is
-    truncated or corrupt."""
+    Raises ValueError for any other global or object, and for a truncated or corrupt pickle."""
     try:
         return _materialize(_RestrictedUnpickler(io.BytesIO(data), encoding="bytes").load())
     except _Refused as err:

@@ -35,15 +35,6 @@ _TRAINABLE_KINDS = ("kernel", "gamma", "beta", "gate_bias", "bias")
 _AUTOCAST_KINDS = ("kernel", "gate_bias", "bias")
 
 
-def _strided_shape(input_shape, strides, channels, data_format):
-    out = list(input_shape)
-    for axis in (1, 2) if data_format == "channels_last" else (2, 3):
-        if out[axis] is not None:
-            out[axis] = int(math.ceil(out[axis] / strides))
-    out[-1 if data_format == "channels_last" else 1] = channels
-    return tuple(out)
-
-
 def check_unit_arguments(*, strides, bottleneck_stride, bn_momentum, bn_epsilon, synchronized,
                          unit, strided_shortcut, conv_bias, **unit_options):
     """Checks the arguments of every unit and stage; returns `resolve_unit_options`'."""
@@ -104,6 +95,10 @@ class _UnitConfigMixin:
         # Only the dropout unit gets a generator (a variable): the others' variables stay.
         self.seed_generator = (keras.random.SeedGenerator(seed, name="shortcut_dropout_seed")
                                if dropout else None)
+        if filters % expansion:
+            raise ValueError("`filters` must be divisible by `expansion` (the inner width is "
+                             f"filters // expansion). Received: filters={filters}, "
+                             f"expansion={expansion}")
 
     def _add_variables(self, specs, units=None):
         """Creates the variables of `UnitSpec.variable_specs` (stacked `units` times)."""
@@ -149,14 +144,18 @@ class _UnitConfigMixin:
             variables[f"{bn}_moving_variance"].assign(variance)
 
     def compute_output_shape(self, input_shape):
-        return _strided_shape(input_shape, self.strides, self.filters, self.data_format)
+        out = list(input_shape)
+        for axis in (1, 2) if self.data_format == "channels_last" else (2, 3):
+            if out[axis] is not None:
+                out[axis] = int(math.ceil(out[axis] / self.strides))
+        out[self._channel_axis] = self.filters
+        return tuple(out)
 
     def get_config(self):
         config = super().get_config()
         config.update({key: getattr(self, key) for key in self._CONFIG})
         config["kernel_initializer"] = keras.initializers.serialize(self.kernel_initializer)
-        config["kernel_regularizer"] = (None if self.kernel_regularizer is None else
-                                        keras.regularizers.serialize(self.kernel_regularizer))
+        config["kernel_regularizer"] = keras.regularizers.serialize(self.kernel_regularizer)
         return config
 
 
@@ -230,7 +229,9 @@ class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update({"projection": self.projection, "shared_preact": self.shared_preact})
+        keys = ("projection", "shared_preact") + (
+            ("expansion", "bottleneck_stride") if self.block == "bottleneck" else ())
+        config.update({key: getattr(self, key) for key in keys})
         return config
 
 
@@ -281,15 +282,6 @@ class PreActBottleneckBlock(_PreActUnit):
     def __init__(self, filters, strides=1, expansion=4, bottleneck_stride="middle", **kwargs):
         super().__init__(filters, strides=strides, expansion=expansion,
                          bottleneck_stride=bottleneck_stride, **kwargs)
-        if filters % expansion:
-            raise ValueError("`filters` must be divisible by `expansion` (the inner width is "
-                             f"filters // expansion). Received: filters={filters}, "
-                             f"expansion={expansion}")
-
-    def get_config(self):
-        config = super().get_config()
-        config.update({"expansion": self.expansion, "bottleneck_stride": self.bottleneck_stride})
-        return config
 
 
 UNIT_CLASSES = {"basic": PreActBasicBlock, "bottleneck": PreActBottleneckBlock}
@@ -312,7 +304,8 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         (the rest, **kwargs): as in the units, for every unit.
 
     Example:
-        >>> PreActStage("basic", 32, num_blocks=18, strides=2)(keras.ops.zeros((1, 32, 32, 16))).shape
+        >>> stage = PreActStage("basic", 32, num_blocks=18, strides=2)
+        >>> stage(keras.ops.zeros((1, 32, 32, 16))).shape
         (1, 16, 16, 32)
     """
 
@@ -339,13 +332,9 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         unit_args = {k: v for k, v in locals().items() if k in _UNIT_ARGUMENTS}
         self._init_common(filters=filters, strides=strides, expansion=expansion, seed=seed,
                           **unit_args)
-        if block == "bottleneck" and filters % expansion:
-            raise ValueError("`filters` must be divisible by `expansion`. "
-                             f"Received: filters={filters}, expansion={expansion}")
         check_stride_position(stride_position, (num_blocks,), (strides,))
         self.block, self.num_blocks = block, num_blocks
-        self.first_shared_preact = first_shared_preact
-        self.stride_position = stride_position
+        self.first_shared_preact, self.stride_position = first_shared_preact, stride_position
         self.remat = remat_lib.check_remat(remat, unit)
         unit_args.update(kernel_initializer=self.kernel_initializer, dtype=self.dtype_policy,
                          kernel_regularizer=self.kernel_regularizer,
@@ -376,7 +365,6 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
     def _repeat_spec(self):
         # Units 2..n keep the shape: only the conv-shortcut unit projects.
         return self._spec(self.filters, 1, self.variant.shortcut == "conv", False)
-
 
     def get_variable(self, name):
         """The stacked variable `name` of units 2..num_blocks (leading axis: unit - 2)."""

@@ -91,18 +91,10 @@ def segmented_units(x, stacked, spec, kwargs, *, remat, loop):
                       for bn in bns for field in ("mean", "variance")]
         x, stats = remat_lib.scan(body, x, views, stats_like)
         collect(stats, looped=True)
-        start = count * size
-    else:
-        for _ in range(count):
-            x = _run_segment(run, x, [t[start:start + size] for t in tensors], collect)
-            start += size
-    if start < num:
-        x = _run_segment(run, x, [t[start:] for t in tensors], collect)
+        start, lengths = count * size, lengths[count:]
+    for length in lengths:
+        out = run(x, *[t[start:start + length] for t in tensors])
+        collect(out[1:])
+        x, start = out[0], start + length
     return x, {bn: (ops.concatenate(means, axis=0), ops.concatenate(variances, axis=0))
                for bn, (means, variances) in pieces.items()}
-
-
-def _run_segment(run, x, slices, collect):
-    out = run(x, *slices)
-    collect(out[1:])
-    return out[0]

@@ -106,10 +106,9 @@ def batch_norm(x, params, *, training, momentum, epsilon, channel_axis, synchron
 
 
 def _tf_kernels():
-    if keras.backend.backend() != "tensorflow":
-        return None
-    from keras_preact.layers import tf_kernels
-    return tf_kernels
+    if keras.backend.backend() == "tensorflow":
+        from keras_preact.layers import tf_kernels
+        return tf_kernels
 
 
 def bn_relu(x, params, *, training, momentum, epsilon, data_format, synchronized=False):
@@ -137,13 +136,11 @@ def conv(x, kernel, strides, data_format):
     kernels = _tf_kernels()
     if kernels is not None and kernels.fast_conv_applies(kernel.shape, strides, data_format):
         return kernels.conv2d(x, ops.cast(kernel, x.dtype))
-    padding = "same"
     if strides > 1:
         p = [[(k - 1) // 2] * 2] * 2
         x = ops.pad(x, [[0, 0]] + p + [[0, 0]] if data_format == "channels_last" else [[0, 0]] * 2 + p)
-        padding = "valid"
-    return ops.conv(x, ops.cast(kernel, x.dtype), strides=strides, padding=padding,
-                    data_format=data_format)
+    return ops.conv(x, ops.cast(kernel, x.dtype), strides=strides,
+                    padding="valid" if strides > 1 else "same", data_format=data_format)
 
 
 def add_bias(x, bias, data_format):

@@ -24,8 +24,7 @@ def resolve_preprocessing(preprocessing):
     if preprocessing is None:
         return None
     if isinstance(preprocessing, str) and preprocessing in PRESETS:
-        scale, mean, std = PRESETS[preprocessing]
-        return float(scale), tuple(mean), tuple(std)
+        return PRESETS[preprocessing]
     if isinstance(preprocessing, str):
         raise ValueError(f"Unknown `preprocessing` preset. Received: preprocessing="
                          f"{preprocessing!r}. Valid: None, a dict with 'mean' and 'std', or one "
@@ -72,7 +71,6 @@ class ImageNormalization(keras.layers.Layer):
         if any(s <= 0 for s in self.std):
             raise ValueError(f"`std` must be positive. Received: std={self.std}")
         self.data_format = normalize_data_format(data_format)
-        self.supports_masking = False
 
     def build(self, input_shape):
         channel_axis = -1 if self.data_format == "channels_last" else 1

@@ -24,10 +24,8 @@ def normalize_remat(remat):
         return None
     if remat is True:
         return "segment"
-    if isinstance(remat, str) and remat in REMAT_MODES:
-        return remat
-    if isinstance(remat, int) and not isinstance(remat, bool) and remat >= 1:
-        return remat
+    if (isinstance(remat, str) and remat in REMAT_MODES) or (isinstance(remat, int) and remat >= 1):
+        return remat  # (True and False, the only bools, are handled above)
     raise ValueError("`remat` must be None/False (off), True, 'unit', 'segment' or a positive int "
                      f"(units per segment). Received: remat={remat!r}")
 
@@ -54,10 +52,7 @@ def segment_lengths(units, remat):
     if units < 1 or remat is None:
         return [units] if units else []
     size = {"unit": 1, "segment": max(1, math.ceil(math.sqrt(units)))}.get(remat, remat)
-    lengths = [size] * (units // size)
-    if units % size:
-        lengths.append(units % size)
-    return lengths
+    return [size] * (units // size) + ([units % size] if units % size else [])
 
 
 def checkpoint(fn):

@@ -65,9 +65,8 @@ def fused_bn_applies(data_format, synchronized, dtype="float32"):
     """Whether training BN + ReLU runs as `batch_norm_relu` (float32 statistics: not
     float64). Warns here when oneDNN is off, as the kernels are chosen at this trace."""
     warn_if_onednn_off()
-    if synchronized or data_format != "channels_last" or dtype == "float64":
-        return False
-    return bn_enabled()
+    plain = not synchronized and data_format == "channels_last" and dtype != "float64"
+    return plain and bn_enabled()
 
 
 @tf.custom_gradient

@@ -92,13 +92,11 @@ class TrainConfig:
         """Checks every field that can be checked without data or TensorFlow; returns self.
         ValueError names the field, the value received and what is valid."""
         import keras_preact
-        from keras_preact import data
+        from keras_preact.data.registry import check_dataset_name
         models = keras_preact.list_models()
         if "architecture" not in self.model_kwargs and self.model not in models:
             raise ValueError(f"Unknown model. Received: model={self.model!r}. Valid: {models}")
-        if self.dataset not in data.list_datasets():
-            raise ValueError(f"Unknown dataset. Received: dataset={self.dataset!r}. "
-                             f"Valid: {data.list_datasets()}")
+        check_dataset_name(self.dataset, "dataset")
         for names, test, what in _CHECKS:
             for name in names.split():
                 value = getattr(self, name)

@@ -45,9 +45,8 @@ def run_metrics(model_path):
 
 
 def export_demo(*, workdir, model_path, dataset=DEMO_DATASET):
-    """Exports the trained model to ``workdir/export/saved_model/1/`` with its model card
-    (the dataset's class names, the run's held-out metrics), replacing an earlier export;
-    returns ``{"saved_model": the folder written}``."""
+    """Exports the trained model with its model card (class names, held-out metrics) to
+    ``workdir/export/saved_model/1/``, replacing an earlier export: ``{"saved_model": folder}``."""
     import keras
 
     from keras_preact.data import dataset_info

@@ -119,9 +119,8 @@ def batch_norm_layers(model):
 
 
 def set_synchronized_batch_norm(model, synchronized=True):
-    """Switches every BatchNorm of a built `model` to (un)synchronized moments (before the
-    first training step: the layers read the flag when called); returns how many. ValueError
-    on a backend other than TensorFlow."""
+    """Switches every BatchNorm of a built `model`, before its first training step, to
+    (un)synchronized moments; returns how many. ValueError on another backend than TensorFlow."""
     if synchronized and keras.backend.backend() != "tensorflow":
         raise ValueError("synchronized_bn=True needs the TensorFlow backend. Received backend: "
                          f"{keras.backend.backend()!r}")
@@ -231,9 +230,8 @@ def shorten(text, limit=300):
 
 
 def resolve_timeouts(connect_timeout=None, collective_timeout=None):
-    """``(connect_timeout, collective_timeout)`` in seconds: each argument, else its
-    environment variable (`CONNECT_TIMEOUT_ENV`, `COLLECTIVE_TIMEOUT_ENV`), else its
-    default; ValueError for a bad value."""
+    """``(connect_timeout, collective_timeout)`` in seconds: each argument, else its variable
+    (`CONNECT_TIMEOUT_ENV`, `COLLECTIVE_TIMEOUT_ENV`), else its default; ValueError if bad."""
     return (_timeout(connect_timeout, CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT_S),
             _timeout(collective_timeout, COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT_S))
 

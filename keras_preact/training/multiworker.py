@@ -1,7 +1,6 @@
 """Multi-worker training on `MultiWorkerMirroredStrategy` with a custom loop (``model.fit``
 fails under it in Keras 3). Rank 0 alone reads and writes the workdir and broadcasts its state;
-each worker keeps its slice of every global batch, so step ``s`` sees the single-process batch
-``s``. When a worker dies the others raise `ClusterError`."""
+each worker keeps its slice of every global batch (step ``s`` sees the single-process batch)."""
 
 import contextlib
 import hashlib

@@ -1,7 +1,6 @@
-"""SGD with coupled L2 weight decay, as Caffe and Torch apply it (Keras 3, any backend): the
-paper's "weight decay 0.0001" adds ``wd * w`` to the gradient *before* the momentum update,
-unlike Keras' decoupled ``weight_decay=``, and (in the official Torch code) to every learnable
-parameter, BatchNorm and biases included."""
+"""SGD with coupled L2 weight decay (Keras 3, any backend): the paper's "weight decay 0.0001" as
+Caffe and Torch apply it, ``wd * w`` added to the gradient *before* the momentum update and (in
+the official Torch code) to every learnable parameter, BatchNorm and biases included."""
 
 import keras
 from keras import ops
@@ -11,8 +10,7 @@ from keras_preact.training.config import DECAY_VARIABLES
 
 
 def decays_variable(variable, decay_variables):
-    """Whether `variable` gets the L2 term: always for "all"; for "kernels" only
-    variables named ``kernel`` or ``*_kernel``."""
+    """Whether `variable` gets the L2 term: "all": always; "kernels": named kernel or *_kernel."""
     if decay_variables == "all":
         return True
     name = variable.name.split("/")[-1].split(":")[0]

@@ -6,6 +6,7 @@ import os
 import keras
 
 from keras_preact import data, private_api
+from keras_preact.data.registry import check_dataset_name
 from keras_preact.layers.preprocessing import ImageNormalization
 from keras_preact.training.config import TrainConfig
 from keras_preact.training.distribute import average_replica_statistics
@@ -126,9 +127,7 @@ def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=N
             raise ValueError("Give `workdir`, or `dataset` with `weights` (a .keras file, or a "
                              "model name and its .weights.h5). Received: workdir=None, "
                              f"model={model!r}, weights={weights!r}, dataset={dataset!r}")
-        if dataset not in data.list_datasets():
-            raise ValueError(f"Unknown dataset. Received: dataset={dataset!r}. "
-                             f"Valid: {data.list_datasets()}")
+        check_dataset_name(dataset, "dataset")
         if weights is not None and not os.path.isfile(weights):
             raise ValueError(f"Weights file not found. Received: weights={weights!r}")
         net, source = _model_for(model, weights, dataset, data_path, model_kwargs), weights

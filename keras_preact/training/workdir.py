@@ -124,12 +124,8 @@ class Workdir:
     def write_reports(self, metrics, history, *, title):
         """Writes `metrics` (``metrics.json``) and `history` (``metrics.csv``, the curve)."""
         atomic_write_json(self.file(METRICS_JSON), metrics)
-        buf = io.StringIO()
         columns = list(dict.fromkeys(key for row in history for key in row))
-        writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(history)  # a missing key writes ""
-        atomic_write_text(self.file(METRICS_CSV), buf.getvalue())
+        write_csv_rows(self.file(METRICS_CSV), history, columns)
         atomic_write_bytes(self.file(CURVE_PNG), plot_training_curve(history, title=title))
 
     def remove_stale_temporaries(self):
@@ -146,6 +142,25 @@ def _remove_quietly(path):
         os.remove(path)
 
 
+def write_csv_rows(path, rows, columns, lineterminator="\n"):
+    """Writes the dicts `rows` as CSV under the header `columns` (a missing key or None: "")."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator=lineterminator)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(path, buf.getvalue())
+
+
+def figure_png(fig, title="", dpi=None):
+    """PNG bytes of a matplotlib `Figure` (no pyplot) under `title`, its layout tightened."""
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
 def plot_training_curve(history, *, title=""):
     """PNG bytes of loss and error per epoch (as the paper's Fig. 6), from `history`'s dicts
     ("epoch" and any of "loss", "accuracy", "val_loss", "val_accuracy"); no pyplot."""
@@ -154,17 +169,11 @@ def plot_training_curve(history, *, title=""):
     panels = (("loss", "loss", float), ("accuracy", "error (%)", lambda v: 100 * (1 - float(v))))
     for ax, (key, ylabel, to_y) in zip(fig.subplots(1, 2), panels):
         for name, label, style in ((key, "train", "-"), ("val_" + key, "test", "--")):
-            rows = [row for row in history if row.get(name) not in (None, "")]
-            if rows:
+            if rows := [row for row in history if row.get(name) not in (None, "")]:
                 ax.plot([r["epoch"] for r in rows], [to_y(r[name]) for r in rows], style,
                         marker="." if len(rows) < 30 else None, label=label)
         ax.set(xlabel="epoch", ylabel=ylabel)
         ax.grid(True, alpha=0.3)
         if ax.lines:
             ax.legend()
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return figure_png(fig, title)

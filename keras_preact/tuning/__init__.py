@@ -13,7 +13,6 @@ __all__ = sorted(name for names in _LAZY.values() for name in names)
 
 
 def __getattr__(name):
-    # KerasTuner (and TensorFlow) load on first use: other subcommands start without them.
     for module, names in _LAZY.items():
         if name in names:
             return getattr(importlib.import_module(module), name)

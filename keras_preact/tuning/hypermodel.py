@@ -58,11 +58,6 @@ class Budget:
         return dataclasses.asdict(self)
 
 
-def unit_types():
-    """The residual unit variants the library offers (`keras_preact.layers.UNIT_TYPES`)."""
-    return UNIT_TYPES
-
-
 def valid_blocks(depth, blocks):
     """The concrete blocks ("basic", "bottleneck") among `blocks` that fit `depth`."""
     out = []
@@ -127,15 +122,14 @@ def search_space_spec(*, dataset="digits", depths=DEFAULT_DEPTHS, blocks=("auto"
     # Pairs that do not fit are left out (depth 32 with "bottleneck" when "basic" is also given).
     concrete = set()
     for d in depths:
-        valid = valid_blocks(d, blocks)
-        if not valid:
+        if not (valid := valid_blocks(d, blocks)):
             raise ValueError(
                 f"depth {d} is invalid for the block(s) {list(blocks)}: basic networks need "
                 "depth 6n+2 (8, 14, 20, 32, ...), bottleneck networks 9n+2 (11, 20, 29, ..., "
                 f"164, 1001). Received: depths={list(depths)}, blocks={list(blocks)}")
         concrete.update(valid)
     if units is not None:
-        units = list(_values("units", units, partial(_check_one_of, "unit", unit_types())))
+        units = list(_values("units", units, partial(_check_one_of, "unit", UNIT_TYPES)))
     floats = {}
     for name, given, check in (
         ("width_multipliers", width_multipliers, partial(_check_width, sorted(concrete))),
@@ -260,15 +254,12 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
                       preprocessing=dataset_preprocessing(info), **kwargs)
         if arch.get("unit") is not None:
             common["unit"] = arch["unit"]
-        name = f"preact_resnet{arch['depth']}"
-        if arch["width"] == 1:
-            return keras_preact.preact_resnet_cifar(arch["depth"], block=arch["block"], name=name,
-                                                    **common)
         block, n = cifar_units_per_stage(arch["depth"], arch["block"])
-        return keras_preact.PreActResNet(  # the layout of `preact_resnet_cifar`, wider
+        wider = f"_w{arch['width']:g}".replace(".", "_") if arch["width"] != 1 else ""
+        return keras_preact.PreActResNet(  # the layout of `preact_resnet_cifar`, `width` x wider
             block=block, stage_blocks=(n,) * 3, stage_strides=(1, 2, 2),
             stage_filters=tuple(int(round(f * arch["width"])) for f in CIFAR_WIDTHS[block]),
-            name=f"{name}_w{arch['width']:g}".replace(".", "_"), **common)
+            name=f"preact_resnet{arch['depth']}{wider}", **common)
 
     def cost(self, arch):
         """``{"params": int, "macs": int}`` of an architecture (cached)."""
@@ -315,9 +306,8 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         return x[train], y[train], x[val], y[val]
 
     def datasets(self, *, epochs, initial_epoch=0, replicas=1):
-        """``(train_ds, val_ds, steps_per_epoch)`` through the library's pipeline; with
-        several replicas the last partial validation batch is dropped (tf.distribute
-        cannot split it unevenly)."""
+        """``(train_ds, val_ds, steps_per_epoch)`` through the library's pipeline; with several
+        replicas the last partial validation batch is dropped (tf.distribute cannot split it)."""
         x, y, vx, vy = self._arrays
         spe = len(x) // self.batch_size
         if spe < 1:

@@ -3,8 +3,6 @@ must match it), ``search/`` (KerasTuner's project), ``results.csv``, ``results.p
 ``best/`` (``model.keras``, ``saved_model/1``, ``best.json``). Distributed search is
 KerasTuner's chief / worker mode (``KERASTUNER_*`` variables, a shared workdir)."""
 
-import csv
-import io
 import json
 import logging
 import os
@@ -17,9 +15,9 @@ from keras_tuner.src.distribute import utils as dist_utils
 import keras_preact
 from keras_preact.data.registry import check_int
 from keras_preact.export import export_saved_model
-from keras_preact.files import atomic_save, atomic_write_bytes, atomic_write_json, atomic_write_text
+from keras_preact.files import atomic_save, atomic_write_bytes, atomic_write_json
 from keras_preact.training.distribute import make_strategy
-from keras_preact.training.workdir import read_json
+from keras_preact.training.workdir import Workdir, figure_png, read_json, write_csv_rows
 from keras_preact.tuning.hypermodel import (OBJECTIVE, PreActResNetHyperModel, search_space_spec,
                                             valid_blocks)
 
@@ -81,9 +79,6 @@ def check_study_workdir(workdir, document):
     """True if the workdir holds this study already, False if it is new or empty; raises
     ValueError if it holds another study or files that are not one. Reads only."""
     path = os.path.join(workdir, STUDY_FILE)
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise ValueError("`workdir` must be a folder, but a file is there. "
-                         f"Received: workdir={workdir!r}")
     if not os.path.exists(path):
         if os.path.isdir(workdir) and os.listdir(workdir):
             raise ValueError(f"The workdir {workdir} is not empty and holds no {STUDY_FILE}: it "
@@ -126,9 +121,7 @@ def tune(workdir, *, tuner="random", max_trials=10, overwrite=False, export=True
 
     Raises ValueError for an invalid space, a budget no candidate fits or a workdir holding
     another study, before anything is written."""
-    if not isinstance(workdir, (str, os.PathLike)) or not os.fspath(workdir):
-        raise ValueError(f"`workdir` must be a folder path. Received: workdir={workdir!r}")
-    workdir = os.path.abspath(os.fspath(workdir))
+    workdir = Workdir(workdir).path  # a folder path, not under a file
     _check_tuner(tuner, max_trials)
     role = None  # KerasTuner's distributed role, from its environment variables
     if dist_utils.has_chief_oracle():
@@ -222,12 +215,8 @@ def write_results(kt_tuner, hypermodel, workdir, *, export=True):
     """Writes results.csv, results.png and, with `export`, the best trial's model as
     ``best/model.keras``, ``best/saved_model/1`` and ``best/best.json``."""
     rows = results_rows(kt_tuner.oracle, hypermodel)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows({k: "" if row[k] is None else row[k] for k in CSV_COLUMNS} for row in rows)
     csv_path = os.path.join(workdir, RESULTS_CSV)
-    atomic_write_text(csv_path, buf.getvalue())
+    write_csv_rows(csv_path, rows, CSV_COLUMNS)
     png_path = os.path.join(workdir, RESULTS_PNG)
     budget = hypermodel.budget.to_dict() if hypermodel.budget else None
     atomic_write_bytes(png_path, plot_results(rows, budget=budget, title=hypermodel.dataset))
@@ -274,18 +263,15 @@ def retrain(workdir, trial=None, *, verbose=0):
 
 
 def plot_results(rows, *, budget=None, title=""):
-    """Validation accuracy vs depth and vs multiply-adds, as PNG bytes (Agg canvas)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    """Validation accuracy vs depth and vs multiply-adds, as PNG bytes."""
     from matplotlib.figure import Figure
     fig = Figure(figsize=(10, 4), dpi=100)
-    FigureCanvasAgg(fig)
     done = [r for r in rows if r["val_accuracy"] is not None and r["within_budget"] == 1]
     best = best_row(rows)
     panels = (("depth", 1, "depth"), ("macs", 1e6, "multiply-adds per image (M)"))
     for (key, scale, xlabel), ax in zip(panels, fig.subplots(1, 2)):
         for block, marker in (("basic", "o"), ("bottleneck", "s")):
-            pts = [r for r in done if r["block"] == block]
-            if pts:
+            if pts := [r for r in done if r["block"] == block]:
                 ax.scatter([r[key] / scale for r in pts], [100 * r["val_accuracy"] for r in pts],
                            marker=marker, label=block)
         if best is not None:
@@ -300,8 +286,4 @@ def plot_results(rows, *, budget=None, title=""):
         ax.grid(True, alpha=0.3)
         if ax.collections:
             ax.legend()
-    fig.suptitle(f"Depth sweep{': ' + title if title else ''} ({len(done)} trials)")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return figure_png(fig, f"Depth sweep{': ' + title if title else ''} ({len(done)} trials)")

@@ -104,16 +104,14 @@ def fetch_weights(key_or_entry, *, build, cache_dir=None, offline=None, progress
         flag = os.environ.get("KERAS_PREACT_OFFLINE", "").strip().lower()
         offline = flag in ("1", "true", "yes", "on")
     cache = resolve_cache_dir(cache_dir)
-    found = _lookup_cache(entry, cache)
-    if found is not None:
+    if (found := _lookup_cache(entry, cache)) is not None:
         return found
     for folder in (LOCK_FOLDER, TMP_FOLDER):
         os.makedirs(os.path.join(cache, folder), exist_ok=True)
     lock = os.path.join(cache, LOCK_FOLDER, entry.key + ".lock")
     with filelock.FileLock(lock, timeout=LOCK_TIMEOUT_S):
         # Another process may have finished while this one waited for the lock.
-        found = _lookup_cache(entry, cache)
-        if found is not None:
+        if (found := _lookup_cache(entry, cache)) is not None:
             return found
         work = tempfile.mkdtemp(prefix=entry.key + ".", dir=os.path.join(cache, TMP_FOLDER))
         try:
