@@ -24,13 +24,15 @@ EXPORT_EXTRAS = [
 ]
 # Converters of published PyTorch checkpoints; torch pinned to its CPU build.
 TORCH_EXTRAS = ["torch==2.13.0"]
+# keras-hub tasks on keras-preact backbones; hf:// and kaggle:// presets.
+HUB_EXTRAS = ["keras-hub==0.32.0"]
 # The documentation site (mkdocs.yml): `mkdocs build --strict`, API reference from docstrings.
 DOCS_EXTRAS = ["mkdocs==1.6.1", "mkdocs-material==9.8.2", "mkdocstrings==1.0.8",
                "mkdocstrings-python==2.0.11"]
 # The JAX and PyTorch backend passes; pytest-xdist runs the test files on every core; the
 # docs tests build the site.
 TEST_EXTRAS = (["pytest>=8", "pytest-xdist>=3.5", "jax>=0.4.30"] + TORCH_EXTRAS + EXPORT_EXTRAS
-               + DOCS_EXTRAS)
+               + HUB_EXTRAS + DOCS_EXTRAS)
 
 with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
     LONG_DESCRIPTION = f.read()
@@ -65,6 +67,7 @@ setup(
         # LiteRT and ONNX export and their parity checks.
         "export": EXPORT_EXTRAS,
         "torch": TORCH_EXTRAS,
+        "hub": HUB_EXTRAS,
         "docs": DOCS_EXTRAS,
         "test": TEST_EXTRAS,
         "dev": TEST_EXTRAS + ["build"],

@@ -26,6 +26,9 @@ if REPO not in sys.path:  # run as a hook or a script from anywhere
     sys.path.insert(0, REPO)
 DATA = os.path.join(REPO, "docs", "data")
 MEASURED = os.path.join(REPO, "benchmarks", "measured", "2026-12-04-epyc-avx512")
+#: `benchmarks/serving_throughput.py`'s report.
+SERVING = os.path.join(REPO, "benchmarks", "measured", "2026-12-05-serving",
+                       "serving_throughput.json")
 MARKER = re.compile(r"^<!-- generated: ([\w-]+) -->$", re.M)
 #: README.md's model table lies between these two lines (the site includes it from there).
 TABLE_START, TABLE_END = "<!-- --8<-- [start:models] -->", "<!-- --8<-- [end:models] -->"
@@ -153,6 +156,21 @@ def memory_table():
         f"(64k iterations of 128 images) would take {hours:.0f} hours on these cores.")
 
 
+def feature_levels_table():
+    """Each level of `features=True` models of both families and blocks, read from the built
+    models: height x width x channels for the input size given."""
+    import keras_preact as kp
+
+    rows, levels = [], [f"P{n}" for n in range(6)]
+    for name, size in (("preact_resnet110", 32), ("preact_resnet164", 32),
+                       ("preact_resnet18", 224), ("preact_resnet50", 224)):
+        maps = kp.get_model(name, features=True, input_shape=(size, size, 3)).output
+        shapes = {k: "x".join(str(d) for d in v.shape[1:]) for k, v in maps.items()}
+        rows.append((f"`{name}`", f"{size}x{size}", *(shapes.get(k, "") for k in levels)))
+    return table(("model", "input", *(f"{k} (stride {2 ** n})" for n, k in enumerate(levels))),
+                 rows)
+
+
 def build_table():
     """Build, save and load times (build_save_load.json)."""
     report = _measured("build_save_load")
@@ -168,6 +186,30 @@ def fused_bn_table():
     rows = [(r["variant"] or "default (fused)", f"{r['images_per_s']:.1f}",
              f"{r['median_s_per_step']:.2f}") for r in report["rows"]]
     return table((f"ResNet-110, batch {report['batch']}", "img/s", "s / step (median)"), rows)
+
+
+def serving_table():
+    """Served images/s of each export format against PyTorch eager, rounds taking turns in one
+    process (serving_throughput.json)."""
+    with open(SERVING, encoding="utf-8") as f:
+        report = json.load(f)
+
+    def cores(value):
+        return "-" if value is None else f"{value:.1f}"
+
+    rows = [(r["format"], r["batch"], f"{r['images_per_s']:.1f}", f"{r['ratio_to_torch']:.2f}x",
+             cores(r["cores_busy"]), cores(r["others_cores"]),
+             "-" if r["bytes"] is None else f"{r['bytes'] / 1e6:.2f} MB") for r in report["rows"]]
+    machine = report["machine"]
+    images = ", ".join(f"{n} at batch {b}" for b, n in report["images"].items())
+    versions = ", ".join(f"{name} {v}" for name, v in report["versions"].items() if v)
+    skipped = "".join(f"\n\nNot measured: {note}." for note in report["skipped"])
+    return table(("format", "batch", "img/s", "x PyTorch eager", "cores busy",
+                  "other processes' cores", "file size"), rows) + (
+        f"\n\n`{report['model']}`, images per measurement: {images}; medians of "
+        f"{report['repeats']} rounds. Measured on {report['started'][:10]} on "
+        f"{machine['cpus']} cores of an {machine['cpu']['model']} by `{report['command']}` "
+        f"({versions}).{skipped}")
 
 
 def machine_line():
@@ -224,7 +266,8 @@ def ablation_table():
 
 PARTS = {"speed": speed_table, "speed-avx2": lambda: speed_table("cpu_avx2"),
          "fused-bn": fused_bn_table, "scaling": scaling_table, "memory": memory_table,
-         "build": build_table, "machine": machine_line, "cli": cli_reference,
+         "build": build_table, "serving": serving_table, "machine": machine_line,
+         "cli": cli_reference, "feature-levels": feature_levels_table,
          "gradient-flow": gradient_flow_table, "gradient-flow-1001": gradient_flow_1001_table,
          "ablation": ablation_table}
 
@@ -379,7 +422,8 @@ def main(argv=None):
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
     elif args.what == "performance":
-        for name in ("machine", "speed", "speed-avx2", "fused-bn", "scaling", "memory", "build"):
+        for name in ("machine", "speed", "speed-avx2", "fused-bn", "scaling", "memory", "build",
+                     "serving"):
             print(PARTS[name](), end="\n\n")
     else:
         if not args.out:

@@ -27,6 +27,7 @@ for _depth in (20, 32, 44, 56, 110, 164, 272, 542, 1001, 1202, 18, 34, 50, 101, 
     _LAZY[f"preact_resnet{_depth}"] = _MODELS
 _LAZY["CoupledSGD"] = "keras_preact.training.optimizers"
 _LAZY["WarmupPiecewiseConstant"] = "keras_preact.training.schedules"
+_LAZY["save_preset"] = _LAZY["from_preset"] = "keras_preact.weights.presets"
 _SUBMODULES = ("finetune", "layers", "models", "weights")
 #: The modules of every Keras object that a file written by keras-preact references.
 _SERIALIZABLE = (_MODELS, "keras_preact.training.optimizers", "keras_preact.training.schedules")

@@ -101,7 +101,8 @@ def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
 
     Args:
         model: a `PreActResNet`.
-        weights: a catalog tag, a `.weights.h5` or `.keras` path, or a URL with its hash.
+        weights: a catalog tag, a `.weights.h5` or `.keras` path, a preset folder, or a URL
+            with its hash.
         model_name: the registered name for tags (default: `model.name`).
         copy_head: "auto": copy the classifier too when its shape fits; False: keep
             the model's fresh head.
@@ -153,7 +154,7 @@ def pretrained_architecture(model_name, weights):
     arch = {}
     if catalog.looks_like_tag(weights):
         arch = catalog.resolve_tag(model_name, weights).architecture
-    elif isinstance(weights, str) and os.path.isfile(weights):
+    elif isinstance(weights, str) and os.path.isfile(weights := local.preset_weights(weights)):
         with contextlib.suppress(OSError):  # h5py's, for a damaged file: reported on load
             arch = ((local.keras_file_info(weights) or {}).get("architecture") if weights.endswith(
                 local.KERAS_SUFFIX) else local.read_recorded(weights)[1]) or {}

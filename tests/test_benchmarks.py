@@ -137,3 +137,21 @@ def test_step_ab_rejects_bad_arguments(args, message):
     assert proc.returncode != 0
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_serving_throughput_times_every_format_against_pytorch(tmp_path):
+    out = tmp_path / "serving.json"
+    proc = _script("serving_throughput.py", "--model", "preact_resnet20", "--batch-sizes", "2",
+                   "--images", "4", "--repeats", "1", "--warmup", "1",
+                   "--calibration-images", "8", "--out", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    rows = {row["format"]: row for row in report["rows"]}
+    assert set(rows) == {"PyTorch eager", "Keras predict_on_batch", "SavedModel serving_default",
+                         "ONNX Runtime", "ONNX Runtime int8", "LiteRT", "LiteRT float16",
+                         "LiteRT dynamic range", "LiteRT int8"}
+    assert rows["PyTorch eager"]["ratio_to_torch"] == 1.0
+    assert all(row["images_per_s"] > 0 and row["batch"] == 2 for row in rows.values())
+    # int8 weights: under half the float32 file of the same format (ONNX adds its scales).
+    for fmt in ("ONNX Runtime", "LiteRT"):
+        assert rows[f"{fmt} int8"]["bytes"] < rows[fmt]["bytes"] / 2, fmt

@@ -131,7 +131,21 @@ def test_export_errors(exported, tmp_path, capsys):
     assert code == 2 and "resnet50" in err and "preact_resnet20" in err
     code, _, err = run_cli(["export", "preact_resnet20", "--quantization", "float16",
                             "--out", str(tmp_path / "x")], capsys)
-    assert code == 2 and "--format litert only" in err
+    assert code == 2 and "--quantize applies to --format litert or onnx only" in err
+    x = str(tmp_path / "x")
+    for argv, message in (
+            (["--format", "onnx", "--quantize", "float16"],
+             "--format onnx takes --quantize int8. Received: --quantize float16"),
+            (["--format", "litert", "--quantize", "int8"],
+             "--quantize int8 needs calibration images: give --calibration-data"),
+            (["--format", "litert", "--calibration-data", "digits"],
+             "--calibration-data is for --quantize int8 only"),
+            (["--format", "litert", "--quantize", "int8", "--calibration-data", "mnist"],
+             "mnist"),
+            (["--held-out-images", "-1"], "--held-out-images must be >= 0. Received: -1"),
+            (["--calibration-images", "0"], "--calibration-images must be >= 1. Received: 0")):
+        code, _, err = run_cli(["export", "preact_resnet20", "--out", x, *argv], capsys)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, (argv, err)
     code, _, err = run_cli(["export", "preact_resnet20", "--top-k", "11", "--out", str(tmp_path / "x")], capsys)
     assert code == 2 and "top_k=11" in err
     code, _, err = run_cli(["export", "preact_resnet20", "--preprocessing", "bgr", "--out", str(tmp_path / "x")], capsys)
@@ -249,3 +263,24 @@ def test_exported_run_model_card_carries_its_test_accuracy(tmp_path, capsys):
     card = export.read_model_card(tmp_path / "x" / "1")
     assert card["metrics"] == {"dataset": "digits", "test_accuracy": 0.9875, "test_loss": 0.05}
     assert "- test_accuracy: 0.9875" in (tmp_path / "x" / "1" / "model_card.md").read_text()
+
+
+def test_a_run_model_is_checked_on_its_held_out_images(tmp_path, capsys):
+    model = kp.PreActResNet(stage_blocks=(1, 1, 1), stage_filters=(8, 16, 32), stem_filters=8,
+                            input_shape=(32, 32, 3), classes=10, preprocessing="unit")
+    model.save(str(tmp_path / "model.keras"))
+    # What `keras-preact train` writes beside its model: the run's dataset.
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"train_config": {"dataset": "digits"}}))
+    argv = ["export", str(tmp_path / "model.keras"), "--format", "onnx", "--held-out-images", "50"]
+    code, out, err = run_cli(argv + ["--out", str(tmp_path / "a")], capsys)
+    assert code == 0, err
+    parity = export.read_model_card(tmp_path / "a")["parity"]
+    assert parity["images"] == 50 and set(parity["accuracy"]) == {"keras", "export"}
+    assert f"Held-out accuracy: export {parity['accuracy']['export']:.2%}" in out
+    # The run's data missing here: a warning, and the export checked on random images.
+    config.write_text(json.dumps({"train_config": {
+        "dataset": "cifar10", "data_source": "archive", "data_path": str(tmp_path / "gone")}}))
+    code, out, err = run_cli(argv + ["--out", str(tmp_path / "b")], capsys)
+    assert code == 0 and err.startswith("warning: no held-out check (") and "gone" in err, err
+    assert export.read_model_card(tmp_path / "b")["parity"]["images"] == 8

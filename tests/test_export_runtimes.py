@@ -5,8 +5,9 @@ Runtimes: `ai-edge-litert`'s interpreter (tf.lite.Interpreter is deprecated) and
 
 Stated tolerances (largest |difference| of probabilities against the Keras model):
 float32 LiteRT and ONNX 1e-5; float16 LiteRT 1e-2. Quantised accuracy on the digits
-test split (359 images) may drop by at most 0.6 points (float16, about 2 images)
-and 2.0 points (dynamic range, about 7 images) against the Keras model.
+test split (359 images) may drop by at most 0.6 points (float16, about 2 images),
+2.0 points (dynamic range, about 7 images) and 1 point (int8 LiteRT and ONNX, calibrated
+on 128 training images) against the Keras model.
 """
 
 import json
@@ -152,6 +153,28 @@ def test_quantised_litert_accuracy_on_digits(tmp_path, digits, digits_model, dig
     assert per_parameter >= (1.5 if quantization == "float16" else 2.0), per_parameter
 
 
+@pytest.mark.parametrize("fmt", ["litert", "onnx"])
+def test_int8_exports_keep_accuracy_on_digits(tmp_path, digits, digits_model,
+                                              digits_float_exports, fmt):
+    model, probs, keras_accuracy = digits_model
+    (x_train, _), (x_test, y_test) = digits
+    folder = export.export_model(model, tmp_path / fmt, format=fmt, quantization="int8",
+                                 calibration_images=x_train[:128], parity_images=x_test,
+                                 parity_labels=y_test)
+    out = export.load_export(folder).predict(x_test)["probabilities"]
+    accuracy = float(np.mean(np.argmax(out, -1) == y_test))
+    assert accuracy >= keras_accuracy - 0.01, (fmt, keras_accuracy, accuracy)
+    card = export.read_model_card(folder)
+    assert card["serving"]["quantization"] == "int8"
+    assert card["serving"]["calibration_images"] == 128
+    # The card's record is this same measurement.
+    assert card["parity"]["accuracy"] == {"keras": pytest.approx(keras_accuracy, abs=1e-9),
+                                          "export": pytest.approx(accuracy, abs=1e-9)}
+    assert card["parity"]["max_abs_diff"] == pytest.approx(np.max(np.abs(out - probs)), abs=1e-6)
+    if fmt == "litert":  # this net's ONNX graph outweighs its 20k parameters: see the demo's
+        assert card["serving"]["bytes"] < 0.6 * os.path.getsize(digits_float_exports[0])
+
+
 def test_litert_and_onnx_bad_arguments(tmp_path):
     model = kp.PreActResNet(stage_blocks=(1, 1, 1), stage_filters=(8, 16, 32), stem_filters=8,
                             input_shape=(16, 16, 3), classes=5, preprocessing="unit")
@@ -163,6 +186,18 @@ def test_litert_and_onnx_bad_arguments(tmp_path):
         export.export_onnx(model, tmp_path / "c", opset_version=0)
     with pytest.raises(ValueError, match=r"parity_images.*16x16"):
         export.export_onnx(model, tmp_path / "d", parity_images=np.zeros((2, 8, 8, 3), np.uint8))
+    with pytest.raises(ValueError, match=r"needs `calibration_images`.*Received: calibration_"):
+        export.export_litert(model, tmp_path / "f", quantization="int8")
+    with pytest.raises(ValueError, match=r"calibration_images.*16x16"):
+        export.export_onnx(model, tmp_path / "g", quantization="int8",
+                           calibration_images=np.zeros((2, 8, 8, 3), np.uint8))
+    with pytest.raises(ValueError, match=r"for quantization='int8' only"):
+        export.export_litert(model, tmp_path / "h", calibration_images=np.zeros((2, 16, 16, 3)))
+    with pytest.raises(ValueError, match=r"quantization='float16'.*Valid: \[None, 'int8'\]"):
+        export.export_onnx(model, tmp_path / "i", quantization="float16")
+    with pytest.raises(ValueError, match=r"one class id per image.*3 labels"):
+        export.export_onnx(model, tmp_path / "j", parity_labels=[0, 1, 2],
+                           parity_images=np.zeros((2, 16, 16, 3), np.uint8))
     assert sorted(os.listdir(tmp_path)) == []
     folder = export.export_onnx(model, tmp_path / "e")
     with pytest.raises(FileExistsError, match="overwrite"):

@@ -16,14 +16,21 @@ def run(argv, timeout=600):
     return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.e2e
-def test_demo_reaches_97_percent_on_held_out_digits(tmp_path):
-    from keras_preact.training.demo import DEMO_EPOCHS
-
-    workdir = str(tmp_path / "demo")
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """The demo's workdir and its output, trained once for this file."""
+    workdir = str(tmp_path_factory.mktemp("runs") / "demo")
     proc = run([sys.executable, "-m", "keras_preact", "demo", "--workdir", workdir,
                 "--verbose", "2", "--no-export"])
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return workdir, proc
+
+
+@pytest.mark.e2e
+def test_demo_reaches_97_percent_on_held_out_digits(demo_run):
+    from keras_preact.training.demo import DEMO_EPOCHS
+
+    workdir, proc = demo_run
     metrics = json.load(open(os.path.join(workdir, "metrics.json")))
     assert len(metrics["epochs"]) == DEMO_EPOCHS
     assert metrics["num_test_examples"] == 359  # the held-out digits, never trained on
@@ -48,6 +55,31 @@ def test_demo_reaches_97_percent_on_held_out_digits(tmp_path):
     images, labels, _ = read_digits("test")
     predicted = np.argmax(model.predict(images, verbose=0), axis=-1)
     assert np.mean(predicted == labels) == pytest.approx(metrics["test_accuracy"], abs=1e-6)
+
+
+@pytest.mark.e2e
+def test_int8_exports_of_the_demo_model_keep_its_accuracy(demo_run, tmp_path):
+    # Calibrated on 256 of the run's training images, checked on its 359 held-out ones.
+    workdir, _ = demo_run
+    cards = {}
+    for fmt, quantize in (("litert", None), ("litert", "int8"), ("onnx", None), ("onnx", "int8")):
+        out = str(tmp_path / f"{fmt}-{quantize}")
+        proc = run([sys.executable, "-m", "keras_preact", "export",
+                    os.path.join(workdir, "model.keras"), "--format", fmt, "--out", out]
+                   + (["--quantize", quantize] if quantize else []))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert re.search(r"Held-out accuracy: export [\d.]+%, Keras [\d.]+%", proc.stdout)
+        cards[fmt, quantize] = json.load(open(os.path.join(out, "model_card.json")))
+    for key in (("litert", "int8"), ("onnx", "int8")):
+        parity, serving = cards[key]["parity"], cards[key]["serving"]
+        assert parity["images"] == 359 and serving["calibration_images"] == 256, key
+        accuracy = parity["accuracy"]
+        assert accuracy["export"] >= accuracy["keras"] - 0.01, (key, accuracy)
+        assert parity["top1_agreement"] >= 0.98, (key, parity)
+    # int8 weights: about a quarter of the float32 file (ONNX's QDQ graph adds its scales).
+    for fmt, ratio in (("litert", 0.35), ("onnx", 0.5)):
+        int8, float32 = (cards[fmt, q]["serving"]["bytes"] for q in ("int8", None))
+        assert int8 < ratio * float32, (fmt, int8, float32)
 
 
 @pytest.mark.e2e

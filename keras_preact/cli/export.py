@@ -6,14 +6,15 @@ import json
 import os
 import sys
 
-from keras_preact.cli.common import partial_status, print_error
+from keras_preact.cli.common import error_message, partial_status, print_error
 
 #: `keras_preact.export.FORMATS` and `QUANTIZATIONS`: that module imports TensorFlow, which
 #: `--help` must not. Then the flags of one format only.
 EXPORT_FORMATS = ("saved_model", "litert", "onnx")
-QUANTIZATIONS = ("float16", "dynamic_range")
-_FORMAT_FLAGS = {"version": "saved_model", "accept_encoded": "saved_model",
-                 "quantization": "litert"}
+QUANTIZATIONS = ("float16", "dynamic_range", "int8")
+#: The flags of some formats only, and the values each takes (None: any).
+_FORMAT_FLAGS = {"version": {"saved_model": None}, "accept_encoded": {"saved_model": None},
+                 "quantization": {"litert": None, "onnx": ("int8",)}}
 
 
 def add_commands(subparsers):
@@ -33,7 +34,16 @@ def add_commands(subparsers):
     p.add_argument("--include-features", action="store_true", help="add the `features` output")
     p.add_argument("--accept-encoded", action="store_true", default=None,
                    help="saved_model: add the serve_encoded signature (JPEG/PNG bytes)")
-    p.add_argument("--quantization", choices=QUANTIZATIONS, help="litert only")
+    p.add_argument("--quantize", "--quantization", dest="quantization", choices=QUANTIZATIONS,
+                   help="litert: any; onnx: int8 (calibrated on training images)")
+    p.add_argument("--calibration-data", metavar="DATASET", help="int8: the dataset whose "
+                   "train split calibrates (default: the run's, from config.json beside MODEL)")
+    p.add_argument("--calibration-images", type=int, default=256, metavar="N",
+                   help="int8 (default 256)")
+    for flag in ("--data-dir", "--data-source", "--data-path"):
+        p.add_argument(flag, help="as for train, for --calibration-data")
+    p.add_argument("--held-out-images", type=int, default=1000, metavar="N", help="check on up to "
+                   "N test images of the run's dataset, with accuracies (default 1000; 0: none)")
     p.add_argument("--preprocessing", default="auto",
                    help="'auto' (the model's own layer; cifar10 for a model name), a preset "
                         "(symmetric, unit, cifar10, cifar100, imagenet) or 'none'")
@@ -72,27 +82,97 @@ def _preprocessing(value):
     return value
 
 
-def cmd_export(args):
+def _check_format_flags(args):
+    """The format-specific flags given, checked against --format."""
     options = {k: getattr(args, k) for k in _FORMAT_FLAGS if getattr(args, k) is not None}
-    for name, only in _FORMAT_FLAGS.items():
-        if name in options and args.format != only:
-            raise ValueError(f"--{name.replace('_', '-')} applies to --format {only} only. "
+    for name, value in options.items():
+        valid = _FORMAT_FLAGS[name]
+        flag = "--quantize" if name == "quantization" else f"--{name.replace('_', '-')}"
+        if args.format not in valid:
+            raise ValueError(f"{flag} applies to --format {' or '.join(valid)} only. "
                              f"Received: --format {args.format}")
+        if valid[args.format] is not None and value not in valid[args.format]:
+            raise ValueError(f"--format {args.format} takes {flag} {', '.join(valid[args.format])}"
+                             f". Received: {flag} {value}")
+    if options.get("quantization") != "int8" and args.calibration_data is not None:
+        raise ValueError("--calibration-data is for --quantize int8 only. "
+                         f"Received: --quantize {args.quantization}")
+    return options
+
+
+def _run_dataset(model_path):
+    """`load_arrays`' arguments for the dataset of the training run whose ``config.json``
+    lies beside `model_path` (a run's model.keras), or None."""
+    config = os.path.join(os.path.dirname(os.path.abspath(model_path)), "config.json")
+    if not os.path.isfile(config):
+        return None
+    with open(config, encoding="utf-8") as f:
+        run = json.load(f).get("train_config") or {}
+    return run.get("dataset") and {"name": run["dataset"], "data_dir": run.get("data_dir"),
+                                   "source": run.get("data_source", "auto"),
+                                   "path": run.get("data_path")}
+
+
+def _export_data(args):
+    """(calibration images or None, export options for a held-out parity check)."""
+    import numpy as np
+
+    from keras_preact.data import load_arrays
+    run = _run_dataset(args.model)
+    calibration, held_out = None, {}
+    if args.quantization == "int8":
+        given = {"name": args.calibration_data, "data_dir": args.data_dir,
+                 "source": args.data_source or "auto", "path": args.data_path}
+        source = given if args.calibration_data else run
+        if source is None:
+            raise ValueError("--quantize int8 needs calibration images: give --calibration-data "
+                             "DATASET (a name `train --dataset` takes), or export a training run's "
+                             f"model.keras. Received: {args.model}")
+        images = load_arrays(split="train", **source)[0]
+        pick = np.random.default_rng(0).permutation(len(images))[:args.calibration_images]
+        calibration = images[np.sort(pick)]
+    if run and args.held_out_images > 0 and not args.no_parity_check:
+        try:
+            images, labels = load_arrays(split="test", **run)
+        except ValueError as err:  # e.g. the run's data is not on this machine
+            print(f"warning: no held-out check ({error_message(err)})", file=sys.stderr)
+            return calibration, held_out
+        held_out = {"parity_images": images[:args.held_out_images],
+                    "parity_labels": labels[:args.held_out_images]}
+    return calibration, held_out
+
+
+def cmd_export(args):
+    options = _check_format_flags(args)
+    for flag, least in (("calibration_images", 1), ("held_out_images", 0)):
+        if getattr(args, flag) < least:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= {least}. "
+                             f"Received: {getattr(args, flag)}")
     preprocessing = _preprocessing(args.preprocessing)
     from keras_preact import export
     class_names = None if args.class_names is None else export.read_class_names(args.class_names)
+    calibration, held_out = _export_data(args)
+    if calibration is not None:
+        options["calibration_images"] = calibration
     model, described = export.load_model_to_export(args.model, classes=args.classes,
                                                    preprocessing=preprocessing)
     folder = export.export_model(
         model, args.out, format=args.format, top_k=args.top_k,
         include_features=args.include_features, class_names=class_names,
         overwrite=args.overwrite, check_parity=not args.no_parity_check,
-        verbose=sys.stdout.isatty(), **described, **options)
-    print(f"Exported {args.model} as {args.format} to {folder}")
-    if parity := export.read_model_card(folder).get("parity"):
+        verbose=sys.stdout.isatty(), **described, **options, **held_out)
+    card = export.read_model_card(folder)
+    size = card["serving"].get("bytes")
+    print(f"Exported {args.model} as {args.format}"
+          f"{' ' + args.quantization if args.quantization else ''} to {folder}"
+          + (f" ({size / 1e6:.2f} MB)" if size else ""))
+    if parity := card.get("parity"):
         print("Parity with the Keras model: max |difference| of probabilities "
               f"{parity['max_abs_diff']:.3g} (tolerance {parity['tolerance']:.3g}), top-1 "
-              f"agreement {parity['top1_agreement']:.0%} on {parity['images']} images")
+              f"agreement {parity['top1_agreement']:.1%} on {parity['images']} images")
+        if accuracy := parity.get("accuracy"):
+            print(f"Held-out accuracy: export {accuracy['export']:.2%}, Keras "
+                  f"{accuracy['keras']:.2%}")
     print(f"Model card: {os.path.join(folder, 'model_card.md')}")
     return 0
 

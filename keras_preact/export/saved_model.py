@@ -109,7 +109,8 @@ def export_saved_model(model, path, *, version=1, accept_encoded=False, **option
             `build_serving_model`); `class_names` (a str per class); `weights_info`, `metrics`
             (JSON dicts for the model card); `overwrite` (default False); `check_parity`
             (default True: compare with the model on `parity_images`, default 8 seeded random
-            ones, within `parity_tolerance`, default `PARITY_TOLERANCES`); `verbose`.
+            ones, within `parity_tolerance`, default `PARITY_TOLERANCES`; with their
+            `parity_labels`, both accuracies go into the card); `verbose`.
 
     Returns str, the version folder written (``path/<version>``).
 

@@ -9,6 +9,7 @@ import tempfile
 import uuid
 
 import keras
+import numpy as np
 
 from keras_preact.export.card import (
     MODEL_CARD_JSON, make_model_card, write_class_names, write_model_card)
@@ -73,8 +74,8 @@ def staged_folder(target, *, overwrite):
 def export_folder(model, target, *, export_format, serving, write, run, quantization=None,
                   extra_versions=(), class_names_dir="", preprocessing=AUTO, top_k=None,
                   include_features=False, class_names=None, weights_info=None, metrics=None,
-                  overwrite=False, check_parity=True, parity_images=None, parity_tolerance=None,
-                  verbose=False):
+                  overwrite=False, check_parity=True, parity_images=None, parity_labels=None,
+                  parity_tolerance=None, verbose=False):
     """Writes one export through `staged_folder` at `target`: ``serving(parts)`` is the card's
     "serving" entry, ``write(staging, parts, card)`` writes the model, ``run(staging, images)``
     runs it for the parity check; `extra_versions`: packages whose versions go into the card;
@@ -97,13 +98,20 @@ def export_folder(model, target, *, export_format, serving, write, run, quantiza
         metrics=check_json("metrics", metrics), serving=serving(parts),
         extra_versions=extra_versions)
     images = parts.parity_images(parity_images) if check_parity else None
+    if parity_labels is not None:
+        parity_labels = np.asarray(parity_labels).reshape(-1)
+        if images is None or parity_images is None or len(parity_labels) != len(images):
+            raise ValueError("`parity_labels` must hold one class id per image of "
+                             f"`parity_images`. Received: {len(parity_labels)} labels, "
+                             f"parity_images={None if images is None else images.shape}")
     progress = keras.utils.Progbar(3, unit_name="stage", verbose=1 if verbose else 0)
     with staged_folder(target, overwrite=overwrite) as staging:
         write(staging, parts, card)
         progress.update(1)
         if check_parity:
             reference = parts.reference_probabilities(model, images)
-            card["parity"] = compare(key, reference, run(staging, images), float(parity_tolerance))
+            card["parity"] = compare(key, reference, run(staging, images), float(parity_tolerance),
+                                     parity_labels)
         progress.update(2)
         write_class_names(os.path.join(staging, class_names_dir), card["class_names"])
         write_model_card(staging, card)

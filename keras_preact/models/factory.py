@@ -34,6 +34,7 @@ def build_with_weights(model_name, architecture, *, weights, include_top, input_
     recorded architecture and the caller's `kwargs` override."""
     kwargs = rename_deprecated(kwargs, model_name)
     check_known_arguments(kwargs, MODEL_ARGUMENTS, where=model_name)
+    include_top = include_top and not kwargs.get("features")  # a backbone loads as no-top
     if weights is None and classes is None:
         classes = default_classes
     request = weights_hooks.WeightsRequest(

@@ -49,9 +49,13 @@ def _positive_ints(name, value):
     return out
 
 
-def _check_head(include_top, pooling, classes, classifier_activation):
+def _check_head(include_top, pooling, classes, classifier_activation, features=False):
     check_bool("include_top", include_top)
     check_choice("pooling", pooling, POOLINGS)
+    check_bool("features", features)
+    if features and pooling is not None:
+        raise ValueError("`features=True` returns the stages' 4D feature maps, which are not "
+                         f"pooled. Received: pooling={pooling!r}. Leave pooling=None.")
     if not include_top:
         return
     if isinstance(classes, bool) or not isinstance(classes, int) or classes < 1:
@@ -96,7 +100,7 @@ def validate_config(*, block, stage_blocks, stage_filters, stage_strides, stem_f
                     unit=variants.DEFAULT_UNIT, shortcut_scale=None, residual_scale=None,
                     gate_bias=None, dropout_rate=None, stem="cifar", stride_position="first",
                     strided_shortcut="projection", conv_bias=False, bn_momentum=BN_MOMENTUM,
-                    bn_epsilon=BN_EPSILON, synchronized_bn=False):
+                    bn_epsilon=BN_EPSILON, synchronized_bn=False, features=False):
     """Checks every `PreActResNet` argument before any layer is built (ValueError).
 
     Returns a dict: "stage_blocks", "stage_filters", "stage_strides" (tuples),
@@ -122,7 +126,7 @@ def validate_config(*, block, stage_blocks, stage_filters, stage_strides, stem_f
         raise ValueError(
             "Bottleneck stage widths must be divisible by `bottleneck_expansion`. Received: "
             f"stage_filters={stages['stage_filters']}, bottleneck_expansion={bottleneck_expansion}")
-    _check_head(include_top, pooling, classes, classifier_activation)
+    _check_head(include_top and not features, pooling, classes, classifier_activation, features)
     data_format = normalize_data_format(data_format)
     check_choice("stem", stem, STEMS)
     check_stride_position(stride_position, stages["stage_blocks"], stages["stage_strides"])
@@ -181,23 +185,41 @@ def _stages(x, a):
                   conv_bias=a.conv_bias, remat=a.remat)
     if a.block == "bottleneck":
         kwargs.update(expansion=a.bottleneck_expansion, bottleneck_stride=a.bottleneck_stride)
+    outputs = []
     for i, (units, filters, strides) in enumerate(
             zip(a.stage_blocks, a.stage_filters, a.stage_strides), start=1):
         shared = True if i == 1 and a.first_shared_preact and preact else None
         x = PreActStage(a.block, filters, units, strides=strides, first_shared_preact=shared,
                         name=f"stage{i}", **kwargs)(x)
-    return x
+        outputs.append(x)
+    return outputs
 
 
-def _head(x, a):
+def _levels(a):
+    """keras-hub's pyramid level names of the stages: "P{n}" for a stage whose output is
+    2**n times smaller than the input (CIFAR: P0, P1, P2; ImageNet: P2 ... P5)."""
+    stride = a.stem_strides * (2 if a.stem in POOLED_STEMS else 1)
+    names = []
+    for s in a.stage_strides:
+        stride *= s
+        n = stride.bit_length() - 1
+        names.append(f"P{n}" if stride == 1 << n else f"stride{stride}")
+    return names
+
+
+def _final_activation(x, a):
     """The last unit's activation (the paper's rule: BN-ReLU for Fig. 4e, ReLU for
-    4d, nothing for units ending in a ReLU or, unspecified by the paper, Fig. 4c),
-    pooling and the classifier."""
+    4d, nothing for units ending in a ReLU or, unspecified by the paper, Fig. 4c)."""
     variant = variants.get_unit(a.unit)
     if variant.bn_before_conv:
         x = _bn(a, "post_bn")(x)
     if variant.preactivation:
         x = keras.layers.Activation("relu", dtype=a.dtype, name="post_relu")(x)
+    return x
+
+
+def _head(x, a):
+    """Pooling and the classifier."""
     pools = {"max": keras.layers.GlobalMaxPooling2D, "avg": keras.layers.GlobalAveragePooling2D}
     pool = pools.get(a.pooling, keras.layers.GlobalAveragePooling2D if a.include_top else None)
     if pool is not None:
@@ -238,6 +260,8 @@ class PreActResNet(keras.Model):
             ``first_unit_shared_preact``.
         pooling: None, "avg" or "max". Without the top, None returns the 4D features;
             with it, "max" replaces the global average pooling.
+        features: return `pyramid_outputs`, a dict of feature maps by level, instead of the
+            head (a backbone for detection or segmentation; no head is built).
         classifier_activation: None returns logits.
         preprocessing: None, a name of `layers.preprocessing.PRESETS` or a dict with "mean",
             "std" and optional "scale": the model then takes [0, 255] pixels.
@@ -268,7 +292,8 @@ class PreActResNet(keras.Model):
     def __init__(self, *, block="basic", stage_blocks=(3, 3, 3), stage_filters=(16, 32, 64),
                  stage_strides=(1, 2, 2), stem_filters=16, stem_kernel_size=3, stem_strides=1,
                  stem="cifar", bottleneck_stride="middle", bottleneck_expansion=4,
-                 first_shared_preact=True, include_top=True, pooling=None, classes=10,
+                 first_shared_preact=True, include_top=True, pooling=None, features=False,
+                 classes=10,
                  classifier_activation="softmax", preprocessing=None, input_shape=None,
                  input_tensor=None, data_format=None, kernel_initializer="he_normal",
                  zero_init_last=False, bn_momentum=BN_MOMENTUM, bn_epsilon=BN_EPSILON,
@@ -282,19 +307,33 @@ class PreActResNet(keras.Model):
         args.update({new: kwargs.pop(new) for new in RENAMED_ARGUMENTS.values() if new in kwargs})
         check_known_arguments(kwargs, MODEL_ARGUMENTS, where="PreActResNet")
         check_bool("zero_init_last", zero_init_last)
+        args["include_top"] = include_top and not features
         args.update(validate_config(**{k: args[k] for k in _VALIDATED}))
         resolved_preprocessing = resolve_preprocessing(preprocessing)
         args["remat"] = check_remat(remat, unit)
         a = types.SimpleNamespace(**args)
         inputs = keras.Input(shape=a.input_shape, name="images") if input_tensor is None else input_tensor
-        outputs = _head(_stages(_stem(inputs, a, resolved_preprocessing), a), a)
-        super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
+        stages = _stages(_stem(inputs, a, resolved_preprocessing), a)
+        x = _final_activation(stages[-1], a)
+        # The last level is what the head sees (timm's ``norm=True``), the others the sums.
+        pyramid = dict(zip(_levels(a), stages[:-1] + [x]))
+        super().__init__(inputs=inputs, outputs=pyramid if features else _head(x, a), name=name,
+                         **kwargs)
+        self._pyramid_outputs = pyramid
         if zero_init_last:
             _zero_last_convs(self)
         self._input_shape_arg, self._dtype_arg = a.input_shape, dtype
         for key in _ATTRIBUTES:
             setattr(self, key, args[key])
 
+
+    @property
+    def pyramid_outputs(self):
+        """The stages' outputs by level, named as keras-hub's backbones name them: "P{n}"
+        is 2**n times smaller than the input (ImageNet models P2 ... P5, CIFAR models P0 ...
+        P2). The last level is after the final BN-ReLU, the others the stages' sums.
+        ``keras.Model(model.input, model.pyramid_outputs)`` is the `features=True` model."""
+        return dict(self._pyramid_outputs)
 
     @property
     def depth(self):

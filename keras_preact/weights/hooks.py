@@ -12,8 +12,8 @@ from keras_preact.weights import catalog, local
 from keras_preact.weights.download import fetch_weights
 
 VALID_FORMS = ("None, a tag of the model (see `keras-preact weights list`), a path ending in "
-               "'.weights.h5' or '.keras', or a URL with its hash ('https://...#sha256=<hex>' "
-               "or {'url': ..., 'hash': 'sha256:<hex>'})")
+               "'.weights.h5' or '.keras', a preset folder, or a URL with its hash "
+               "('https://...#sha256=<hex>' or {'url': ..., 'hash': 'sha256:<hex>'})")
 DEFAULT_CLASSES = 10
 _FACTORY_KEYS = ("classes", "include_top", "input_shape")  # the factory decides these
 
@@ -94,8 +94,8 @@ def plan_weights(request):
         plan.update(kind="entry", entry=catalog.resolve_tag(request.model, weights))
         _apply_entry(plan, plan["entry"], request)
         return plan
-    path = os.path.abspath(os.path.expanduser(weights))
-    if weights.endswith(local.KERAS_SUFFIX):
+    path = local.preset_weights(os.path.abspath(os.path.expanduser(weights)))
+    if path.endswith(local.KERAS_SUFFIX):
         if not os.path.isfile(path):
             raise _bad("The .keras file does not exist.", weights)
         plan.update(kind="keras", path=path)
@@ -103,10 +103,10 @@ def plan_weights(request):
         if info is not None:
             _apply(plan, request, info, info["architecture"])
         return plan
-    if not weights.endswith(local.WEIGHTS_SUFFIX):
-        raise _bad("`weights` must be None or a path to a Keras weights file ending in "
-                   f"'{local.WEIGHTS_SUFFIX}' or a model file ending in '{local.KERAS_SUFFIX}'.",
-                   weights)
+    if not path.endswith(local.WEIGHTS_SUFFIX):
+        raise _bad("`weights` must be None, a path to a Keras weights file ending in "
+                   f"'{local.WEIGHTS_SUFFIX}', a model file ending in '{local.KERAS_SUFFIX}' "
+                   "or a preset folder.", weights)
     plan.update(kind="weights_h5", path=local.resolve_weights_argument(path))
     _plan_h5(plan, request)
     return plan

@@ -28,14 +28,20 @@ RENAMED_KEYS = {"first_unit_shared_preact": "first_shared_preact"}
 OPTIONAL_ARCHITECTURE_KEYS = {"stride_position": "first", "strided_shortcut": "projection",
                               "conv_bias": False, "stem": None}
 HEAD_LAYER = "logits"  # the classifier of `PreActResNet`
+PRESET_WEIGHTS = "model.weights.h5"  # the weights of a preset folder (`weights.presets`)
+
+
+def preset_weights(path):
+    """The weights file of a preset folder `path`, else `path` itself."""
+    return os.path.join(path, PRESET_WEIGHTS) if path and os.path.isdir(path) else path
 
 
 def resolve_weights_argument(weights):
-    """A factory's `weights` argument (None or a path to an existing Keras `.weights.h5`
-    file) as None or the absolute path; ValueError for another value."""
+    """A factory's `weights` argument (None, a path to an existing Keras `.weights.h5`
+    file or a preset folder) as None or the file's absolute path; ValueError for another value."""
     if weights is None:
         return None
-    path = os.fspath(weights) if isinstance(weights, (str, os.PathLike)) else ""
+    path = preset_weights(os.fspath(weights) if isinstance(weights, (str, os.PathLike)) else "")
     if not path.endswith(WEIGHTS_SUFFIX):
         raise ValueError("`weights` must be None or a path to a Keras weights file ending in "
                          f"'{WEIGHTS_SUFFIX}'. Received: weights={weights!r}")
