@@ -39,7 +39,7 @@ def add_commands(subparsers):
     p.add_argument("--calibration-data", metavar="DATASET", help="int8: the dataset whose "
                    "train split calibrates (default: the run's, from config.json beside MODEL)")
     p.add_argument("--calibration-images", type=int, default=256, metavar="N",
-                   help="int8 (default 256)")
+                   help="images that calibrate int8 (default 256)")
     for flag in ("--data-dir", "--data-source", "--data-path"):
         p.add_argument(flag, help="as for train, for --calibration-data")
     p.add_argument("--held-out-images", type=int, default=1000, metavar="N", help="check on up to "

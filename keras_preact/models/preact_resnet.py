@@ -331,7 +331,8 @@ class PreActResNet(keras.Model):
     def pyramid_outputs(self):
         """The stages' outputs by level, named as keras-hub's backbones name them: "P{n}"
         is 2**n times smaller than the input (ImageNet models P2 ... P5, CIFAR models P0 ...
-        P2). The last level is after the final BN-ReLU, the others the stages' sums.
+        P2; of stages ending at the same stride, the last). The last level is after the
+        final BN-ReLU, the others the stages' sums.
         ``keras.Model(model.input, model.pyramid_outputs)`` is the `features=True` model."""
         return dict(self._pyramid_outputs)
 

@@ -71,8 +71,8 @@ def from_preset(preset, *, load_weights=True, **kwargs):
     """Builds the model a preset holds, with its weights.
 
     Args:
-        preset: a folder written by `save_preset` (or keras-hub's ``save_to_preset``), or an
-            ``hf://`` or ``kaggle://`` handle (needs the ``hub`` extra and the network).
+        preset: a folder written by `save_preset`, or an ``hf://`` or ``kaggle://`` handle
+            of one (needs the ``hub`` extra and the network).
         load_weights: load ``model.weights.h5`` (checked against the model first).
         **kwargs: config values to change, e.g. ``features=True`` for the backbone of the
             same weights.
