@@ -7,6 +7,7 @@ import os
 import sys
 
 from keras_preact.cli.common import error_message, partial_status, print_error
+from keras_preact.training.config import TrainConfig
 
 #: `keras_preact.export.FORMATS` and `QUANTIZATIONS`: that module imports TensorFlow, which
 #: `--help` must not. Then the flags of one format only.
@@ -101,16 +102,15 @@ def _check_format_flags(args):
 
 
 def _run_dataset(model_path):
-    """`load_arrays`' arguments for the dataset of the training run whose ``config.json``
-    lies beside `model_path` (a run's model.keras), or None."""
-    config = os.path.join(os.path.dirname(os.path.abspath(model_path)), "config.json")
-    if not os.path.isfile(config):
+    """`load_arrays`' arguments for the dataset of the training run whose workdir holds
+    `model_path` (a run's model.keras), or None."""
+    from keras_preact.training.workdir import Workdir
+    stored = Workdir(os.path.dirname(os.path.abspath(model_path))).read_config() or {}
+    if "train_config" not in stored:
         return None
-    with open(config, encoding="utf-8") as f:
-        run = json.load(f).get("train_config") or {}
-    return run.get("dataset") and {"name": run["dataset"], "data_dir": run.get("data_dir"),
-                                   "source": run.get("data_source", "auto"),
-                                   "path": run.get("data_path")}
+    run = TrainConfig.from_dict(stored["train_config"])
+    return {"name": run.dataset, "data_dir": run.data_dir, "source": run.data_source,
+            "path": run.data_path}
 
 
 def _export_data(args):
