@@ -1,11 +1,13 @@
 """Build, save and load times of the deep models (and the naive reference).
 
 Each measurement runs in a fresh process at Python's default recursion limit, so
-nothing is cached and no limit is raised. Prints a table and writes JSON.
+nothing is cached (JAX's persistent compilation cache is off) and no limit is raised.
+With several backends each model is measured on each in turn, so that a shared
+machine's drift hits them alike. Prints a table and writes JSON.
 
 Usage:
-    python benchmarks/build_save_load.py [--models preact_resnet1001 ...] [--naive]
-        [--out benchmarks/results/build_save_load.json]
+    python benchmarks/build_save_load.py [--models preact_resnet1001 ... | all] [--naive]
+        [--backends tensorflow jax torch] [--out benchmarks/results/build_save_load.json]
 
 `--naive` also times a one-Keras-layer-per-op functional ResNet-1001 (the reference
 the targets are stated against), first at the default recursion limit, then with the
@@ -31,7 +33,7 @@ assert sys.getrecursionlimit() == 1000, sys.getrecursionlimit()
 t0 = time.perf_counter()
 model = kp.get_model(name)
 t_build = time.perf_counter() - t0
-x = np.random.RandomState(0).rand(2, 32, 32, 3).astype("float32") * 255
+x = np.random.RandomState(0).rand(2, *model.input_shape[1:]).astype("float32") * 255
 # Batch statistics: inference mode at initialisation (moving variance 1) overflows
 # through hundreds of units in any framework, so compare training-mode outputs.
 y = keras.ops.convert_to_numpy(model(x, training=True))
@@ -45,7 +47,7 @@ with tempfile.TemporaryDirectory() as d:
     loaded = keras.saving.load_model(path)
     t_load = time.perf_counter() - t0
     diff = float(np.abs(keras.ops.convert_to_numpy(loaded(x, training=True)) - y).max())
-print(json.dumps({"model": name, "build_s": t_build, "save_s": t_save, "load_s": t_load,
+print(json.dumps({"model": name, "backend": keras.backend.backend(), "build_s": t_build, "save_s": t_save, "load_s": t_load,
                   "save_load_s": t_save + t_load, "file_mb": size / 1e6,
                   "max_abs_diff": diff, "keras_layers": len(model.layers),
                   "parameters": kp.count_params(model)}))
@@ -100,9 +102,10 @@ print(json.dumps(result))
 """
 
 
-def _run(code, *args):
+def _run(code, *args, backend="tensorflow"):
+    env = dict(os.environ, KERAS_BACKEND=backend, JAX_ENABLE_COMPILATION_CACHE="false")
     proc = subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True, check=False
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, check=False, env=env
     )
     lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
     if proc.returncode or not lines:
@@ -113,11 +116,16 @@ def _run(code, *args):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["preact_resnet164", "preact_resnet1001"])
+    parser.add_argument("--backends", nargs="+", default=["tensorflow"],
+                        choices=("tensorflow", "jax", "torch"))
     parser.add_argument("--naive", action="store_true")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results", "build_save_load.json"))
     args = parser.parse_args(argv)
 
-    rows = [_run(CHILD, name) for name in args.models]
+    if args.models == ["all"]:
+        import keras_preact as kp
+        args.models = kp.list_models()
+    rows = [_run(CHILD, name, backend=b) for name in args.models for b in args.backends]
     naive = []
     if args.naive:
         for limit in (0, 20000):
@@ -125,9 +133,9 @@ def main(argv=None):
             r["recursion_limit"] = limit or sys.getrecursionlimit()
             naive.append(r)
 
-    print(f"{'model':<20} {'build s':>8} {'save s':>7} {'load s':>7} {'save+load':>9} {'layers':>7} {'max |diff|':>10}")
+    print(f"{'model':<20} {'backend':<10} {'build s':>8} {'save s':>7} {'load s':>7} {'save+load':>9} {'layers':>7} {'max |diff|':>10}")
     for r in rows:
-        print(f"{r['model']:<20} {r['build_s']:8.2f} {r['save_s']:7.2f} {r['load_s']:7.2f} "
+        print(f"{r['model']:<20} {r['backend']:<10} {r['build_s']:8.2f} {r['save_s']:7.2f} {r['load_s']:7.2f} "
               f"{r['save_load_s']:9.2f} {r['keras_layers']:7d} {r['max_abs_diff']:10.2e}")
     for r in naive:
         status = r["error"] or f"{r['keras_layers']} layers"

@@ -7,7 +7,8 @@ KERAS_BACKEND); uses only NumPy data, so a machine without TensorFlow can run it
     KERAS_BACKEND=tensorflow python benchmarks/keras_step.py --model preact_resnet110 \
         --batch 128 --steps 20 [--precision mixed_bfloat16] [--jit-compile] [--threads 2]
 
-prints one JSON line: images/s, seconds per step, peak resident memory, MACs.
+prints one JSON line: images/s, seconds per step, peak resident memory (and on JAX the
+device's peak memory where it reports one, as GPUs do), MACs.
 
 ``images_per_s`` is the steady rate of the timed `fit` call's training steps: from the
 first step's start to the last step's end, as a callback sees them (data fetch from the
@@ -72,7 +73,8 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--precision", default="fp32", choices=("fp32", "mixed_float16", "mixed_bfloat16"))
-    p.add_argument("--jit-compile", action="store_true")
+    p.add_argument("--jit-compile", action="store_true",
+                   help="XLA on TensorFlow (JAX always compiles the step)")
     p.add_argument("--threads", type=int, default=None, help="TF intra-op threads (inter-op 1)")
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--model-kwargs", default="{}", help="JSON of extra factory arguments")
@@ -117,7 +119,7 @@ def main(argv=None):
     model.compile(
         optimizer=CoupledSGD(learning_rate=0.1, momentum=0.9, l2=1e-4),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        jit_compile=bool(args.jit_compile),
+        jit_compile=bool(args.jit_compile) or backend == "jax",
     )
     rng = np.random.RandomState(0)
 
@@ -138,6 +140,13 @@ def main(argv=None):
     elapsed = time.perf_counter() - t0
     steady = timer.summary(args.batch)
     kernels = {}
+    if backend == "jax":
+        import jax
+
+        device = jax.local_devices()[0]
+        stats = device.memory_stats() or {}  # None on a CPU
+        kernels = {"device": device.device_kind,
+                   "peak_device_mb": stats["peak_bytes_in_use"] / 2**20 if stats else None}
     if backend == "tensorflow":
         from keras_preact.layers import tf_kernels
 
@@ -148,7 +157,7 @@ def main(argv=None):
         "model": args.model,
         "batch": args.batch,
         "precision": args.precision,
-        "jit_compile": bool(args.jit_compile),
+        "jit_compile": bool(args.jit_compile) or backend == "jax",
         "unrolled": bool(args.unrolled),
         "threads": args.threads,
         "steps": args.steps,

@@ -23,9 +23,14 @@ Suites:
   rematerialisation: peak memory at batch 128, and per-image time with and without it
   at a batch that fits (both in one process, taking turns). ``--parts`` picks a
   subset; ``--max-isa avx2`` caps both sides' kernels at AVX2.
-* ``gpu``: the JAX backend (no TensorFlow needed) in fp32 and mixed precision with
-  larger batches, and a projection of the paper's ResNet-1001 schedule
-  (64k iterations x 128 images) in hours from the measured images/s.
+* ``gpu``: the JAX backend, which is all a GPU machine needs (``pip install keras
+  keras-preact`` beside its JAX; nothing is installed at run time): ResNet-110, 164 and
+  1001 training images/s in fp32, mixed bfloat16 and mixed float16 at ``--batch``
+  (the paper's 128), the peak device memory of each, and the paper's ResNet-1001
+  schedule (64k iterations x 128 images) in hours from the measured images/s.
+* ``jax``: the JAX backend on the CPU: ResNet-56 and 110 at ``--batch`` against the
+  PyTorch reference in ``--pairs`` alternating rounds (first step and steady rate), and
+  ResNet-1001 at batch 128 with remat on JAX and TensorFlow (peak memory).
 * ``quick``: a one-minute smoke run of the machinery (small depth and batch).
 
     python benchmarks/run.py --suite cpu [--pairs 3] [--out benchmarks/results/cpu.json]
@@ -60,7 +65,8 @@ _CASE_ENV = {}
 
 
 def _run(script, args, *, env=None, timeout=3600):
-    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
+    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+                    PYTHONPATH=os.pathsep.join(filter(None, (REPO, os.environ.get("PYTHONPATH")))))
     full_env.update(_CASE_ENV)
     full_env.update(env or {})
     proc = subprocess.run(
@@ -73,7 +79,8 @@ def _run(script, args, *, env=None, timeout=3600):
 
 
 def keras_case(model, batch, steps, *, backend="tensorflow", threads=2, precision="fp32",
-               jit=False, image_size=32, model_kwargs=None, warmup=3, extra_env=None):
+               jit=False, image_size=32, model_kwargs=None, warmup=3, extra_env=None,
+               unrolled=False):
     args = ["--model", model, "--batch", batch, "--steps", steps, "--precision", precision,
             "--image-size", image_size, "--model-kwargs", json.dumps(model_kwargs or {}),
             "--warmup", warmup]
@@ -81,6 +88,8 @@ def keras_case(model, batch, steps, *, backend="tensorflow", threads=2, precisio
         args += ["--threads", threads]
     if jit:
         args.append("--jit-compile")
+    if unrolled:
+        args.append("--unrolled")
     return _run("keras_step.py", args, env={"KERAS_BACKEND": backend, **(extra_env or {})})
 
 
@@ -315,20 +324,50 @@ def scaling_summary(scaling):
 
 
 def suite_gpu(args, report):
+    """Training img/s and peak device memory on the JAX backend, each model in each
+    precision, and the paper's ResNet-1001 schedule in hours at the measured rate."""
     rows = report["rows"]
-    for precision in ("fp32", "mixed_bfloat16", "mixed_float16"):
-        for batch in (128, 512):
-            r = keras_case("preact_resnet110", batch, args.steps, backend="jax", threads=None,
-                           precision=precision, jit=True)
-            rows.append({"case": f"ResNet-110 b{batch} jax {precision}", **r})
-    for precision in ("fp32", "mixed_bfloat16"):
-        r = keras_case("preact_resnet1001", 128, args.steps, backend="jax", threads=None,
-                       precision=precision, jit=True)
-        rows.append({"case": f"ResNet-1001 b128 jax {precision}", **r})
-        if "images_per_s" in r:
-            report.setdefault("resnet1001_schedule_hours", {})[precision] = (
-                PAPER_1001_IMAGES / r["images_per_s"] / 3600
-            )
+    for model in args.gpu_models:
+        for precision in args.precisions:
+            r = keras_case(model, args.batch, args.steps, backend="jax", threads=None,
+                           precision=precision, warmup=2)
+            rows.append({"case": f"{model} b{args.batch} jax {precision}", **r})
+            if model == "preact_resnet1001" and _rate(r):
+                report.setdefault("resnet1001_schedule_hours", {})[precision] = (
+                    PAPER_1001_IMAGES / _rate(r) / 3600)
+
+
+def suite_jax(args, report):
+    """The JAX backend on this machine's CPU: ResNet-56 and 110 against the PyTorch
+    reference in alternating rounds (the first step, compilation included, and the steady
+    rate), with the stages looped (the default) and unrolled, and ResNet-1001 at batch 128 with remat on JAX and TensorFlow (first step and
+    peak resident memory)."""
+    rows = report["rows"]
+    for model in args.jax_models:
+        depth = int(model.rsplit("resnet", 1)[1])
+        sides = {"jax": lambda: keras_case(model, args.batch, args.steps, backend="jax",
+                                           threads=None, warmup=1),
+                 "jax unrolled": lambda: keras_case(model, args.batch, args.steps, backend="jax",
+                                                    threads=None, warmup=1, unrolled=True),
+                 "torch": lambda: torch_case(depth, args.batch, args.steps)}
+        ratios = []
+        for i in range(args.pairs):
+            got = {side: sides[side]() for side in (sides if i % 2 == 0 else reversed(sides))}
+            ratio = (_rate(got["jax"]) / _rate(got["torch"])
+                     if _rate(got["jax"]) and _rate(got["torch"]) else None)
+            ratios.append(ratio)
+            rows.append({"case": f"{model} b{args.batch} jax (round {i + 1})", **got["jax"],
+                         "ratio_over_torch": ratio})
+            rows.append({"case": f"{model} b{args.batch} jax unrolled (round {i + 1})",
+                         **got["jax unrolled"]})
+            rows.append({"case": f"{model} b{args.batch} PyTorch ref (round {i + 1})", **got["torch"]})
+        report.setdefault("ratio_jax_over_torch", {})[model] = {"rounds": ratios,
+                                                                "median": _median(ratios)}
+    for backend in ("jax", "tensorflow"):
+        r = keras_case("preact_resnet1001", 128, args.steps_1001, backend=backend,
+                       threads=None if backend == "jax" else 2, warmup=1,
+                       model_kwargs={"remat": "segment"})
+        rows.append({"case": f"preact_resnet1001 b128 remat {backend}", **r})
 
 
 def suite_quick(args, report):
@@ -345,7 +384,8 @@ def print_table(report):
           f"kernels capped at: {machine.get('max_isa', 'native')}")
     # img/s: the steady rate of the training steps; call img/s: the whole fit call,
     # setup and teardown included (keras_step.py's docstring).
-    print(f"{'case':46s} {'img/s':>9s} {'s/step':>8s} {'call img/s':>10s} {'peak MB':>9s}")
+    print(f"{'case':46s} {'img/s':>9s} {'s/step':>8s} {'call img/s':>10s} {'peak MB':>9s} "
+          f"{'device MB':>9s}")
     for r in report["rows"]:
         if "error" in r:
             print(f"{r['case']:46s} error: {r['error']}")
@@ -353,8 +393,10 @@ def print_table(report):
         call = r.get("call_images_per_s")
         call = f"{call:10.1f}" if call else f"{'-':>10s}"
         peak = f"{r['peak_rss_mb']:9.0f}" if r.get("peak_rss_mb") else f"{'-':>9s}"
-        print(f"{r['case']:46s} {r['images_per_s']:9.1f} {r['s_per_step']:8.3f} {call} {peak}")
-    for key in ("ratio_keras_over_torch", "ratio_unoptimised_over_torch",
+        device = f"{r['peak_device_mb']:9.0f}" if r.get("peak_device_mb") else f"{'-':>9s}"
+        print(f"{r['case']:46s} {r['images_per_s']:9.1f} {r['s_per_step']:8.3f} {call} {peak} "
+              f"{device}")
+    for key in ("ratio_keras_over_torch", "ratio_jax_over_torch", "ratio_unoptimised_over_torch",
                 "ratio_bf16_over_torch_fp32", "matmul_gflops",
                 "fraction_of_matmul_peak", "pipeline_images_per_s", "pipeline_over_training",
                 "cost_scaling_summary", "resnet1001", "resnet1001_schedule_hours"):
@@ -367,7 +409,7 @@ def print_table(report):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--suite", choices=("cpu", "gpu", "quick"), default="cpu")
+    p.add_argument("--suite", choices=("cpu", "jax", "gpu", "quick"), default="cpu")
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--steps", type=int, default=10)
@@ -389,6 +431,12 @@ def main(argv=None):
     p.add_argument("--max-isa", choices=tuple(ISA_ENVS), default="native",
                    help="cap the kernels' vector instructions on both sides (avx2: what an "
                         "AVX2-only CPU runs, measured on a newer one)")
+    p.add_argument("--jax-models", nargs="+", default=["preact_resnet56", "preact_resnet110"],
+                   help="jax suite: CIFAR models timed against the PyTorch reference")
+    p.add_argument("--gpu-models", nargs="+",
+                   default=["preact_resnet110", "preact_resnet164", "preact_resnet1001"])
+    p.add_argument("--precisions", nargs="+", default=["fp32", "mixed_bfloat16", "mixed_float16"],
+                   choices=("fp32", "mixed_bfloat16", "mixed_float16"), help="gpu suite")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     _CASE_ENV.clear()
@@ -405,7 +453,8 @@ def main(argv=None):
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "rows": [],
     }
-    {"cpu": suite_cpu, "gpu": suite_gpu, "quick": suite_quick}[args.suite](args, report)
+    {"cpu": suite_cpu, "jax": suite_jax, "gpu": suite_gpu,
+     "quick": suite_quick}[args.suite](args, report)
     print_table(report)
     out = args.out or os.path.join(HERE, "results", f"{args.suite}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -414,7 +463,10 @@ def main(argv=None):
         json.dump(report, f, indent=1)
     os.replace(tmp, out)
     print(f"wrote {out}")
-    return 0
+    failed = [r["case"] for r in report["rows"] if "error" in r]
+    if failed:
+        print(f"{len(failed)} case(s) failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

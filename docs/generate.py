@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import statistics
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,6 +30,8 @@ MEASURED = os.path.join(REPO, "benchmarks", "measured", "2026-12-04-epyc-avx512"
 #: `benchmarks/serving_throughput.py`'s report.
 SERVING = os.path.join(REPO, "benchmarks", "measured", "2026-12-05-serving",
                        "serving_throughput.json")
+#: The JAX backend's reports (build times on every backend, `run.py --suite jax`, `jax_ops.py`).
+JAX_MEASURED = os.path.join(REPO, "benchmarks", "measured", "2026-12-05-jax")
 MARKER = re.compile(r"^<!-- generated: ([\w-]+) -->$", re.M)
 #: README.md's model table lies between these two lines (the site includes it from there).
 TABLE_START, TABLE_END = "<!-- --8<-- [start:models] -->", "<!-- --8<-- [end:models] -->"
@@ -180,6 +183,63 @@ def build_table():
                   "reloaded output difference"), rows)
 
 
+def _jax_measured(name):
+    with open(os.path.join(JAX_MEASURED, name + ".json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def build_backends_table():
+    """Every registered model's build time on each backend, a fresh process each
+    (2026-12-05-jax/build_save_load.json)."""
+    builds = {}
+    for r in _jax_measured("build_save_load")["models"]:
+        builds.setdefault(r["model"], {})[r["backend"]] = r["build_s"]
+    rows = [(f"`{m}`", *(f"{b[k]:.2f} s" for k in ("tensorflow", "jax", "torch")),
+             f"{b['jax'] / b['tensorflow']:.2f}") for m, b in builds.items()]
+    return table(("model", "TensorFlow", "JAX", "PyTorch", "JAX / TensorFlow"), rows)
+
+
+def jax_training_table():
+    """ResNet-56 and 110 on JAX against the PyTorch reference, rounds alternating, and
+    ResNet-1001 with remat on JAX and TensorFlow (2026-12-05-jax/jax.json)."""
+    report = _jax_measured("jax")
+    rows = []
+    for model, ratio in report["ratio_jax_over_torch"].items():
+        def side(name):
+            return [r for r in report["rows"] if r["case"].startswith(f"{model} b128 {name} (")]
+
+        looped, unrolled, torch = side("jax"), side("jax unrolled"), side("PyTorch ref")
+        rows.append((f"`{model}`", f"{_median_of(looped, 'warmup_s'):.1f} s",
+                     f"{_median_of(unrolled, 'warmup_s'):.1f} s",
+                     f"{_median_of(looped, 'images_per_s'):.1f}",
+                     f"{_median_of(unrolled, 'images_per_s'):.1f}",
+                     f"{_median_of(torch, 'images_per_s'):.1f}", f"{ratio['median']:.2f}x"))
+    memory = {r["case"].rsplit(" ", 1)[1]: r for r in report["rows"]
+              if r["case"].startswith("preact_resnet1001")}
+    return table(("batch 128", "first step, looped", "first step, unrolled", "JAX img/s, looped",
+                  "JAX img/s, unrolled", "PyTorch img/s", "JAX (looped) / PyTorch"), rows) + "\n\n" + table(
+        ("ResNet-1001, batch 128, remat", "first step", "s / step", "peak resident memory"),
+        [(backend, f"{r['warmup_s']:.0f} s", f"{r['s_per_step']:.1f}",
+          f"{r['peak_rss_mb'] / 1e3:.2f} GB") for backend, r in memory.items()])
+
+
+def _median_of(rows, key):
+    return statistics.median(r[key] for r in rows)
+
+
+def jax_ops_table():
+    """ResNet-56's convolutions and BN-ReLUs, forward and backward, each framework's ops
+    timed alone and summed, beside its whole step (2026-12-05-jax/jax_ops.json)."""
+    rounds = _jax_measured("jax_ops")["rounds"]
+    rows = []
+    for side, name in (("jax", "JAX (XLA:CPU)"), ("torch", "PyTorch")):
+        med = {k: _median_of([r[side] for r in rounds], k) for k in ("conv", "bn_relu", "step")}
+        rows.append((name, f"{med['conv']:.2f} s", f"{med['bn_relu']:.2f} s",
+                     f"{med['step']:.2f} s", f"{med['conv'] / med['step']:.0%}"))
+    return table(("ResNet-56 step, batch 128", "convolutions", "BN-ReLUs", "whole step",
+                  "convolutions / step"), rows)
+
+
 def fused_bn_table():
     """The fused BatchNorm + ReLU kernel on and off, steps alternating (fused_bn_ab.json)."""
     report = _measured("fused_bn_ab")
@@ -266,7 +326,8 @@ def ablation_table():
 
 PARTS = {"speed": speed_table, "speed-avx2": lambda: speed_table("cpu_avx2"),
          "fused-bn": fused_bn_table, "scaling": scaling_table, "memory": memory_table,
-         "build": build_table, "serving": serving_table, "machine": machine_line,
+         "build": build_table, "build-backends": build_backends_table,
+         "jax": jax_training_table, "jax-ops": jax_ops_table, "serving": serving_table, "machine": machine_line,
          "cli": cli_reference, "feature-levels": feature_levels_table,
          "gradient-flow": gradient_flow_table, "gradient-flow-1001": gradient_flow_1001_table,
          "ablation": ablation_table}
@@ -423,7 +484,7 @@ def main(argv=None):
             f.write(text)
     elif args.what == "performance":
         for name in ("machine", "speed", "speed-avx2", "fused-bn", "scaling", "memory", "build",
-                     "serving"):
+                     "serving", "build-backends", "jax", "jax-ops"):
             print(PARTS[name](), end="\n\n")
     else:
         if not args.out:

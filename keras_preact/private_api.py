@@ -13,12 +13,6 @@ def is_functional(model):
     return hasattr(model, "_operations")
 
 
-def initializer_seed(initializer):
-    """The seed an initializer was created with (`_init_seed`): an int, a `SeedGenerator`
-    or None (its config holds a copy, which would not share a generator's state)."""
-    return initializer._init_seed
-
-
 def onednn_enabled():
     """Whether TensorFlow runs its oneDNN kernels (fixed at import; it has no public query)."""
     from tensorflow.python.util import _pywrap_util_port

@@ -155,3 +155,66 @@ def test_serving_throughput_times_every_format_against_pytorch(tmp_path):
     # int8 weights: under half the float32 file of the same format (ONNX adds its scales).
     for fmt in ("ONNX Runtime", "LiteRT"):
         assert rows[f"{fmt} int8"]["bytes"] < rows[fmt]["bytes"] / 2, fmt
+
+
+NO_TENSORFLOW = """
+import sys
+class _NoTensorFlow:
+    def find_spec(self, name, path=None, target=None):
+        if name == "tensorflow" or name.startswith("tensorflow."):
+            raise ModuleNotFoundError("No module named 'tensorflow' (blocked)", name=name)
+sys.meta_path.insert(0, _NoTensorFlow())
+"""
+
+
+def test_gpu_suite_runs_on_jax_without_tensorflow(tmp_path):
+    """What a GPU machine has is JAX: the suite runs there with TensorFlow unimportable
+    (a `sitecustomize` blocks it in every process), each model in each precision."""
+    (tmp_path / "sitecustomize.py").write_text(NO_TENSORFLOW)
+    out = tmp_path / "gpu.json"
+    env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=str(tmp_path), TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(BENCH, "run.py"), "--suite", "gpu", "--gpu-models",
+         "preact_resnet20", "--batch", "2", "--steps", "2", "--precisions", "fp32",
+         "mixed_bfloat16", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    rows = report["rows"]
+    assert [r["case"] for r in rows] == ["preact_resnet20 b2 jax fp32",
+                                         "preact_resnet20 b2 jax mixed_bfloat16"], rows
+    for row in rows:
+        assert row["framework"] == "keras-jax" and row["jit_compile"] and row["images_per_s"] > 0
+        assert row["device"] == "cpu" and row["peak_device_mb"] is None  # a CPU reports none
+    assert "resnet1001_schedule_hours" not in report
+
+
+def test_gpu_suite_projects_the_papers_schedule_from_resnet1001s_rate():
+    run = _load("run")
+    # 64k iterations x 128 images at 64000 * 128 / 3600 images/s: one hour.
+    calls = []
+
+    def fake_case(model, batch, steps, **kwargs):
+        calls.append((model, kwargs["precision"]))
+        return {"images_per_s": 64000 * 128 / 3600 * (2 if "mixed" in kwargs["precision"] else 1)}
+
+    run.keras_case = fake_case
+    args = run.argparse.Namespace(gpu_models=["preact_resnet110", "preact_resnet1001"],
+                                  precisions=["fp32", "mixed_bfloat16"], batch=128, steps=3)
+    report = {"rows": []}
+    run.suite_gpu(args, report)
+    assert calls == [(m, p) for m in args.gpu_models for p in args.precisions]
+    assert report["resnet1001_schedule_hours"] == {"fp32": pytest.approx(1.0),
+                                                   "mixed_bfloat16": pytest.approx(0.5)}
+
+
+def test_jax_ops_times_both_frameworks_ops_and_whole_steps(tmp_path):
+    out = tmp_path / "ops.json"
+    proc = _script("jax_ops.py", "--rounds", "1", "--reps", "1", "--batch", "2", "--steps", "1",
+                   "--out", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["rounds"]
+    for side in ("jax", "torch"):
+        assert row[side]["conv"] > 0 and row[side]["bn_relu"] > 0 and row[side]["step"] > 0
+    bad = _script("jax_ops.py", "--batch", "0", timeout=60)
+    assert bad.returncode == 2 and "--batch must be >= 1. Received: 0" in bad.stderr

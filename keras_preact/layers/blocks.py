@@ -9,6 +9,7 @@ from keras import ops
 
 from keras_preact.layers import fast_stage, variants
 from keras_preact.layers import functional as F
+from keras_preact.layers.initializers import HostInitializer
 from keras_preact.layers import remat as remat_lib
 from keras_preact.layers.utils import (
     check_bool, check_choice, check_positive_int, normalize_data_format, pop_deprecated,
@@ -104,13 +105,10 @@ class _UnitConfigMixin:
         """Creates the variables of `UnitSpec.variable_specs` (stacked `units` times)."""
         out = {}
         for name, shape, kind in specs:
-            if kind == "kernel":
-                init = (self.kernel_initializer if units is None
-                        else fast_stage.StackedInitializer(self.kernel_initializer, units))
-            elif kind == "gate_bias":
-                init = keras.initializers.Constant(self.unit_options["gate_bias"])
-            else:
-                init = keras.initializers.get(_INITIALIZERS[kind])
+            base = (self.kernel_initializer if kind == "kernel"
+                    else keras.initializers.Constant(self.unit_options["gate_bias"])
+                    if kind == "gate_bias" else _INITIALIZERS[kind])
+            init = HostInitializer(base, key=f"{self.path}/{name}", stacked=units is not None)
             out[name] = self.add_weight(
                 name=name, shape=tuple(shape) if units is None else (units,) + tuple(shape),
                 initializer=init, regularizer=self.kernel_regularizer if kind == "kernel" else None,
@@ -311,9 +309,11 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
 
     # False unrolls the looped paths (a reference for tests and benchmarks).
     remat_loop = True
-    # Without remat, training loops from this many stacked units on: the 1000-layer models
-    # (110 and 199 a stage), whose unrolled step takes minutes to trace.
-    plain_loop_min_units = 64
+    # Without remat, training loops from this many stacked units on. TensorFlow: the
+    # 1000-layer models (110 and 199 a stage), whose unrolled step takes minutes to trace.
+    # JAX: every stage; XLA compiles the loop sooner and runs it faster (benchmarks/run.py
+    # --suite jax times both).
+    plain_loop_min_units = 2 if keras.backend.backend() == "jax" else 64
 
     def __init__(self, block, filters, num_blocks=None, strides=1, first_shared_preact=None,
                  expansion=4, bottleneck_stride="middle", kernel_initializer="he_normal",

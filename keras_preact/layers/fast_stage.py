@@ -2,32 +2,10 @@
 a backend loop. They share one variable per name with a leading unit axis, so a ResNet-1001
 is a few dozen variables instead of ~5,000 (it builds, saves and loads in seconds)."""
 
-import keras
 from keras import ops
 
-from keras_preact import private_api
 from keras_preact.layers import functional as F
 from keras_preact.layers import remat as remat_lib
-
-
-class StackedInitializer:
-    """Initialises a [units, ...] variable as `units` independent draws of `base`, each
-    slice with one unit's distribution."""
-
-    def __init__(self, base, units):
-        self.base, self.units = base, units
-
-    def __call__(self, shape, dtype=None):
-        base = self.base
-        if isinstance(base, keras.initializers.VarianceScaling):
-            # The stacked shape multiplies both fans by `units`; the scale compensates.
-            stacked = keras.initializers.VarianceScaling(
-                scale=base.scale * self.units, mode=base.mode,
-                distribution=base.distribution, seed=private_api.initializer_seed(base))
-            return stacked(shape, dtype=dtype)
-        return ops.stack([
-            keras.initializers.get(keras.initializers.serialize(base))(shape[1:], dtype=dtype)
-            for _ in range(self.units)])
 
 
 def stacked_units(x, stacked, spec, kwargs, unit_inputs=None):

@@ -1,6 +1,6 @@
 """The residual unit as a function of tensors (`unit_forward`), which the unit and
 stage layers run on their variables. `conv` and `bn_relu` pick TensorFlow's faster
-kernels (`tf_kernels`), which give the same values."""
+kernels (`tf_kernels`) and `conv` JAX's (`jax_kernels`), which give the same values."""
 
 import math
 
@@ -136,6 +136,10 @@ def conv(x, kernel, strides, data_format):
     kernels = _tf_kernels()
     if kernels is not None and kernels.fast_conv_applies(kernel.shape, strides, data_format):
         return kernels.conv2d(x, ops.cast(kernel, x.dtype))
+    if keras.backend.backend() == "jax":
+        from keras_preact.layers import jax_kernels
+        if jax_kernels.applies(kernel.shape, strides, data_format):
+            return jax_kernels.conv2d(x, ops.cast(kernel, x.dtype))
     if strides > 1:
         p = [[(k - 1) // 2] * 2] * 2
         x = ops.pad(x, [[0, 0]] + p + [[0, 0]] if data_format == "channels_last" else [[0, 0]] * 2 + p)

@@ -12,6 +12,7 @@ import keras
 from keras_preact.layers import variants
 from keras_preact.layers.blocks import (
     BLOCK_TYPES, BN_EPSILON, BN_MOMENTUM, check_stride_position, check_unit_arguments, PreActStage)
+from keras_preact.layers.initializers import call_on_host
 from keras_preact.layers.preprocessing import ImageNormalization, resolve_preprocessing
 from keras_preact.layers.remat import check_remat, model_pruning_off
 from keras_preact.layers.utils import (
@@ -149,13 +150,13 @@ def _stem(x, a, preprocessing):
         x = keras.layers.ZeroPadding2D((a.stem_kernel_size - 1) // 2, data_format=a.data_format,
                                        dtype=a.dtype, name="stem_pad")(x)
         padding = "valid"
-    x = keras.layers.Conv2D(a.stem_filters, a.stem_kernel_size, strides=a.stem_strides,
-                            padding=padding, use_bias=a.conv_bias and a.stem != "imagenet",
-                            kernel_initializer=a.kernel_initializer, data_format=a.data_format,
-                            dtype=a.dtype, name="stem_conv")(x)
+    x = call_on_host(keras.layers.Conv2D(
+        a.stem_filters, a.stem_kernel_size, strides=a.stem_strides, padding=padding,
+        use_bias=a.conv_bias and a.stem != "imagenet", kernel_initializer=a.kernel_initializer,
+        data_format=a.data_format, dtype=a.dtype, name="stem_conv"), x)
     if a.stem == "imagenet" or not variants.get_unit(a.unit).preactivation:
         # conv-BN-ReLU (He et al. 2015) for units that start with a conv (Fig. 4a-c, 2).
-        x = _bn(a, "stem_bn")(x)
+        x = _bn(a, "stem_bn", x)
         x = keras.layers.Activation("relu", dtype=a.dtype, name="stem_relu")(x)
     if a.stem in POOLED_STEMS:
         # After a ReLU zero padding is Torch's -inf one ("imagenet_preact": no ReLU, as ResNetV2).
@@ -166,11 +167,10 @@ def _stem(x, a, preprocessing):
     return x
 
 
-def _bn(a, name):
-    return keras.layers.BatchNormalization(axis=-1 if a.data_format == "channels_last" else 1,
-                                           momentum=a.bn_momentum, epsilon=a.bn_epsilon,
-                                           synchronized=a.synchronized_bn, dtype=a.dtype,
-                                           name=name)
+def _bn(a, name, x):
+    return call_on_host(keras.layers.BatchNormalization(
+        axis=-1 if a.data_format == "channels_last" else 1, momentum=a.bn_momentum,
+        epsilon=a.bn_epsilon, synchronized=a.synchronized_bn, dtype=a.dtype, name=name), x)
 
 
 def _stages(x, a):
@@ -212,7 +212,7 @@ def _final_activation(x, a):
     4d, nothing for units ending in a ReLU or, unspecified by the paper, Fig. 4c)."""
     variant = variants.get_unit(a.unit)
     if variant.bn_before_conv:
-        x = _bn(a, "post_bn")(x)
+        x = _bn(a, "post_bn", x)
     if variant.preactivation:
         x = keras.layers.Activation("relu", dtype=a.dtype, name="post_relu")(x)
     return x
@@ -225,7 +225,7 @@ def _head(x, a):
     if pool is not None:
         x = pool(data_format=a.data_format, dtype=a.dtype, name="pool")(x)
     if a.include_top:
-        x = keras.layers.Dense(a.classes, dtype=a.dtype, name="logits")(x)
+        x = call_on_host(keras.layers.Dense(a.classes, dtype=a.dtype, name="logits"), x)
         # Float32 (or float64) so softmax stays accurate under mixed precision.
         float64 = a.dtype is not None and keras.dtype_policies.get(a.dtype).compute_dtype == "float64"
         x = keras.layers.Activation(a.classifier_activation, name="predictions",
