@@ -206,7 +206,8 @@ def jax_training_table():
     rows = []
     for model, ratio in report["ratio_jax_over_torch"].items():
         def side(name):
-            return [r for r in report["rows"] if r["case"].startswith(f"{model} b128 {name} (")]
+            return [r for r in report["rows"] if r["case"].startswith(f"{model} b")
+                    and f" {name} (round" in r["case"]]
 
         looped, unrolled, torch = side("jax"), side("jax unrolled"), side("PyTorch ref")
         rows.append((f"`{model}`", f"{_median_of(looped, 'warmup_s'):.1f} s",
@@ -216,10 +217,11 @@ def jax_training_table():
                      f"{_median_of(torch, 'images_per_s'):.1f}", f"{ratio['median']:.2f}x"))
     memory = {r["case"].rsplit(" ", 1)[1]: r for r in report["rows"]
               if r["case"].startswith("preact_resnet1001")}
-    return table(("batch 128", "first step, looped", "first step, unrolled", "JAX img/s, looped",
+    batch = report["rows"][0]["batch"]
+    return table((f"batch {batch}", "first step, looped", "first step, unrolled", "JAX img/s, looped",
                   "JAX img/s, unrolled", "PyTorch img/s", "JAX (looped) / PyTorch"), rows) + "\n\n" + table(
         ("ResNet-1001, batch 128, remat", "first step", "s / step", "peak resident memory"),
-        [(backend, f"{r['warmup_s']:.0f} s", f"{r['s_per_step']:.1f}",
+        [(backend, f"{r['warmup_s']:.0f} s", f"{r['s_per_step']:.1f} ({r['steps']} timed)",
           f"{r['peak_rss_mb'] / 1e3:.2f} GB") for backend, r in memory.items()])
 
 

@@ -67,25 +67,36 @@ def test_a_seeded_initializer_gives_each_variable_its_own_draw():
                               kernels["stage1/unit1/conv2_kernel"])
 
 
-def test_other_initializers_are_called_as_they_are():
-    init = HostInitializer(keras.initializers.Orthogonal(seed=3), key="k")
-    q = to_numpy(init((4, 4), dtype="float32"))
-    np.testing.assert_allclose(q @ q.T, np.eye(4), atol=1e-5)
-    stacked = to_numpy(HostInitializer("orthogonal", key="k", stacked=True)((3, 4, 4)))
+@pytest.mark.parametrize("base", ["orthogonal", "random_normal", "seeded"])
+def test_other_random_initializers_give_each_variable_its_own_draw(base):
+    # One initializer object (an unseeded one draws its seed when it is made).
+    name, base = base, (keras.initializers.RandomNormal(seed=3) if base == "seeded"
+                        else keras.initializers.get(base))
+    one, two = (to_numpy(HostInitializer(base, key=k)((4, 4), dtype="float32")) for k in "ab")
+    assert not np.allclose(one, two)
+    np.testing.assert_array_equal(
+        one, to_numpy(HostInitializer(base, key="a")((4, 4), dtype="float32")))
+    if name == "orthogonal":
+        np.testing.assert_allclose(one @ one.T, np.eye(4), atol=1e-5)
+    stacked = to_numpy(HostInitializer(base, key="k", stacked=True)((3, 4, 4)))
     assert stacked.shape == (3, 4, 4) and not np.allclose(stacked[0], stacked[1])
 
 
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="counts XLA compilations")
 def test_building_a_model_on_jax_compiles_nothing():
-    import jax.monitoring
-
-    compiled = []
-    jax.monitoring.register_event_duration_secs_listener(
-        lambda event, duration, **kw: compiled.append(event)
-        if event == "/jax/core/compile/backend_compile_duration" else None)
-    for name in ("preact_resnet56", "preact_resnet1001", "preact_resnet50"):
-        kp.get_model(name)
-    assert compiled == []
+    code = ("import jax, jax.monitoring, keras_preact as kp\n"
+            "compiled = []\n"
+            "jax.monitoring.register_event_duration_secs_listener(lambda event, d, **kw:\n"
+            "    compiled.append(event) if event.endswith('backend_compile_duration') else None)\n"
+            "for name in ('preact_resnet56', 'preact_resnet1001', 'preact_resnet50'):\n"
+            "    kp.get_model(name)\n"
+            "built = len(compiled)\n"
+            "jax.jit(lambda x: x * 3 + 1)(jax.numpy.ones((7, 5)))  # one it must hear\n"
+            "print(built, len(compiled))\n")
+    proc = run_python(code, env={"KERAS_BACKEND": "jax", "JAX_ENABLE_COMPILATION_CACHE": "false"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    built, after = map(int, proc.stdout.split()[-2:])
+    assert built == 0 and after > 0, proc.stdout
 
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="starts the other backends")

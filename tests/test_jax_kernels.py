@@ -15,28 +15,38 @@ pytestmark = [pytest.mark.multibackend,
               pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX-only kernel")]
 
 
-@pytest.mark.parametrize("kernel_size", [1, 3, 5])
-def test_conv2d_equals_the_plain_convolution_and_its_gradients(kernel_size):
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+@pytest.mark.parametrize("kernel_size", [(1, 1), (3, 3), (5, 3)])
+def test_conv2d_equals_the_plain_convolution_and_its_gradients(kernel_size, data_format):
     import jax
-    from jax import lax
 
     from keras_preact.layers import jax_kernels
 
     rng = np.random.default_rng(kernel_size)
-    x = rng.standard_normal((3, 9, 7, 4)).astype("float32")
-    kernel = rng.standard_normal((kernel_size, kernel_size, 4, 6)).astype("float32")
-    weights = rng.standard_normal((3, 9, 7, 6)).astype("float32")
+    last = data_format == "channels_last"
+    x = rng.standard_normal((3, 9, 7, 4) if last else (3, 4, 9, 7)).astype("float32")
+    kernel = rng.standard_normal(kernel_size + (4, 6)).astype("float32")
+    weights = rng.standard_normal((3, 9, 7, 6) if last else (3, 6, 9, 7)).astype("float32")
+    assert jax_kernels.applies(kernel.shape, 1, data_format)
 
-    def plain(x, k):
-        return lax.conv_general_dilated(x, k, (1, 1), "SAME",
-                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    def plain(x, k, data_format):
+        return keras.ops.conv(x, k, padding="same", data_format=data_format)
 
-    def loss(conv):
-        return jax.grad(lambda x, k: (conv(x, k) * weights).sum(), argnums=(0, 1))
+    def grads(conv):
+        return jax.grad(lambda x, k: (conv(x, k, data_format) * weights).sum(), argnums=(0, 1))
 
-    np.testing.assert_allclose(jax_kernels.conv2d(x, kernel), plain(x, kernel), rtol=1e-5, atol=1e-5)
-    for got, want in zip(loss(jax_kernels.conv2d)(x, kernel), loss(plain)(x, kernel)):
+    np.testing.assert_allclose(jax_kernels.conv2d(x, kernel, data_format),
+                               plain(x, kernel, data_format), rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads(jax_kernels.conv2d)(x, kernel), grads(plain)(x, kernel)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_applies_to_stride_1_and_odd_sides_only():
+    from keras_preact.layers import jax_kernels
+
+    assert not jax_kernels.applies((3, 3, 4, 4), 2, "channels_last")
+    assert not jax_kernels.applies((3, 2, 4, 4), 1, "channels_last")
+    assert not jax_kernels.applies((2, 3, 4, 4), 1, "channels_first")
 
 
 def _compiled_gradient_convolutions(stage, shape):

@@ -139,7 +139,7 @@ def conv(x, kernel, strides, data_format):
     if keras.backend.backend() == "jax":
         from keras_preact.layers import jax_kernels
         if jax_kernels.applies(kernel.shape, strides, data_format):
-            return jax_kernels.conv2d(x, ops.cast(kernel, x.dtype))
+            return jax_kernels.conv2d(x, ops.cast(kernel, x.dtype), data_format)
     if strides > 1:
         p = [[(k - 1) // 2] * 2] * 2
         x = ops.pad(x, [[0, 0]] + p + [[0, 0]] if data_format == "channels_last" else [[0, 0]] * 2 + p)

@@ -54,11 +54,13 @@ class HostInitializer(keras.initializers.Initializer):
     """`base`'s distribution drawn with NumPy: no compilation on any backend, and the
     same values on every backend for the same seed.
 
-    Constants and `VarianceScaling` (He, Glorot, LeCun) are drawn on the host; any other
-    initializer, or one seeded by a `keras.random.SeedGenerator`, is called as it is.
-    The values come from the stream (the base's seed, `key`): variables initialised by
-    one initializer differ, and an unseeded initializer follows
-    `keras.utils.set_random_seed` as Keras' own do (its seed is drawn when it is made).
+    Constants and `VarianceScaling` (He, Glorot, LeCun) are drawn on the host; other
+    random initializers are called as they are, seeded per variable; one seeded by a
+    `keras.random.SeedGenerator`, or a non-random one, is called unchanged.
+    The values come from the stream (the base's seed, `key`): unlike a Keras initializer
+    called twice, variables initialised by one initializer differ. An unseeded
+    initializer follows `keras.utils.set_random_seed` as Keras' own do (its seed is drawn
+    when it is made).
 
     Args:
         base: anything `keras.initializers.get` takes.
@@ -76,13 +78,19 @@ class HostInitializer(keras.initializers.Initializer):
             values = np.full(shape, float(isinstance(base, keras.initializers.Ones)))
         elif isinstance(base, keras.initializers.Constant):
             values = np.full(shape, base.value)
-        elif isinstance(base, keras.initializers.VarianceScaling) and isinstance(base.seed, int):
+        elif isinstance(getattr(base, "seed", None), int):
             rng = np.random.default_rng([base.seed, zlib.crc32(self.key.encode())])
+            if not isinstance(base, keras.initializers.VarianceScaling):
+                # Other random initializers run as they are, a copy seeded from the stream
+                # for each variable (and each stacked slice).
+                def draw(shape):
+                    copy = type(base).from_config({**base.get_config(),
+                                                   "seed": int(rng.integers(2**31 - 1))})
+                    return copy(shape, dtype=dtype)
+
+                return (keras.ops.stack([draw(shape[1:]) for _ in range(shape[0])])
+                        if self.stacked else draw(shape))
             values = _variance_scaling(base, shape, shape[1:] if self.stacked else shape, rng)
-        elif self.stacked:
-            # A copy per slice: an unseeded one draws its seed when it is made.
-            return keras.ops.stack([keras.initializers.get(keras.initializers.serialize(base))(
-                shape[1:], dtype=dtype) for _ in range(shape[0])])
         else:
             return base(shape, dtype=dtype)
         dtype = keras.backend.standardize_dtype(dtype or keras.config.floatx())
