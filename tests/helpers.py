@@ -15,6 +15,18 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+#: Python that makes TensorFlow unimportable in the process that runs it (a GPU machine
+#: has only JAX): a `sitecustomize` or the head of a `python -c` script.
+NO_TENSORFLOW = """
+import sys
+class _NoTensorFlow:
+    def find_spec(self, name, path=None, target=None):
+        if name == "tensorflow" or name.startswith("tensorflow."):
+            raise ModuleNotFoundError("No module named 'tensorflow' (blocked)", name=name)
+sys.meta_path.insert(0, _NoTensorFlow())
+"""
+
+
 def to_numpy(x):
     import keras
 

@@ -10,7 +10,7 @@ import pytest
 import keras
 
 import keras_preact as kp
-from tests.helpers import REPO
+from tests.helpers import NO_TENSORFLOW, REPO
 from tests.helpers import run_python
 
 
@@ -74,14 +74,7 @@ def test_bad_weights_files(tmp_path):
 
 def test_import_and_build_without_tensorflow():
     """keras_preact works on the JAX backend with TensorFlow made unimportable."""
-    code = """
-import sys
-class _NoTensorFlow:
-    def find_spec(self, name, path=None, target=None):
-        if name == "tensorflow" or name.startswith("tensorflow."):
-            raise ModuleNotFoundError("No module named 'tensorflow' (blocked)", name=name)
-        return None
-sys.meta_path.insert(0, _NoTensorFlow())
+    code = NO_TENSORFLOW + """
 import numpy as np
 import keras
 import keras_preact as kp

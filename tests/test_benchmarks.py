@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import NO_TENSORFLOW, REPO
 
 BENCH = os.path.join(REPO, "benchmarks")
 
@@ -155,16 +155,6 @@ def test_serving_throughput_times_every_format_against_pytorch(tmp_path):
     # int8 weights: under half the float32 file of the same format (ONNX adds its scales).
     for fmt in ("ONNX Runtime", "LiteRT"):
         assert rows[f"{fmt} int8"]["bytes"] < rows[fmt]["bytes"] / 2, fmt
-
-
-NO_TENSORFLOW = """
-import sys
-class _NoTensorFlow:
-    def find_spec(self, name, path=None, target=None):
-        if name == "tensorflow" or name.startswith("tensorflow."):
-            raise ModuleNotFoundError("No module named 'tensorflow' (blocked)", name=name)
-sys.meta_path.insert(0, _NoTensorFlow())
-"""
 
 
 def test_gpu_suite_runs_on_jax_without_tensorflow(tmp_path):
