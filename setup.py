@@ -30,9 +30,10 @@ HUB_EXTRAS = ["keras-hub==0.32.0"]
 DOCS_EXTRAS = ["mkdocs==1.6.1", "mkdocs-material==9.8.2", "mkdocstrings==1.0.8",
                "mkdocstrings-python==2.0.11"]
 # The JAX and PyTorch backend passes; pytest-xdist runs the test files on every core; the
-# docs tests build the site.
-TEST_EXTRAS = (["pytest>=8", "pytest-xdist>=3.5", "jax>=0.4.30"] + TORCH_EXTRAS + EXPORT_EXTRAS
-               + HUB_EXTRAS + DOCS_EXTRAS)
+# docs tests build the site; keras-hub's test harness (`keras_hub.src.tests.test_case`)
+# imports grain.
+TEST_EXTRAS = (["pytest>=8", "pytest-xdist>=3.5", "jax>=0.4.30", "grain==0.2.18"] + TORCH_EXTRAS
+               + EXPORT_EXTRAS + HUB_EXTRAS + DOCS_EXTRAS)
 
 with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
     LONG_DESCRIPTION = f.read()

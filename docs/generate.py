@@ -5,7 +5,7 @@ The site's build runs this file as a MkDocs hook (``mkdocs.yml``): a page's
 ``<!-- generated: NAME -->`` line becomes the part NAME, and the figures are added as
 files of the site. From the command line::
 
-    python docs/generate.py models --write   # README.md's model table (a test checks it)
+    python docs/generate.py models --write   # zoo/models.json's costs, README.md's model table
     python docs/generate.py performance      # the performance tables, as Markdown
     python docs/generate.py figures OUT_DIR  # the figures, as PNG files
 """
@@ -46,26 +46,38 @@ def table(header, rows):
 # --- the model table --------------------------------------------------------------------
 
 def models_table():
-    """`keras-preact list`'s models with their measured parameters and multiply-adds, and
-    the paper's figures from `zoo/models.json`."""
+    """The models of `zoo/models.json` with their parameters and multiply-adds and the paper's
+    figures (`measure_models` records the costs; a test checks them against built models)."""
     import keras_preact as kp
     from keras_preact.zoo_catalog import load_json
 
-    paper = load_json("models.json")["models"]
     tags = {}
     for entry in kp.weights.list_entries():
         tags.setdefault(entry.model, []).append(entry.tag)
     rows = []
-    for name in kp.list_models():
-        info, model = kp.model_info(name), kp.get_model(name)
-        errors = ", ".join(f"{label} {paper[name][key]}%" for key, label in (
+    for name, info in load_json("models.json")["models"].items():
+        errors = ", ".join(f"{label} {info[key]}%" for key, label in (
             ("paper_error_cifar10", "CIFAR-10"), ("paper_error_cifar100", "CIFAR-100"),
-            ("paper_error_imagenet2012", "ImageNet top-1")) if key in paper[name])
-        rows.append((f"`{name}`", info["depth"], info["block"], f"{kp.count_params(model):,}",
-                     f"{kp.count_macs(model) / 1e6:,.1f}M", errors,
-                     ", ".join(tags.get(name, []))))
+            ("paper_error_imagenet2012", "ImageNet top-1")) if key in info)
+        rows.append((f"`{name}`", info["depth"], info["block"], f"{info['params']:,}",
+                     f"{info['macs'] / 1e6:,.1f}M", errors, ", ".join(tags.get(name, []))))
     return table(("model", "depth", "block", "parameters", "multiply-adds", "paper's error",
                   "pretrained `weights=`"), rows)
+
+
+def measure_models():
+    """`zoo/models.json` with every registered model's parameters and multiply-adds, as
+    built with its defaults (one model a line)."""
+    import keras_preact as kp
+    from keras_preact.zoo_catalog import load_json
+
+    doc = load_json("models.json")
+    for name, row in doc["models"].items():
+        model = kp.get_model(name)
+        row.update(params=kp.count_params(model), macs=kp.count_macs(model))
+    lines = [f"    {json.dumps(name)}: {json.dumps(row)}" for name, row in doc["models"].items()]
+    return (f'{{\n  "_source": {json.dumps(doc["_source"])},\n  "models": {{\n'
+            + ",\n".join(lines) + "\n  }\n}\n")
 
 
 def readme_with_models_table(text, generated):
@@ -405,8 +417,10 @@ def house_of_modules():
 
     edges = _import_graph()
     floors = {"command line": ["cli"],
-              "application": ["data", "training", "tuning", "export", "diagnostics", "finetune"],
-              "core": ["layers", "models", "weights", "zoo_catalog", "files", "private_api"]}
+              "application": ["data", "training", "tuning", "export", "diagnostics", "finetune",
+                              "hub"],
+              "core": ["layers", "models", "weights", "zoo_catalog", "files", "checks",
+                       "private_api"]}
     assert set(edges) == {p for parts in floors.values() for p in parts}, sorted(edges)
     fig = Figure(figsize=(10, 5.6), dpi=100)
     FigureCanvasAgg(fig)
@@ -472,9 +486,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=("models", "performance", "figures"))
     parser.add_argument("out", nargs="?", help="figures: the folder to write them to")
-    parser.add_argument("--write", action="store_true", help="models: rewrite README.md's table")
+    parser.add_argument("--write", action="store_true", help="models: measure the costs into "
+                        "zoo/models.json and rewrite README.md's table")
     args = parser.parse_args(argv)
     if args.what == "models":
+        if args.write:
+            with open(os.path.join(REPO, "zoo", "models.json"), "w", encoding="utf-8") as f:
+                f.write(measure_models())
         generated = models_table()
         if not args.write:
             print(generated)

@@ -27,10 +27,15 @@ for _depth in (20, 32, 44, 56, 110, 164, 272, 542, 1001, 1202, 18, 34, 50, 101, 
     _LAZY[f"preact_resnet{_depth}"] = _MODELS
 _LAZY["CoupledSGD"] = "keras_preact.training.optimizers"
 _LAZY["WarmupPiecewiseConstant"] = "keras_preact.training.schedules"
-_LAZY["save_preset"] = _LAZY["from_preset"] = "keras_preact.weights.presets"
+_LAZY["from_preset"] = "keras_preact.weights.presets"
+_LAZY["save_preset"] = "keras_preact.hub"
 _SUBMODULES = ("finetune", "layers", "models", "weights")
-#: The modules of every Keras object that a file written by keras-preact references.
-_SERIALIZABLE = (_MODELS, "keras_preact.training.optimizers", "keras_preact.training.schedules")
+#: The modules that register keras-preact's classes with Keras (files written by keras-preact
+#: name them), by the module whose import makes them importable: keras-hub's classes only
+#: once the user imports keras-hub.
+_REGISTRATION = {
+    "keras": (_MODELS, "keras_preact.training.optimizers", "keras_preact.training.schedules"),
+    "keras_hub": ("keras_preact.hub",)}
 
 
 def __getattr__(name):
@@ -53,26 +58,30 @@ def load_model(path, *, compile=True, safe_mode=True):
     Args:
         path: str or `os.PathLike`, a `.keras` file.
         compile: bool: restore the optimizer and loss the file was compiled with.
-        safe_mode: bool: refuse a file holding a Lambda layer (arbitrary code)."""
-    import keras
-    return keras.saving.load_model(path, compile=compile, safe_mode=safe_mode)
+        safe_mode: bool: refuse a file holding a Lambda layer (arbitrary code).
+
+    Raises ValueError naming the file if it is missing, damaged or (`safe_mode`) unsafe."""
+    from keras_preact.weights.local import load_keras_file
+    return load_keras_file(path, compile=compile, safe_mode=safe_mode)
 
 
-def _register_serializable():
-    for module in _SERIALIZABLE:
-        _importlib.import_module(module)
+def _register():
+    """Imports the registering modules of every trigger already imported (once each)."""
+    for trigger, modules in _REGISTRATION.items():
+        if trigger in _sys.modules and trigger not in _registered:
+            _registered.add(trigger)
+            for module in modules:
+                _importlib.import_module(module)
 
 
 class _RegisterWithKeras(_importlib_abc.MetaPathFinder):
-    """Registers keras-preact's classes once `keras` has loaded and no keras_preact
-    module is still loading (one of them often imports Keras first), then leaves."""
+    """Calls `_register` after each import of a trigger (or of a keras_preact module that
+    imported one), once no keras_preact module is still loading; leaves when all are done."""
 
-    def __init__(self):
-        self.loading = 0
-        self.keras_loaded = False
+    loading = 0
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != "keras" and not fullname.startswith(__name__ + "."):
+        if fullname not in _REGISTRATION and not fullname.startswith(__name__ + "."):
             return None
         _sys.meta_path.remove(self)
         try:
@@ -89,16 +98,16 @@ class _RegisterWithKeras(_importlib_abc.MetaPathFinder):
                 exec_module(module)
             finally:
                 self.loading -= 1
-            self.keras_loaded |= fullname == "keras"
-            if self.keras_loaded and not self.loading and self in _sys.meta_path:
-                _sys.meta_path.remove(self)
-                _register_serializable()
+            if not self.loading:
+                _register()
+                if _registered == set(_REGISTRATION) and self in _sys.meta_path:
+                    _sys.meta_path.remove(self)
 
         spec.loader.exec_module = exec_then_register
         return spec
 
 
-if "keras" in _sys.modules:
-    _register_serializable()
-elif not any(isinstance(f, _RegisterWithKeras) for f in _sys.meta_path):
+_registered = set()
+_register()
+if not any(isinstance(f, _RegisterWithKeras) for f in _sys.meta_path):
     _sys.meta_path.insert(0, _RegisterWithKeras())

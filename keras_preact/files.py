@@ -1,18 +1,41 @@
 """Files written whole or not at all (a crash half-way leaves the previous file or none,
-never a truncated one), and file hashes: the package's one helper for each."""
+never a truncated one), file hashes and the paths users type: the package's one helper for
+each."""
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import pathlib
 import uuid
 
+NO_SPACE = os.strerror(errno.ENOSPC)  # "No space left on device"
+
+
+def user_path(path, name="path"):
+    """The absolute path of a path a user typed, ``~`` expanded (also after ``--flag=``,
+    where the shell leaves it); TypeError naming argument `name` for a value that is not a
+    path."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"`{name}` must be a path (str or os.PathLike). Received: "
+                        f"{name}={path!r} of type {type(path).__name__}")
+    return os.path.abspath(os.path.expanduser(os.fspath(path)))
+
+
+def is_no_space(err):
+    """Whether `err` says the disk is full (an OSError, or a library's error naming ENOSPC)."""
+    return getattr(err, "errno", None) == errno.ENOSPC or NO_SPACE in str(err)
+
 
 def atomic_save(path, save_fn):
     """Calls ``save_fn(tmp)``, flushes `tmp` to disk and renames it to `path` (atomic on
     POSIX and Windows); `tmp` is a free path beside `path`, with its suffix (Keras picks a
-    format from it). The folder of `path` is created."""
-    path = os.path.abspath(path)
+    format from it). The folder of `path` is created. A full disk raises
+    ``OSError(ENOSPC)`` naming `path`, with `tmp` removed."""
+    path = user_path(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     suffix = ".weights.h5" if path.endswith(".weights.h5") else os.path.splitext(path)[1]
     # A name no file has: Keras refuses to overwrite without asking on some paths.
@@ -22,9 +45,11 @@ def atomic_save(path, save_fn):
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as err:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
+        if isinstance(err, Exception) and is_no_space(err):
+            raise OSError(errno.ENOSPC, NO_SPACE, path) from None
         raise
 
 

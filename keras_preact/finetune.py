@@ -5,9 +5,11 @@
 import contextlib
 import os
 
+from keras_preact.files import user_path
+from keras_preact.layers.utils import check_choice
 from keras_preact.models.preact_resnet import PreActResNet
 from keras_preact.models.registry import get_model
-from keras_preact.weights import catalog, hooks, local
+from keras_preact.weights import catalog, hooks, local, presets
 from keras_preact.weights.download import fetch_weights
 
 
@@ -113,6 +115,7 @@ def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
 
     Raises ValueError if the weights hold another architecture; nothing is loaded."""
     _check_model(model)
+    check_choice("copy_head", copy_head, ("auto", True, False))
     model_name = model_name or model.name
     entry = hooks.url_entry(model_name, weights)
     if entry is not None:
@@ -120,23 +123,17 @@ def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
     elif catalog.looks_like_tag(weights):
         path = fetch_weights(catalog.resolve_tag(model_name, weights), build=get_model)
     else:
-        path = os.path.abspath(os.path.expanduser(os.fspath(weights)))
+        path = user_path(weights)
     source = None
-    if path.endswith(local.KERAS_SUFFIX):
-        if not os.path.isfile(path):
-            raise ValueError(f"The .keras file does not exist. Received: weights={weights!r}")
-        source = local.load_keras_file(path)
+    if path.endswith(local.KERAS_SUFFIX) or os.path.isfile(
+            os.path.join(path, presets.CONFIG_FILE)):
+        source = (presets.from_preset(path) if os.path.isdir(path)
+                  else local.load_keras_file(path))
         _check_model(source)
         classes = source.classes if source.include_top else None
     else:
         path = local.resolve_weights_argument(path)
-        try:
-            classes = local.inspect_weights_file(path)["classes"]
-        except OSError as err:  # h5py's error for a truncated or damaged file names no file
-            raise ValueError(
-                f"The weights file {path} cannot be read ({err}): it is damaged or incomplete "
-                "(an interrupted copy or download?); copy or fetch it again. "
-                f"Received: weights={weights!r}") from None
+        classes = local.inspect_weights_file(path)["classes"]
     # A donor of the model's architecture and the weights' head checks and takes them.
     config = dict(model.get_config(), include_top=classes is not None, classes=classes or 1,
                   pooling=None, preprocessing=None, name=f"{model.name}_pretrained", trainable=True)
@@ -154,8 +151,10 @@ def pretrained_architecture(model_name, weights):
     arch = {}
     if catalog.looks_like_tag(weights):
         arch = catalog.resolve_tag(model_name, weights).architecture
-    elif isinstance(weights, str) and os.path.isfile(weights := local.preset_weights(weights)):
-        with contextlib.suppress(OSError):  # h5py's, for a damaged file: reported on load
-            arch = ((local.keras_file_info(weights) or {}).get("architecture") if weights.endswith(
-                local.KERAS_SUFFIX) else local.read_recorded(weights)[1]) or {}
+    elif isinstance(weights, str) and os.path.exists(path := user_path(weights)):
+        with contextlib.suppress(ValueError):  # a damaged or unfit file: reported on load
+            info = (local.config_info(presets.model_config(path)) if os.path.isdir(path)
+                    else local.keras_file_info(path) if path.endswith(local.KERAS_SUFFIX)
+                    else {"architecture": local.read_recorded(path)[1]})
+            arch = (info or {}).get("architecture") or {}
     return {k: v for k, v in arch.items() if v is not None and k not in _NOT_PLANNED}

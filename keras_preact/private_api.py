@@ -47,3 +47,15 @@ def configure_coordination_service(*, leader, job_counts, register_timeout_ms,
         coordinated_jobs=[coordination_config_pb2.CoordinatedJob(name=job, num_tasks=count)
                           for job, count in job_counts.items()])
     return True
+
+
+
+def write_weights_h5(model, fileobj):
+    """Writes `model`'s weights into `fileobj` (an `io.BytesIO`) as `model.save_weights`
+    writes a `.weights.h5`, which takes only a path: HDF5 writing to a full disk leaves
+    handles it cannot close and crashes the process at exit."""
+    from keras.src.saving import saving_lib
+    store = saving_lib.H5IOStore(fileobj, mode="w")
+    saving_lib._save_state(model, weights_store=store, assets_store=None, inner_path="",
+                           visited_saveables=set())
+    store.close()

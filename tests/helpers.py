@@ -1,8 +1,11 @@
 """Small helpers shared by the tests."""
 
+import base64
 import contextlib
 import functools
+import hashlib
 import http.server
+import json
 import os
 import re
 import threading
@@ -67,9 +70,8 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve_directory(root):
-    """A static file server on 127.0.0.1 (a free port) over `root`; yields its base URL."""
-    handler = functools.partial(_QuietHandler, directory=str(root))
+def serve(handler):
+    """An HTTP server of `handler` on 127.0.0.1 (a free port); yields its base URL."""
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -78,6 +80,72 @@ def serve_directory(root):
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def serve_directory(root):
+    """A static file server over `root` (`serve`)."""
+    return serve(functools.partial(_QuietHandler, directory=str(root)))
+
+
+class _HubHandler(http.server.BaseHTTPRequestHandler):
+    """The few endpoints of the Hugging Face Hub that huggingface_hub's `create_repo`,
+    `upload_folder` (files sent inline) and `hf_hub_download` use, over a folder
+    (``<root>/<owner>/<repo>/<file>``)."""
+
+    root = None
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, code, body=b"", **headers):
+        self.send_response(code)
+        for key, value in {"Content-Length": str(len(body)), **headers}.items():
+            self.send_header(key.replace("_", "-"), value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, value):
+        self._send(200, json.dumps(value).encode(), Content_Type="application/json")
+
+    def do_GET(self):  # /<owner>/<repo>/resolve/<revision>/<file>
+        parts = self.path.split("?")[0].strip("/").split("/")
+        path = (os.path.join(self.root, *parts[:2], *parts[4:])
+                if parts[2:3] == ["resolve"] else "")
+        if not os.path.isfile(path):
+            return self._send(404, X_Error_Code="EntryNotFound")
+        data = open(path, "rb").read()
+        self._send(200, data, ETag=f'"{hashlib.sha256(data).hexdigest()}"',
+                   X_Repo_Commit="0" * 40)
+
+    do_HEAD = do_GET
+
+    def do_POST(self):
+        raw = self.rfile.read(int(self.headers["Content-Length"]))
+        base = f"http://{self.headers['Host']}"
+        if self.path == "/api/repos/create":
+            body = json.loads(raw)
+            return self._json({"url": f"{base}/{body.get('organization')}/{body['name']}"})
+        if self.path == "/api/validate-yaml":
+            return self._json({"errors": [], "warnings": []})
+        if "/preupload/" in self.path:
+            files = json.loads(raw)["files"]
+            return self._json({"files": [{"path": f["path"], "uploadMode": "regular",
+                                          "shouldIgnore": False} for f in files]})
+        repo = self.path.split("/api/models/")[1].split("/commit/")[0]  # one JSON line a file
+        for item in map(json.loads, raw.decode().splitlines()):
+            if item["key"] == "file":
+                path = os.path.join(self.root, repo, item["value"]["path"])
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    f.write(base64.b64decode(item["value"]["content"]))
+        self._json({"commitUrl": f"{base}/{repo}/commit/{'0' * 40}", "commitOid": "0" * 40})
+
+
+def serve_hugging_face_hub(root):
+    """A stand-in Hugging Face Hub storing repositories under `root` (`serve`); its URL is
+    what ``HF_ENDPOINT`` takes."""
+    return serve(type("Handler", (_HubHandler,), {"root": str(root)}))
 
 
 #: The documentation's pages with examples: the README and the site's sources.

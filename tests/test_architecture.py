@@ -13,7 +13,7 @@ import os
 from tests.helpers import REPO
 
 PACKAGE = "keras_preact"
-CORE = ("layers", "models", "weights", "zoo_catalog", "private_api", "files")
+CORE = ("layers", "models", "weights", "zoo_catalog", "private_api", "files", "checks")
 #: Private Keras and TensorFlow APIs: only `keras_preact/private_api.py` may use them.
 PRIVATE_MODULES = ("keras.src", "tensorflow.python", "tensorflow.compiler", "tsl.")
 PRIVATE_ATTRIBUTES = ("_flatten_layers", "_operations", "_init_seed", "_pywrap_util_port")

@@ -173,7 +173,8 @@ def test_ctrl_c_during_training_is_one_line_exit_130(cifar_dir, tmp_path, capsys
     assert code == cli.EXIT_INTERRUPTED == 130, err
     assert err.splitlines()[-1] == "interrupted; run the same command again to resume"
     assert "Traceback" not in err
-    # The workdir is free again: the same command resumes (here: trains) at once.
+    # Stopped before its first checkpoint, the run leaves nothing (a rerun starts afresh).
+    assert not workdir.exists()
     monkeypatch.undo()
     assert run_cli(tiny_train_args(cifar_dir, workdir), capsys)[0] == 0
 

@@ -9,6 +9,7 @@ import pytest
 import keras
 
 import keras_preact as kp
+from keras_preact.zoo_catalog import load_json
 from tests.helpers import to_numpy
 
 # Trainable parameters of the published pytorchcv CIFAR-10 and ImageNet-1k models of
@@ -56,8 +57,6 @@ def test_registry_lists_the_paper_networks():
 
 
 def test_catalog_table_agrees_with_the_registry():
-    from keras_preact.zoo_catalog import load_json
-
     table = load_json("models.json")["models"]
     assert list(table) == ALL  # in order: the weights catalog lists its entries so
     for name, row in table.items():
@@ -189,6 +188,9 @@ def test_every_registered_model_builds_with_exact_params_and_runs(name):
     assert model.depth == info["depth"]
     if name in PUBLISHED_PARAMS:
         assert kp.count_params(model) == PUBLISHED_PARAMS[name]
+    # The costs `keras-preact list` and the docs show without building the model.
+    recorded = load_json("models.json")["models"][name]
+    assert (recorded["params"], recorded["macs"]) == (kp.count_params(model), kp.count_macs(model))
     if imagenet:
         # The same weights run on a small input: 64x64 leaves a 2x2 map before pooling.
         model = kp.get_model(name, input_shape=(64, 64, 3), classes=5)

@@ -144,7 +144,8 @@ def test_demo_export_hook_exports_the_trained_model(digits_run, tmp_path):
 @pytest.mark.parametrize(
     "change, field",
     [
-        ({"epochs": 3}, "epochs"),
+        ({"epochs": 1}, "epochs"),  # shorter: a longer run extends it (below)
+        ({"epochs": None, "steps": 60}, "epochs"),
         ({"model_kwargs": {"architecture": {**TINY["architecture"], "stem_filters": 16}}}, "model_kwargs"),
         ({"model": "preact_resnet20", "model_kwargs": {}}, "model"),
         ({"seed": 1}, "seed"),
@@ -161,6 +162,30 @@ def test_a_different_config_in_the_workdir_is_refused(digits_run, tmp_path, chan
     before = file_hashes(copy)
     with pytest.raises(ValueError, match=rf"holds a run with a different config \({field}: stored"):
         train_and_evaluate(config.replace(**change), copy)
+    assert file_hashes(copy) == before
+
+
+def test_a_larger_epochs_extends_a_finished_run_keeping_its_history(digits_run, tmp_path):
+    from keras_preact.training import train_and_evaluate
+
+    config, workdir, result = digits_run
+    copy = str(tmp_path / "copy")
+    shutil.copytree(workdir, copy)
+    header = open(os.path.join(copy, "metrics.csv")).readline()
+    longer = config.replace(epochs=3)
+    again = train_and_evaluate(longer, copy)
+    assert again["resumed_from_epoch"] == 2 and again["epochs"] == 3 and again["steps"] == 66
+    metrics = json.load(open(os.path.join(copy, "metrics.json")))
+    assert metrics["epochs"][:2] == result["history"] and metrics["complete"] is True
+    rows = open(os.path.join(copy, "metrics.csv")).read().splitlines()
+    assert rows[0] + "\n" == header and [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3"]
+    stored = json.load(open(os.path.join(copy, "config.json")))["train_config"]
+    assert stored["epochs"] == 3
+    # Now complete at 3 epochs: the same command changes nothing, a shorter one is refused.
+    before = file_hashes(copy)
+    assert train_and_evaluate(longer, copy)["resumed_from_epoch"] is None
+    with pytest.raises(ValueError, match=r"different config \(epochs: stored 3, requested 2\)"):
+        train_and_evaluate(config, copy)
     assert file_hashes(copy) == before
 
 
@@ -191,7 +216,7 @@ def test_checkpoints_without_a_config_are_refused(digits_run, tmp_path):
     shutil.copytree(workdir, copy)
     os.remove(os.path.join(copy, "config.json"))
     before = file_hashes(copy)
-    with pytest.raises(ValueError, match="holds checkpoints but no config.json"):
+    with pytest.raises(ValueError, match="is not empty and holds no keras-preact run"):
         train_and_evaluate(config, copy)
     assert file_hashes(copy) == before
 

@@ -144,10 +144,10 @@ def test_workdir_of_another_study_is_refused_and_kept(tmp_path, capsys):
                       study_document(search_space_spec(**TINY_SPACE), tuner="random", max_trials=3))
     (workdir / "search" / "oracle.json").write_text('{"kept": true}')
     before = (workdir / "study.json").read_bytes()
-    other = {**TINY_SPACE, "depths": [8, 20]}
-    for overwrite in (False, True):
-        with pytest.raises(ValueError, match=r"holds another study \(depths: stored \[8, 14\], requested \[8, 20\]\)"):
-            tune(str(workdir), max_trials=3, overwrite=overwrite, **other)
+    other = {**TINY_SPACE, "depths": [8]}
+    with pytest.raises(ValueError, match=r"holds another study \(depths: stored \[8, 14\], "
+                                         r"requested \[8\]\).*--overwrite to start this study"):
+        tune(str(workdir), max_trials=3, **other)
     with pytest.raises(ValueError, match=r"tuner: stored 'random', requested 'bayesian'"):
         tune(str(workdir), tuner="bayesian", max_trials=3, **TINY_SPACE)
     assert (workdir / "study.json").read_bytes() == before
@@ -162,8 +162,7 @@ def test_workdir_of_another_study_is_refused_and_kept(tmp_path, capsys):
     assert os.listdir(stranger) == ["notes.txt"]
 
     # The command line turns the same errors into exit status 2.
-    status = cli.main(["tune", *TINY_ARGS[:2], "--depths", "8,20", "--workdir", str(workdir),
-                       "--overwrite"])
+    status = cli.main(["tune", *TINY_ARGS[:2], "--depths", "8,20", "--workdir", str(workdir)])
     assert status == 2
     assert "error: The workdir" in capsys.readouterr().err
     status = cli.main(["tune", "--dataset", "digits", "--depths", "20,32", "--blocks",
@@ -171,6 +170,39 @@ def test_workdir_of_another_study_is_refused_and_kept(tmp_path, capsys):
     assert status == 2
     assert "depth 32 is invalid" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "new")
+
+
+def test_overwrite_replaces_another_study_and_a_failed_start_leaves_nothing(tmp_path, monkeypatch):
+    from keras_preact.files import atomic_write_json
+    from keras_preact.tuning import PreActResNetHyperModel, search_space_spec, tune
+    from keras_preact.tuning.study import study_document
+
+    # Missing data is refused before anything is written.
+    with pytest.raises(ValueError, match="The 'folder' dataset needs `path`"):
+        tune(str(tmp_path / "new"), max_trials=1, **{**TINY_SPACE, "dataset": "folder"})
+    assert not (tmp_path / "new").exists()
+    # A study stopped before its first trial completes (Ctrl-C) leaves nothing behind.
+    original_fit = PreActResNetHyperModel.fit
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PreActResNetHyperModel, "fit", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        tune(str(tmp_path / "new"), max_trials=1, export=False, **TINY_SPACE)
+    assert not (tmp_path / "new").exists()
+    monkeypatch.setattr(PreActResNetHyperModel, "fit", original_fit)
+
+    # --overwrite replaces whatever study the workdir holds.
+    workdir = tmp_path / "study"
+    os.makedirs(workdir / "search")
+    atomic_write_json(str(workdir / "study.json"),
+                      study_document(search_space_spec(**TINY_SPACE), tuner="random", max_trials=3))
+    (workdir / "search" / "oracle.json").write_text('{"stale": true}')
+    space = {**TINY_SPACE, "depths": [8], "learning_rates": [0.1]}
+    result = tune(str(workdir), max_trials=1, overwrite=True, export=False, **space)
+    assert [(r["depth"], r["status"]) for r in result["rows"]] == [(8, "COMPLETED")]
+    assert json.load(open(workdir / "study.json"))["space"]["depths"] == [8]
 
 
 def test_tuner_kinds_and_search_space(tmp_path):

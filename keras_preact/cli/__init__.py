@@ -10,6 +10,7 @@ import sys
 import tempfile
 import traceback
 
+from keras_preact.checks import check_environment
 from keras_preact.cli import diagnostics, export, models, train, tune, weights
 from keras_preact.cli.common import (
     EXIT_BUG, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_PARTIAL, error_message)
@@ -36,6 +37,11 @@ _TENSORFLOW_STARTUP_LOG = re.compile(
     r"|To enable the following instructions:")
 
 
+#: TensorFlow's errors that come from the user's files, disks or memory.
+_TENSORFLOW_ENVIRONMENT_ERRORS = ("NotFoundError", "PermissionDeniedError", "DataLossError",
+                                  "ResourceExhaustedError", "AlreadyExistsError")
+
+
 def build_parser():
     """The `keras-preact` parser; each subcommand sets ``func`` (args -> exit status)."""
     parser = argparse.ArgumentParser(
@@ -44,6 +50,7 @@ def build_parser():
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks and "
                         "TensorFlow's start-up log (before the command: keras-preact --debug "
                         "train ...)")
+    parser.set_defaults(uses_keras=True)  # a command that does not sets False
     sub = parser.add_subparsers(dest="command", required=True)
     # In the order `keras-preact --help` lists the commands.
     for module in (models, train, export, weights, diagnostics, tune):
@@ -96,9 +103,12 @@ def _setup_logging():
 
 def _is_users_error(err):
     """Whether `err` is the user's input or environment, not a bug: also ModuleNotFoundError
-    (not other ImportErrors), the package's own errors and h5py's (damaged files)."""
+    (not other ImportErrors), the package's own errors, TensorFlow's of files, disks and
+    memory, and h5py's (damaged files)."""
     if (isinstance(err, (ValueError, OSError, ModuleNotFoundError))
-            or type(err).__module__.startswith("keras_preact.")):
+            or type(err).__module__.startswith("keras_preact.")
+            or type(err).__name__ in _TENSORFLOW_ENVIRONMENT_ERRORS
+            and type(err).__module__.startswith("tensorflow.")):
         return True
     frames = traceback.extract_tb(err.__traceback__)
     return bool(frames) and "h5py/" in frames[-1].filename.replace(os.sep, "/")
@@ -109,9 +119,12 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     _setup_logging()
     if args.debug:  # tracebacks and TensorFlow's log as they come
+        check_environment()
         return args.func(args)
     try:
-        _quiet_tensorflow()
+        if args.uses_keras:
+            check_environment()
+            _quiet_tensorflow()
         return args.func(args)
     except KeyboardInterrupt:
         print("interrupted; run the same command again to resume", file=sys.stderr)

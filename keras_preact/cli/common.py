@@ -5,6 +5,8 @@ import errno
 import json
 import sys
 
+from keras_preact.checks import shorten
+
 EXIT_PARTIAL = 1
 EXIT_ERROR = 2
 EXIT_BUG = 3
@@ -22,11 +24,12 @@ _OS_ADVICE = {
 
 def error_message(err):
     """One line saying what went wrong and, for an operating-system error, what to do."""
-    text = str(err) or type(err).__name__
-    if isinstance(err, OSError) and err.filename and err.strerror:
+    text = getattr(err, "message", None) or str(err) or type(err).__name__  # TF's: .message
+    if isinstance(err, OSError) and err.strerror:
         advice = _OS_ADVICE.get(err.errno)
-        text = f"{err.strerror}: {err.filename!r}" + (f" ({advice})" if advice else "")
-    return " ".join(text.split())
+        text = (err.strerror + (f": {err.filename!r}" if err.filename else "")
+                + (f" ({advice})" if advice else ""))
+    return shorten(text, 1000)
 
 
 def print_error(err):

@@ -18,7 +18,7 @@ def add_commands(subparsers):
     p.add_argument("--batch", type=int, default=16, help="batch size (default 16)")
     p.add_argument("--seed", type=int, default=0, help="initialisation and batch seed (default 0)")
     p.add_argument("--input-size", type=int, default=32, help="image height and width (default 32)")
-    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--classes", type=int, default=10, help="classifier outputs (default 10)")
     p.add_argument("--out-dir", default="diagnostics",
                    help="where the CSV and PNG go (default ./diagnostics)")
     p.add_argument("--every", type=int, help="print every n-th unit (default: about 20 lines)")
@@ -29,6 +29,9 @@ def cmd_diagnose(args):
     # Checked before the model is built and run, which takes a while.
     if args.every is not None and args.every < 1:
         raise ValueError(f"`--every` must be >= 1. Received: --every={args.every}")
+    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+        raise ValueError(f"`--out-dir` must be a folder; {args.out_dir} is a file. Received: "
+                         f"--out-dir={args.out_dir}")
     from keras_preact import diagnostics
     reports = diagnostics.compare_units(
         args.model, args.unit or ["full_preact"], batch_size=args.batch, seed=args.seed,

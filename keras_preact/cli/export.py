@@ -7,6 +7,7 @@ import os
 import sys
 
 from keras_preact.cli.common import error_message, partial_status, print_error
+from keras_preact.files import user_path
 from keras_preact.training.config import TrainConfig
 
 #: `keras_preact.export.FORMATS` and `QUANTIZATIONS`: that module imports TensorFlow, which
@@ -24,8 +25,11 @@ def add_commands(subparsers):
         description="Export for serving: a SavedModel for TF Serving (OUT/<version>/), LiteRT "
         "(.tflite) or ONNX on uint8 images, checked against Keras, with model_card.json/.md.")
     p.add_argument("model", metavar="MODEL_OR_CHECKPOINT", help="a model name from "
-                   "`keras-preact list` (random initialisation) or a .keras file")
-    p.add_argument("--format", choices=EXPORT_FORMATS, default="saved_model")
+                   "`keras-preact list` (random initialisation), a .keras file, a training "
+                   "workdir (its model.keras, else its newest checkpoint) or one of its "
+                   "checkpoints/ckpt-*.weights.h5")
+    p.add_argument("--format", choices=EXPORT_FORMATS, default="saved_model",
+                   help="saved_model (TF Serving), litert (.tflite) or onnx (default saved_model)")
     p.add_argument("--out", required=True, metavar="DIR",
                    help="saved_model: the base folder (the export goes to DIR/<version>); "
                         "litert/onnx: the export folder")
@@ -103,14 +107,34 @@ def _check_format_flags(args):
 
 def _run_dataset(model_path):
     """`load_arrays`' arguments for the dataset of the training run whose workdir holds
-    `model_path` (a run's model.keras), or None."""
+    `model_path` (a run's model.keras, the workdir or a checkpoint), or None."""
+    from keras_preact.training.trainer import workdir_of
     from keras_preact.training.workdir import Workdir
-    stored = Workdir(os.path.dirname(os.path.abspath(model_path))).read_config() or {}
+    workdir = workdir_of(model_path)
+    stored = (Workdir(workdir).read_config() or {}) if workdir else {}
     if "train_config" not in stored:
         return None
     run = TrainConfig.from_dict(stored["train_config"])
     return {"name": run.dataset, "data_dir": run.data_dir, "source": run.data_source,
             "path": run.data_path}
+
+
+def _model_to_export(args, preprocessing):
+    """`load_model_to_export`'s ``(model, described)``, also for a workdir or checkpoint."""
+    from keras_preact import export
+    path = user_path(args.model)
+    if not (os.path.isdir(path) or path.endswith(".weights.h5")):
+        return export.load_model_to_export(args.model, classes=args.classes,
+                                           preprocessing=preprocessing)
+    from keras_preact.files import file_hash
+    from keras_preact.training.trainer import load_workdir_model, workdir_of
+    if (workdir := workdir_of(path)) is None:
+        raise ValueError("A folder or .weights.h5 file to export must be a training workdir or "
+                         f"one of its checkpoints (no config.json found). Received: {args.model}")
+    model, _, source = load_workdir_model(workdir, None if os.path.isdir(path) else path)
+    return model, {"preprocessing": preprocessing, "metrics": None,
+                   "weights_info": {"file": os.path.relpath(source, workdir),
+                                    "sha256": file_hash(source)}}
 
 
 def _export_data(args):
@@ -154,8 +178,7 @@ def cmd_export(args):
     calibration, held_out = _export_data(args)
     if calibration is not None:
         options["calibration_images"] = calibration
-    model, described = export.load_model_to_export(args.model, classes=args.classes,
-                                                   preprocessing=preprocessing)
+    model, described = _model_to_export(args, preprocessing)
     folder = export.export_model(
         model, args.out, format=args.format, top_k=args.top_k,
         include_features=args.include_features, class_names=class_names,

@@ -36,23 +36,28 @@ def add_commands(subparsers):
     p.add_argument("--model", help="a model name from `keras-preact list` (for a .weights.h5)")
     p.add_argument("--weights", help="a .keras file, or a .weights.h5 file with --model")
     p.add_argument("--dataset", help="dataset name (default: the workdir's)")
-    p.add_argument("--data-dir", default=None)
+    p.add_argument("--data-dir", default=None, help="CIFAR files or TFDS data folder")
     p.add_argument("--data-source", default="auto", help="auto, tfds or archive")
-    p.add_argument("--data-path", default=None)
-    p.add_argument("--split", default="test")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--verbose", default="auto", type=verbosity)
+    p.add_argument("--data-path", default=None,
+                   help="an archive, extracted folder or image folder")
+    p.add_argument("--split", default="test", help="test or train (default test)")
+    p.add_argument("--batch-size", type=int, default=256, help="images per batch (default 256)")
+    p.add_argument("--verbose", default="auto", type=verbosity,
+                   help="auto (a bar on a terminal, else a line), 0, 1, 2")
     p.set_defaults(func=cmd_evaluate)
 
     p = subparsers.add_parser(
         "demo", help="offline demo: preact ResNet-20 on scikit-learn's digits (minutes on a CPU)",
         description="Train pre-activation ResNet-20 on the digits that ship with scikit-learn "
         "(no download), report held-out accuracy and write the training curve.")
-    p.add_argument("--workdir", default=DEMO_WORKDIR)
-    p.add_argument("--epochs", type=int, default=DEMO_EPOCHS)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workdir", default=DEMO_WORKDIR,
+                   help="folder of the run (default %(default)s; a rerun resumes it)")
+    p.add_argument("--epochs", type=int, default=DEMO_EPOCHS, help="epochs (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="initialisation, data order and augmentation (default 0)")
     p.add_argument("--no-export", action="store_true", help="skip the export step")
-    p.add_argument("--verbose", default="auto", type=verbosity)
+    p.add_argument("--verbose", default="auto", type=verbosity,
+                   help="auto (a bar on a terminal, else a line per epoch), 0, 1, 2")
     p.set_defaults(func=cmd_demo)
 
 
@@ -74,10 +79,12 @@ def _add_config_arguments(parser):
             arg_type = _TYPES.get(field.name) or next(
                 (t for t in typing.get_args(field.type) if t is not type(None)), field.type)
             kwargs["type"] = str if arg_type is object else arg_type
-        group.add_argument(*flags, **kwargs)
+        # --augment NAME and --no-augment exclude each other.
+        into = group.add_mutually_exclusive_group() if field.name == "augment" else group
+        into.add_argument(*flags, **kwargs)
         if field.name == "augment":
-            group.add_argument("--no-augment", dest="augment", action="store_const", const=False,
-                               help="no augmentation")
+            into.add_argument("--no-augment", dest="augment", action="store_const", const=False,
+                              help="no augmentation")
 
 
 def _print_result(result):

@@ -18,7 +18,8 @@ def add_commands(subparsers):
     g.add_argument("--units", type=str_list, help="residual unit variants (default: the library's)")
     g.add_argument("--widths", type=float_list, default=[1], help="width multipliers, e.g. 1,2")
     g.add_argument("--lrs", type=float_list, default=[0.1], help="learning rates at batch 128")
-    g.add_argument("--weight-decays", type=float_list, default=[1e-4])
+    g.add_argument("--weight-decays", type=float_list, default=[1e-4],
+                   help="coupled L2 factors, e.g. 1e-4,5e-4 (default 1e-4)")
     g.add_argument("--warmups", type=float_list, default=[400],
                    help="warm-up iterations of the paper's 64k schedule (stretched with the run)")
     g = p.add_argument_group("budget (one of)")
@@ -28,21 +29,24 @@ def add_commands(subparsers):
     b.add_argument("--max-step-time", type=float, help="measured seconds per step at --batch-size")
     g = p.add_argument_group("search")
     g.add_argument("--tuner", default="random", help="random, bayesian or hyperband")
-    g.add_argument("--max-trials", type=int, default=10)
+    g.add_argument("--max-trials", type=int, default=10,
+                   help="trials in all (default 10; may grow between runs)")
     g.add_argument("--epochs", type=int, default=1, help="epochs per trial")
-    g.add_argument("--batch-size", type=int, default=128)
+    g.add_argument("--batch-size", type=int, default=128, help="images per step (default 128)")
     g.add_argument("--validation-fraction", type=float, default=0.1,
                    help="held-out share of the training split that scores trials (0: test split)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--workdir", required=True)
+    g.add_argument("--seed", type=int, default=0,
+                   help="oracle, initialisation, data order and split (default 0)")
+    g.add_argument("--workdir", required=True,
+                   help="folder of the study (a rerun continues it)")
     g.add_argument("--overwrite", action="store_true", help="start this study again")
     g.add_argument("--no-export", action="store_true", help="skip exporting the best trial")
     g.add_argument("--strategy", default=None, choices=("default", "mirrored", "tpu"),
                    help="mirrored: each trial on every local device (one worker)")
     g.add_argument("--cpu-devices", type=int, help="split the CPU into N devices (for mirrored)")
-    g.add_argument("--data-dir")
-    g.add_argument("--data-source", default="auto")
-    g.add_argument("--data-path")
+    g.add_argument("--data-dir", help="CIFAR files or TFDS data folder")
+    g.add_argument("--data-source", default="auto", help="auto, tfds or archive")
+    g.add_argument("--data-path", help="an archive, extracted folder or image folder")
     g.add_argument("--verbose", default="auto", type=verbosity,
                    help="auto (progress bars on a terminal, else a line per epoch), 0, 1, 2")
     p.set_defaults(func=cmd_tune)

@@ -1,4 +1,4 @@
-"""`keras-preact weights list|fetch|verify|path|clear|readme` over `keras_preact.weights`."""
+"""`keras-preact weights list|fetch|verify|path|clear|preset|readme` over `keras_preact.weights`."""
 
 import os
 import sys
@@ -24,15 +24,20 @@ def add_commands(subparsers):
     q = command("fetch", cmd_fetch, "download, verify, convert and cache weights")
     q.add_argument("keys", nargs="+", help="catalog keys, e.g. preact_resnet110.cifar10")
     q.add_argument("--offline", action="store_true", help="only from $KERAS_PREACT_WEIGHTS_DIR")
-    q.add_argument("--no-progress", action="store_true")
+    q.add_argument("--no-progress", action="store_true", help="no download progress bar")
     q = command("verify", cmd_verify, "check cached files against their recorded SHA-256")
     q.add_argument("keys", nargs="*", help="catalog keys (default: every cached file)")
     q = command("path", cmd_path, "where a key's weights are (or would be) cached")
     q.add_argument("key", nargs="?", default=None, help="a catalog key (default: the cache folder)")
     q = command("clear", cmd_clear, "delete cached weights (all, or the given keys)")
-    q.add_argument("keys", nargs="*")
+    q.add_argument("keys", nargs="*", help="catalog keys (default: the whole cache)")
     for q in sub.choices.values():
         q.add_argument("--cache-dir", default=None, help="the cache folder")
+    q = command("preset", cmd_preset, "write catalog weights as a keras-hub preset folder")
+    q.add_argument("key", help="a catalog key, e.g. preact_resnet110.cifar10")
+    q.add_argument("out", help="the preset folder (keras_hub.models.ImageClassifier.from_preset "
+                   "loads it)")
+    q.add_argument("--overwrite", action="store_true", help="replace the preset the folder holds")
     q = command("readme", cmd_readme, "render the zoo table (zoo/README.md) from the manifests")
     q.add_argument("--output", default=None, help="write to this file (default: print)")
 
@@ -100,13 +105,30 @@ def cmd_path(args):
         return 0
     path = cached_paths(get_entry(args.key), args.cache_dir)[0]
     print(path)
-    return 0 if os.path.isfile(path) else EXIT_PARTIAL
+    if os.path.isfile(path):
+        return 0
+    print(f"{args.key} is not cached yet: `keras-preact weights fetch {args.key}` puts it "
+          "there.", file=sys.stderr)
+    return EXIT_PARTIAL
 
 
 def cmd_clear(args):
     from keras_preact.weights.download import clear_cache
     removed = [path for key in args.keys or [None] for path in clear_cache(key, args.cache_dir)]
     print(f"Removed {len(removed)} file(s).")
+    return 0
+
+
+def cmd_preset(args):
+    from keras_preact.hub import save_preset
+    from keras_preact.models import get_model
+    from keras_preact.weights.catalog import get_entry
+    entry = get_entry(args.key)
+    include_top = entry.architecture.get("include_top", True)
+    model = get_model(entry.model, weights=entry.tag, include_top=include_top)
+    path = save_preset(model, args.out, overwrite=args.overwrite)
+    print(f"{args.key}: {path} (keras-hub {'ImageClassifier' if include_top else 'Backbone'} "
+          "preset)")
     return 0
 
 

@@ -10,6 +10,7 @@ import zlib
 import numpy as np
 
 from keras_preact.data.safe_pickle import safe_load_pickle
+from keras_preact.files import user_path
 
 _PIXELS = 32 * 32 * 3
 
@@ -41,7 +42,7 @@ def find_cifar_files(name, location):
     """Finds the CIFAR files of `name` at `location` (an archive, an extracted folder or a
     folder holding one): ``(kind, layout, path)``, kind "dir" or "tar", layout "python",
     "binary" or None (a tar: read from its members); None when nothing is found."""
-    location = os.path.abspath(os.fspath(location))
+    location = user_path(location)
     if os.path.isfile(location):
         return ("tar", None, location) if location.endswith(_ARCHIVE_SUFFIXES) else None
     if not os.path.isdir(location):

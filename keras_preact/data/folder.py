@@ -7,6 +7,10 @@ import numpy as np
 
 from keras_preact.data.registry import stratified_split
 
+#: The image files `keras.utils.image_dataset_from_directory` reads.
+IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
+from keras_preact.files import user_path
+
 
 def folder_layout(path):
     """Returns ("split", train_dir, test_dir) or ("flat", path, None); raises ValueError."""
@@ -14,7 +18,7 @@ def folder_layout(path):
         raise ValueError("The 'folder' dataset needs `path`: a folder with one sub-folder per "
                          "class (or train/ and test/ sub-folders holding those). "
                          "Received: path=None")
-    path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    path = user_path(path)
     if not os.path.isdir(path):
         raise ValueError("The image folder does not exist or is not a folder. "
                          f"Received: path={path!r}")
@@ -53,11 +57,30 @@ def _read_directory(directory, class_names, image_size):
             labels.append(np.asarray(y).astype(np.int64))
     except Exception as err:  # noqa: BLE001 - a bad image file surfaces as a TF error.
         first_line = str(err).splitlines()[0] if str(err) else ""
-        raise ValueError(f"Cannot decode an image under {directory!r} "
-                         f"({type(err).__name__}: {first_line}).") from None
+        where = _undecodable(directory) or f"an image under {directory!r}"
+        raise ValueError(f"Cannot decode {where} ({type(err).__name__}: {first_line}). Remove "
+                         "or replace it.") from None
     if not images:
         raise ValueError(f"The image folder {directory!r} holds no images.")
     return np.concatenate(images), np.concatenate(labels)
+
+
+def _undecodable(directory):
+    """The first image file under `directory` that Pillow cannot decode (quoted), or None."""
+    import warnings
+
+    from PIL import Image
+    for root, _, names in sorted(os.walk(directory)):
+        for path in (os.path.join(root, n) for n in sorted(names)):
+            if path.lower().endswith(IMAGE_SUFFIXES):
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                        with Image.open(path) as image:
+                            image.load()
+                except Exception:  # noqa: BLE001 - any failure names the file
+                    return repr(path)
+    return None
 
 
 def read_image_folder(path, split, *, image_size=(32, 32)):

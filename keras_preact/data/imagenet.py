@@ -11,6 +11,7 @@ import tensorflow as tf
 from keras_preact.data.folder import class_folders
 from keras_preact.data.pipeline import ALG, stateless_key
 from keras_preact.data.registry import MAX_SEED, check_int
+from keras_preact.files import user_path
 from keras_preact.layers.utils import check_bool, check_choice
 
 IMAGE_SIZE = 224
@@ -87,7 +88,7 @@ def list_image_folder(root, split):
     if root is None:
         raise ValueError("source='folder' needs `path`: a folder with train/<class>/ and "
                          "val/<class>/ sub-folders. Received: path=None")
-    root = os.path.abspath(os.path.expanduser(os.fspath(root)))
+    root = user_path(root)
     split_dir = train_dir = os.path.join(root, "train")
     if not os.path.isdir(train_dir):
         raise ValueError("The ImageNet-style folder needs a train/ sub-folder with one folder "
@@ -130,7 +131,7 @@ def _tfds_examples(split, *, data_dir, manual_dir):
     """``(JPEG bytes, label)`` examples of TFDS' imagenet2012 and its class names."""
     import tensorflow_datasets as tfds
     if data_dir is not None:
-        data_dir = os.path.expanduser(os.fspath(data_dir))
+        data_dir = user_path(data_dir)
     builder = tfds.builder("imagenet2012", data_dir=data_dir)
 
     def read():
@@ -146,7 +147,7 @@ def _tfds_examples(split, *, data_dir, manual_dir):
                 "be downloaded: pass the folder holding ILSVRC2012_img_train.tar and "
                 "ILSVRC2012_img_val.tar as manual_dir.") from None
         builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-            manual_dir=os.path.expanduser(os.fspath(manual_dir))))
+            manual_dir=user_path(manual_dir)))
         ds = read()
     names = builder.info.features["label"].names
     return ds.map(lambda ex: (ex["image"], tf.cast(ex["label"], tf.int32))), names

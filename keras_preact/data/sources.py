@@ -12,6 +12,7 @@ import numpy as np
 from keras_preact.data import cifar_files, folder
 from keras_preact.data.digits import read_digits
 from keras_preact.data.registry import DATASETS, SPLITS, channel_stats, check_dataset_name
+from keras_preact.files import user_path
 from keras_preact.layers.utils import check_choice, warn_deprecated
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def _load_cifar(name, split, data_dir, source, path, download, cache):
     expected = cifar_files.describe_expected(name)
     found = None
     if source != "tfds" and location is not None:
-        location = os.path.expanduser(os.fspath(location))
+        location = user_path(location)
         found = cifar_files.find_cifar_files(name, location)
         if found is None and (source == "archive" or path is not None):
             raise ValueError(f"No {name} files found. Received: {arg}={location!r}. Expected "
@@ -117,7 +118,7 @@ def _read_tfds(name, split, data_dir, download):
     """One CIFAR split from TFDS' `data_dir` (None: TFDS' default)."""
     import tensorflow_datasets as tfds
     if data_dir is not None:
-        data_dir = os.path.expanduser(os.fspath(data_dir))
+        data_dir = user_path(data_dir)
     try:
         ds, info = tfds.load(name, split=split, data_dir=data_dir, download=bool(download),
                              as_supervised=True, shuffle_files=False, with_info=True)
@@ -143,7 +144,7 @@ def _read_tfds(name, split, data_dir, download):
 def _fingerprint(*paths):
     """(path, size, mtime) of every file at or under `paths`: a changed file is a new key."""
     out = []
-    for path in (os.path.abspath(os.path.expanduser(os.fspath(p))) for p in paths):
+    for path in map(user_path, paths):
         files = [path]
         if os.path.isdir(path):
             files = sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names)

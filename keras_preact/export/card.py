@@ -11,7 +11,7 @@ import keras
 import tensorflow as tf
 
 import keras_preact
-from keras_preact.files import atomic_write_text
+from keras_preact.files import atomic_write_text, user_path
 from keras_preact.models.costs import count_macs, count_params
 
 MODEL_CARD_JSON = "model_card.json"
@@ -154,7 +154,7 @@ def locate_export(path, *, must_exist=True):
     else: ``(None, None, None)``, or ValueError with `must_exist`."""
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"`path` must be a path. Received: path={path!r}")
-    path = os.path.abspath(os.fspath(path))
+    path = user_path(path)
     if os.path.isdir(path):
         versions = [int(name) for name in os.listdir(path) if name.isdigit()
                     and os.path.isfile(os.path.join(path, name, "saved_model.pb"))]

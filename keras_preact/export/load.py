@@ -3,17 +3,20 @@
 import dataclasses
 import logging
 import os
+import warnings
 
 import numpy as np
 import tensorflow as tf
 from PIL import Image, UnidentifiedImageError
 
 import keras_preact as kp
+from keras_preact.checks import shorten
 from keras_preact.export.card import locate_export, read_model_card
 from keras_preact.export.saved_model import SIGNATURE_METADATA
 from keras_preact.export.serving import AUTO, ServingParts, check_class_names, validate_images
 from keras_preact.export.single_file import RUNTIMES
 from keras_preact.files import file_hash
+from keras_preact.layers.utils import is_int
 from keras_preact.weights.local import load_keras_file, read_keras_file_config
 
 logger = logging.getLogger("keras_preact.export")
@@ -76,6 +79,8 @@ def load_export(path, *, preprocessing=AUTO, top_k=None):
     Raises:
         ValueError: if `path` is none of these.
         ImportError: if the runtime for a LiteRT or ONNX file is not installed."""
+    if not (top_k is None or is_int(top_k, 1)):
+        raise ValueError(f"`top_k` must be None or an integer >= 1. Received: top_k={top_k!r}")
     kind, folder, target = locate_export(path)
     if kind == "keras":
         parts = ServingParts(load_keras_file(target), preprocessing=preprocessing, top_k=top_k,
@@ -84,7 +89,13 @@ def load_export(path, *, preprocessing=AUTO, top_k=None):
                              lambda x: parts.raw(x, training=False))
     card = read_model_card(folder)
     class_names = (card or {}).get("class_names")
-    shape, runner = RUNTIMES[kind](target)
+    try:
+        shape, runner = RUNTIMES[kind](target)
+    except ImportError:
+        raise
+    except Exception as err:  # noqa: BLE001 - each runtime has its own errors for a bad file
+        raise ValueError(f"The {kind} export {target} cannot be loaded ({shorten(err)}): it is "
+                         "damaged or incomplete; export it again.") from None
     if card is None and kind == "saved_model":  # no card beside it: ask the export
         signatures = tf.saved_model.load(target).signatures
         if SIGNATURE_METADATA in signatures:
@@ -164,15 +175,24 @@ def read_image_file(path, input_shape, *, resize=False):
 
 def _read_with_pillow(path):
     try:
-        with Image.open(path) as image:
-            image.load()
-            if image.mode == "P":
-                image = image.convert("RGBA" if "transparency" in image.info else "RGB")
-            elif image.mode in _CONVERTED_MODES:
-                image = image.convert(_CONVERTED_MODES[image.mode])
-            mode = image.mode
-            # Read inside the block: closing the file releases the pixels.
-            array = np.asarray(image, dtype=np.uint8) if mode in _8BIT_MODES else None
+        with warnings.catch_warnings():
+            # Pillow warns above 89M pixels (and refuses twice that, below): a big photo.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                image.load()
+                if getattr(image, "n_frames", 1) > 1:
+                    logger.warning("image %r has %d frames: the first is classified.", path,
+                                   image.n_frames)
+                if image.mode == "P":
+                    image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+                elif image.mode in _CONVERTED_MODES:
+                    image = image.convert(_CONVERTED_MODES[image.mode])
+                mode = image.mode
+                # Read inside the block: closing the file releases the pixels.
+                array = np.asarray(image, dtype=np.uint8) if mode in _8BIT_MODES else None
+    except Image.DecompressionBombError as err:
+        raise ValueError(f"image {path!r} is too large to read safely ({err}); make it "
+                         "smaller first") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
         raise ValueError(f"image {path!r} cannot be read as an image ({err})") from None
     if array is None:

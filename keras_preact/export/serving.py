@@ -8,6 +8,7 @@ import numpy as np
 import keras
 from keras import ops
 
+from keras_preact.files import user_path
 from keras_preact.layers.preprocessing import ImageNormalization, resolve_preprocessing
 from keras_preact.layers.utils import check_bool, check_positive_int
 
@@ -37,7 +38,7 @@ def check_path(name, path):
     """The absolute path of a folder argument."""
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
         raise ValueError(f"`{name}` must be a folder path. Received: {name}={path!r}")
-    return os.path.abspath(os.fspath(path))
+    return user_path(path)
 
 
 def check_json(name, value):
@@ -66,6 +67,10 @@ def check_class_names(class_names, classes):
     if len(names) != classes:
         raise ValueError(f"`class_names` must have one name per class ({classes}). Received "
                          f"{len(names)} names: {names[:5]}{'...' if len(names) > 5 else ''}")
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError("`class_names` must name each class differently. Received "
+                         f"{twice[:5]} more than once.")
     return names
 
 

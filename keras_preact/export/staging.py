@@ -2,6 +2,7 @@
 its target, then renamed into place; only an export of ours (with a model card) is replaced."""
 
 import contextlib
+import errno
 import logging
 import os
 import shutil
@@ -15,6 +16,7 @@ from keras_preact.export.card import (
     MODEL_CARD_JSON, make_model_card, write_class_names, write_model_card)
 from keras_preact.export.serving import (
     AUTO, PARITY_TOLERANCES, ServingParts, check_class_names, check_json, compare)
+from keras_preact.files import NO_SPACE, is_no_space
 from keras_preact.layers.utils import check_bool
 
 logger = logging.getLogger("keras_preact.export")
@@ -66,8 +68,10 @@ def staged_folder(target, *, overwrite):
             os.replace(backup, target)
             raise
         shutil.rmtree(backup, ignore_errors=True)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(err, Exception) and is_no_space(err):  # TensorFlow's error names no path
+            raise OSError(errno.ENOSPC, NO_SPACE, target) from None
         raise
 
 

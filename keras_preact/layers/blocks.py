@@ -93,13 +93,19 @@ class _UnitConfigMixin:
         self.bn_momentum, self.bn_epsilon = float(self.bn_momentum), float(self.bn_epsilon)
         self.data_format = normalize_data_format(data_format)
         self._channel_axis = -1 if self.data_format == "channels_last" else 1
-        # Only the dropout unit gets a generator (a variable): the others' variables stay.
-        self.seed_generator = (keras.random.SeedGenerator(seed, name="shortcut_dropout_seed")
-                               if dropout else None)
+        self.seed_generator = None  # made in `build`, for the dropout unit only
         if filters % expansion:
             raise ValueError("`filters` must be divisible by `expansion` (the inner width is "
                              f"filters // expansion). Received: filters={filters}, "
                              f"expansion={expansion}")
+
+    def _build_seed_generator(self):
+        """The dropout unit's generator, made in `build` under the layer's own name scope:
+        every unit's generator state gets its own variable path (the other units keep their
+        variables)."""
+        if self.variant.shortcut == "dropout":
+            self.seed_generator = keras.random.SeedGenerator(self.seed,
+                                                             name="shortcut_dropout_seed")
 
     def _add_variables(self, specs, units=None):
         """Creates the variables of `UnitSpec.variable_specs` (stacked `units` times)."""
@@ -200,6 +206,7 @@ class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
                           shared and self.variant.preactivation)
 
     def build(self, input_shape):
+        self._build_seed_generator()
         self.spec = self._make_spec(self._check_input(input_shape))
         self._vars = self._add_variables(self.spec.variable_specs())
 
@@ -350,6 +357,7 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
 
     def build(self, input_shape):
         self._check_input(input_shape)
+        self._build_seed_generator()
         self.unit1.build(input_shape)
         self.repeat_spec = self._repeat_spec()
         self._stacked = (self._add_variables(self.repeat_spec.variable_specs(), self.num_stacked)
@@ -373,7 +381,7 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
     def _loopable(self):
         # Not with synchronized BN (its all-reduce cannot run in a `tf.while_loop` under
         # MirroredStrategy) nor dropout (a seed generator in a loop body leaks).
-        return self.remat_loop and not self.synchronized and self.seed_generator is None
+        return self.remat_loop and not self.synchronized and self.variant.shortcut != "dropout"
 
     def call(self, inputs, training=None, return_unit_inputs=False):
         unit_inputs = [inputs]

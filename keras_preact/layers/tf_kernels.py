@@ -14,14 +14,16 @@ import os
 
 import tensorflow as tf
 
+from keras_preact.checks import env_flag
+
 
 def enabled():
     """The environment switch (read at each trace); off with oneDNN, whose gradient is faster."""
-    return os.environ.get("KERAS_PREACT_FAST_CONV_GRAD", "1") != "0" and not onednn_enabled()
+    return env_flag("KERAS_PREACT_FAST_CONV_GRAD", True) and not onednn_enabled()
 
 
 def bn_enabled():
-    return os.environ.get("KERAS_PREACT_FUSED_BN", "1") != "0"
+    return env_flag("KERAS_PREACT_FUSED_BN", True)
 
 
 def onednn_enabled():

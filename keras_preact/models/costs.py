@@ -7,15 +7,28 @@ import keras
 from keras_preact import private_api
 
 
+def _model(model, what):
+    """`model`, or the registered model of that name built with its defaults."""
+    if isinstance(model, str):
+        from keras_preact.models.registry import get_model
+        return get_model(model)
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"{what} needs a Keras model or a registered model name. "
+                         f"Received: model={model!r}")
+    return model
+
+
 def count_macs(model):
     """Multiply-adds of one forward pass for one image of a functional model with a
-    fixed input size (nested functional models included; ValueError otherwise). Convolutions
-    and dense layers are counted (BN, ReLU, pooling and additions are not), the convention of
-    the paper and of pytorchcv's model table:
+    fixed input size (nested functional models included; ValueError otherwise), or of the
+    registered model of that name. Convolutions and dense layers are counted (BN, ReLU,
+    pooling and additions are not), the convention of the paper and of pytorchcv's model
+    table:
 
-        >>> count_macs(keras_preact.preact_resnet110())  # about 253M
+        >>> count_macs("preact_resnet110")  # about 253M
     """
-    if not isinstance(model, keras.Model) or not private_api.is_functional(model):
+    model = _model(model, "count_macs")
+    if not private_api.is_functional(model):
         raise ValueError("count_macs needs a functional Keras model (such as a PreActResNet). "
                          f"Received: model={type(model).__name__}")
     total = 0
@@ -44,6 +57,8 @@ def _input_shape(layer):
 
 
 def count_params(model, trainable_only=True):
-    """Number of (trainable) parameters, as the published model tables count them."""
+    """Number of (trainable) parameters of a Keras model or of the registered model of that
+    name, as the published model tables count them."""
+    model = _model(model, "count_params")
     weights = model.trainable_weights if trainable_only else model.weights
     return int(sum(math.prod(int(d) for d in w.shape) for w in weights))

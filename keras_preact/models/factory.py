@@ -2,9 +2,9 @@
 
 import inspect
 
-from keras_preact.layers.utils import check_known_arguments, normalize_data_format
+from keras_preact.layers.utils import check_bool, check_known_arguments, normalize_data_format
 from keras_preact.models.preact_resnet import (
-    MODEL_ARGUMENTS, PreActResNet, rename_deprecated, validate_config)
+    MODEL_ARGUMENTS, PreActResNet, check_input_tensor, rename_deprecated, validate_config)
 from keras_preact.models.registry import get_model, register_model
 from keras_preact.weights import hooks as weights_hooks
 
@@ -18,9 +18,11 @@ def default_input_shape(size, input_shape, input_tensor, kwargs):
 
 
 def check_reserved(kwargs, reserved):
+    """ValueError for an argument of `kwargs` a registered model fixes."""
     for name in reserved:
         if name in kwargs:
-            raise ValueError(f"`{name}` is set by the depth; use PreActResNet directly to "
+            raise ValueError(f"`{name}` is fixed by the registered model; use another depth "
+                             "(`keras_preact.list_models()`) or PreActResNet directly to "
                              f"change it. Received: {name}={kwargs[name]!r}")
 
 
@@ -34,6 +36,8 @@ def build_with_weights(model_name, architecture, *, weights, include_top, input_
     recorded architecture and the caller's `kwargs` override."""
     kwargs = rename_deprecated(kwargs, model_name)
     check_known_arguments(kwargs, MODEL_ARGUMENTS, where=model_name)
+    check_input_tensor(input_tensor)
+    check_bool("include_top", include_top)
     include_top = include_top and not kwargs.get("features")  # a backbone loads as no-top
     if weights is None and classes is None:
         classes = default_classes
@@ -80,6 +84,7 @@ def register_factory(build, depth, block, family, doc, fixed=None):
 
     def factory(*, include_top=True, weights=None, input_tensor=None, input_shape=None,
                 pooling=None, classes=None, classifier_activation="softmax", **kwargs):
+        check_reserved(kwargs, ("depth", *(fixed or {})))
         return build(depth, include_top=include_top, weights=weights, input_tensor=input_tensor,
                      input_shape=input_shape, pooling=pooling, classes=classes,
                      classifier_activation=classifier_activation, **(fixed or {}), **kwargs)

@@ -50,6 +50,13 @@ def _positive_ints(name, value):
     return out
 
 
+def check_input_tensor(input_tensor):
+    """ValueError unless `input_tensor` is None or a symbolic Keras tensor."""
+    if input_tensor is not None and not keras.backend.is_keras_tensor(input_tensor):
+        raise ValueError("`input_tensor` must be None or a Keras tensor (from `keras.Input` or "
+                         f"a layer). Received: input_tensor={input_tensor!r}")
+
+
 def _check_head(include_top, pooling, classes, classifier_activation, features=False):
     check_bool("include_top", include_top)
     check_choice("pooling", pooling, POOLINGS)
@@ -95,6 +102,18 @@ def _check_input_shape(input_shape, data_format, total_stride):
     return input_shape
 
 
+def check_dtype(dtype):
+    """ValueError unless `dtype` is None or a floating-point dtype or policy."""
+    try:
+        ok = dtype is None or "float" in keras.dtype_policies.get(dtype).compute_dtype
+    except (ValueError, TypeError):
+        ok = False
+    if not ok:
+        raise ValueError("`dtype` must be a floating-point dtype or policy (float32, float16, "
+                         "bfloat16, mixed_float16, mixed_bfloat16, ...). Received: "
+                         f"dtype={dtype!r}")
+
+
 def validate_config(*, block, stage_blocks, stage_filters, stage_strides, stem_filters,
                     stem_kernel_size, stem_strides, bottleneck_stride, bottleneck_expansion,
                     include_top, pooling, classes, classifier_activation, input_shape, data_format,
@@ -127,6 +146,8 @@ def validate_config(*, block, stage_blocks, stage_filters, stage_strides, stem_f
         raise ValueError(
             "Bottleneck stage widths must be divisible by `bottleneck_expansion`. Received: "
             f"stage_filters={stages['stage_filters']}, bottleneck_expansion={bottleneck_expansion}")
+    check_bool("include_top", include_top)
+    check_bool("features", features)
     _check_head(include_top and not features, pooling, classes, classifier_activation, features)
     data_format = normalize_data_format(data_format)
     check_choice("stem", stem, STEMS)
@@ -261,7 +282,8 @@ class PreActResNet(keras.Model):
         pooling: None, "avg" or "max". Without the top, None returns the 4D features;
             with it, "max" replaces the global average pooling.
         features: return `pyramid_outputs`, a dict of feature maps by level, instead of the
-            head (a backbone for detection or segmentation; no head is built).
+            head (a backbone for detection or segmentation; no head is built, whatever
+            `include_top` says).
         classifier_activation: None returns logits.
         preprocessing: None, a name of `layers.preprocessing.PRESETS` or a dict with "mean",
             "std" and optional "scale": the model then takes [0, 255] pixels.
@@ -307,11 +329,13 @@ class PreActResNet(keras.Model):
         args.update({new: kwargs.pop(new) for new in RENAMED_ARGUMENTS.values() if new in kwargs})
         check_known_arguments(kwargs, MODEL_ARGUMENTS, where="PreActResNet")
         check_bool("zero_init_last", zero_init_last)
+        check_dtype(dtype)
         args["include_top"] = include_top and not features
         args.update(validate_config(**{k: args[k] for k in _VALIDATED}))
         resolved_preprocessing = resolve_preprocessing(preprocessing)
         args["remat"] = check_remat(remat, unit)
         a = types.SimpleNamespace(**args)
+        check_input_tensor(input_tensor)
         inputs = keras.Input(shape=a.input_shape, name="images") if input_tensor is None else input_tensor
         stages = _stages(_stem(inputs, a, resolved_preprocessing), a)
         x = _final_activation(stages[-1], a)
@@ -320,6 +344,8 @@ class PreActResNet(keras.Model):
         super().__init__(inputs=inputs, outputs=pyramid if features else _head(x, a), name=name,
                          **kwargs)
         self._pyramid_outputs = pyramid
+        if dtype is not None:  # the model object carries the policy too, as keras-hub's do
+            self.dtype_policy = keras.dtype_policies.get(dtype)
         if zero_init_last:
             _zero_last_convs(self)
         self._input_shape_arg, self._dtype_arg = a.input_shape, dtype

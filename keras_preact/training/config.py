@@ -8,6 +8,8 @@ import os
 import re
 from typing import Optional
 
+from keras_preact.files import user_path
+
 STRATEGIES = ("default", "mirrored", "tpu", "multiworker")
 PRECISIONS = ("fp32", "mixed_float16", "mixed_bfloat16")
 SCHEDULE_UNITS = ("iterations", "epochs")
@@ -82,26 +84,32 @@ class TrainConfig:
     verbose: object = _field("auto", "auto (a bar on a terminal, else a line per epoch), 0, 1, 2")
 
     def __post_init__(self):
-        self.boundaries = tuple(self.boundaries)
-        self.model_kwargs = dict(self.model_kwargs or {})
+        # Lists become tuples; another type stays for `validate` to name.
         if isinstance(self.freeze, str):
-            self.freeze = tuple(p.strip() for p in self.freeze.split(",") if p.strip())
-        self.freeze = tuple(self.freeze or ())
+            self.freeze = [p.strip() for p in self.freeze.split(",") if p.strip()]
+        self.freeze = () if self.freeze is None else self.freeze
+        self.boundaries, self.freeze = (tuple(v) if isinstance(v, (list, tuple)) else v
+                                        for v in (self.boundaries, self.freeze))
+        self.model_kwargs = {} if self.model_kwargs is None else self.model_kwargs
 
     def validate(self):
         """Checks every field that can be checked without data or TensorFlow; returns self.
         ValueError names the field, the value received and what is valid."""
         import keras_preact
         from keras_preact.data.registry import check_dataset_name
-        models = keras_preact.list_models()
-        if "architecture" not in self.model_kwargs and self.model not in models:
-            raise ValueError(f"Unknown model. Received: model={self.model!r}. Valid: {models}")
-        check_dataset_name(self.dataset, "dataset")
         for names, test, what in _CHECKS:
             for name in names.split():
                 value = getattr(self, name)
-                if not (value is None and name in _OPTIONAL) and not test(value):
+                if not (value is None and name in _OPTIONAL) and not _passes(test, value):
                     raise ValueError(f"`{name}` must be {what}. Received: {name}={value!r}")
+        models = keras_preact.list_models()
+        if "architecture" not in self.model_kwargs and self.model not in models:
+            raise ValueError(f"Unknown model. Received: model={self.model!r}. Valid: {models}")
+        if not isinstance(self.model_kwargs.get("architecture", {}), dict):
+            raise ValueError("`architecture` of `model_kwargs` must be a dict of PreActResNet "
+                             "arguments. Received: "
+                             f"architecture={self.model_kwargs['architecture']!r}")
+        check_dataset_name(self.dataset, "dataset")
         bounds = [float(b) for b in self.boundaries]
         if any(b <= 0 for b in bounds) or any(b2 <= b1 for b1, b2 in zip(bounds, bounds[1:])):
             raise ValueError(f"`boundaries` must be strictly increasing and > 0. Received: "
@@ -121,7 +129,7 @@ class TrainConfig:
             if catalog.looks_like_tag(self.weights):
                 catalog.resolve_tag(self.model, self.weights)
             elif not (self.weights.startswith(catalog.URL_SCHEMES)
-                      or os.path.isfile(os.path.expanduser(self.weights))):
+                      or os.path.exists(user_path(self.weights))):
                 raise ValueError("The weights file does not exist. "
                                  f"Received: weights={self.weights!r}")
         for part in self.freeze:
@@ -245,15 +253,25 @@ _CHECKS = (
     ("batch_size base_batch_size epochs steps cpu_devices intra_op_threads inter_op_threads "
      "keep_checkpoints", lambda v: _is_int(v) and v >= 1, "a positive integer"),
     ("learning_rate warmup_learning_rate weight_decay",
-     lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, "a number >= 0"),
+     lambda v: not isinstance(v, (bool, str)) and 0 <= v < math.inf, "a finite number >= 0"),
     ("momentum", lambda v: 0.0 <= float(v) <= 1.0, "in [0, 1]"),
     ("decay_factor", lambda v: 0.0 < float(v) <= 1.0, "in (0, 1]"),
-    ("total", lambda v: float(v) > 0, "> 0"),
-    ("warmup", lambda v: float(v) >= 0, ">= 0"),
+    ("total", lambda v: 0 < float(v) < math.inf, "a finite number > 0"),
+    ("warmup", lambda v: 0 <= float(v) < math.inf, "a finite number >= 0"),
+    ("boundaries", lambda v: all(0 < float(b) < math.inf for b in v), "a list of numbers > 0"),
+    ("freeze", lambda v: isinstance(v, tuple), "a list of part names"),
+    ("model_kwargs", lambda v: isinstance(v, dict), "a dict of model arguments"),
     ("eval_every seed", lambda v: _is_int(v) and v >= 0, "an int >= 0"),
     ("verbose", lambda v: v in ("auto", 0, 1, 2), "'auto', 0, 1 or 2"))
 #: Fields of `_CHECKS` that may be None.
 _OPTIONAL = ("epochs", "steps", "cpu_devices", "intra_op_threads", "inter_op_threads")
+
+
+def _passes(test, value):
+    try:
+        return bool(test(value))
+    except (TypeError, ValueError):  # float("x"), a number that is not iterable
+        return False
 
 
 def _round(value):

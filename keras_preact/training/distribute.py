@@ -16,6 +16,7 @@ import keras
 import numpy as np
 
 from keras_preact import private_api
+from keras_preact.checks import shorten
 from keras_preact.layers.utils import check_choice
 from keras_preact.training.config import STRATEGIES
 
@@ -221,12 +222,6 @@ def parse_tf_config(text=None):
                       f"index={task_index!r}")
     rank = [t[:2] for t in tasks].index((task_type, task_index))
     return ClusterInfo(tuple(tasks), task_type, task_index, rank, raw)
-
-
-def shorten(text, limit=300):
-    """`text` on one line, cut to `limit` characters (for error messages)."""
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def resolve_timeouts(connect_timeout=None, collective_timeout=None):

@@ -12,10 +12,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_preact.checks import shorten
 from keras_preact.layers.remat import model_pruning_off
 from keras_preact.training.config import RUNTIME_FIELDS
 from keras_preact.training.distribute import (make_multiworker_strategy, parse_tf_config,
-                                              resolve_timeouts, shorten)
+                                              resolve_timeouts)
 from keras_preact.training.run import Run, Stepper, as_config, optimizer_step
 
 logger = logging.getLogger("keras_preact.training")

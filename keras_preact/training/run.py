@@ -13,6 +13,7 @@ import numpy as np
 
 import keras_preact
 from keras_preact import data, finetune
+from keras_preact.checks import shorten
 from keras_preact.files import atomic_save, atomic_write_json
 from keras_preact.layers.utils import check_known_arguments
 from keras_preact.models.preact_resnet import MODEL_ARGUMENTS
@@ -21,7 +22,7 @@ from keras_preact.training.config import TrainConfig
 from keras_preact.training.optimizers import make_optimizer
 from keras_preact.training.workdir import (CHECKPOINT_DIR, CURVE_PNG, FINAL_MODEL, METRICS_JSON,
                                            Workdir, read_json)
-from keras_preact.weights.local import first_difference
+from keras_preact.weights.local import first_difference, load_weights_file, save_weights_file
 
 logger = logging.getLogger("keras_preact.training")
 
@@ -67,6 +68,17 @@ def build_model(config, info):
                          f"Received: model_kwargs={config.model_kwargs!r}") from None
 
 
+def check_classes(config, info):
+    """ValueError unless the model's `classes` (default: the dataset's) fit the dataset."""
+    kwargs = {**config.model_kwargs.get("architecture", {}), **config.model_kwargs}
+    classes = kwargs.get("classes", info["classes"])
+    if kwargs.get("include_top", True) and classes != info["classes"]:
+        raise ValueError(
+            f"The {config.dataset!r} dataset has {info['classes']} classes, so the model needs "
+            f"as many. Received: model_kwargs classes={classes!r}. Leave `classes` out (the "
+            "dataset's is used).")
+
+
 def weights_fingerprint(model):
     """``[[name, shape], ...]`` of the model's variables in creation order: the order
     weights files load by, so a checkpoint loads only into a model of its fingerprint."""
@@ -94,19 +106,6 @@ def compile_model(model, optimizer, **kwargs):
     """Compiles with the recipe's loss and accuracy metric."""
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(),
                   metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")], **kwargs)
-
-
-def load_weights_file(model, path, label):
-    """``model.load_weights(path)`` with one clear error for a damaged or unfitting file."""
-    try:
-        model.load_weights(path)
-    except OSError as err:  # h5py's error for a truncated or damaged file names no file
-        raise ValueError(
-            f"The weights file {path} cannot be read ({distribute.shorten(err, 400)}): it is "
-            "damaged or incomplete (an interrupted copy?); copy it again.") from None
-    except Exception as err:  # Keras raises several types for a mismatch.
-        raise ValueError(f"The weights {path} do not fit {label!r} ({type(err).__name__}: "
-                         f"{distribute.shorten(err, 400)}).") from None
 
 
 class Stepper:
@@ -189,6 +188,8 @@ class Run:
         self.config = as_config(config)
         self.workdir, self.stepper = Workdir(workdir) if workdir is not None else None, stepper
         self.info = dataset_info(self.config.dataset, self.config.data_path)
+        check_classes(self.config, self.info)
+        self.extends = self.wrote_config = False
 
     def train(self):
         """Trains (or resumes, or returns the stored results of a complete run).
@@ -200,7 +201,13 @@ class Run:
             ``workdir`` (None where this process writes no files), plus `Stepper.labels`."""
         self.owns_files = self.workdir is not None and self.stepper.is_chief
         with self.workdir.lock() if self.owns_files else contextlib.nullcontext():
-            return self._train()
+            try:
+                return self._train()
+            except BaseException:
+                if self.wrote_config and self.workdir.read_state() is None:
+                    # Nothing to resume: a rerun starts afresh, so the failed start leaves nothing.
+                    self.workdir.discard_run()
+                raise
 
     def _train(self):
         state = refused = None
@@ -260,7 +267,7 @@ class Run:
         if not self.owns_files:
             return
         path = self.workdir.checkpoint_path(epoch + 1)
-        atomic_save(path, model.save_weights)
+        save_weights_file(model, path)
         # Only now does the state move on: a kill before leaves the previous epoch intact.
         self.workdir.write_state(
             {"epoch": epoch + 1, "step": step, "checkpoint": os.path.basename(path),
@@ -282,24 +289,32 @@ class Run:
         """The workdir's state or None; ValueError (before any write) if it is another run's."""
         wd = self.workdir
         if (stored := wd.read_config()) is None:
-            if wd.checkpoint_files() or any(map(os.path.exists, (wd.state_path,
-                                                                 wd.final_model_path))):
-                raise ValueError(f"The workdir {wd.path} holds checkpoints but no config.json "
-                                 "to check this run against. Use an empty or new --workdir.")
+            if others := wd.listing():
+                raise ValueError(f"The workdir {wd.path} is not empty and holds no keras-preact "
+                                 f"run (no {os.path.basename(wd.config_path)}; it holds "
+                                 f"{', '.join(others[:3])}{', ...' if len(others) > 3 else ''}). "
+                                 "Nothing was changed. Use an empty or new --workdir.")
             return None
         if not isinstance(stored, dict) or "train_config" not in stored:
             raise ValueError(f"{wd.config_path} is not a keras-preact training config. "
                              "Use an empty or new --workdir.")
-        if diff := self.config.differences(TrainConfig.from_dict(stored["train_config"])):
+        diff = self.config.differences(TrainConfig.from_dict(stored["train_config"]))
+        state = wd.read_state()
+        # A longer --epochs (or --steps) extends the run: its history is kept.
+        self.extends = bool(diff) and state is not None and all(
+            key in ("epochs", "steps") and None not in (new, old) and new > old
+            for key, (new, old) in diff.items())
+        if diff and not self.extends:
             lines = ", ".join(f"{k}: stored {b!r}, requested {a!r}" for k, (a, b) in diff.items())
             raise ValueError(
                 f"The workdir {wd.path} holds a run with a different config ({lines}). Nothing was "
-                "changed. Restart with the same settings to resume, or use a new --workdir.")
-        return wd.read_state()
+                "changed. Restart with the same settings to resume, a larger --epochs (or "
+                "--steps) to extend it, or use a new --workdir.")
+        return state
 
     def complete(self, state):
         """Whether `state` is that of a finished run (whose final model exists)."""
-        return bool(state and state.get("complete") and (
+        return bool(state and state.get("complete") and not self.extends and (
             not self.owns_files or os.path.exists(self.workdir.final_model_path)))
 
     def _results(self, accuracy, loss, history, epochs, steps, num_replicas, **more):
@@ -311,8 +326,12 @@ class Run:
 
     def stored_results(self, state):
         metrics, nan = {}, float("nan")  # NaN on the workers without files
-        if self.owns_files:
-            metrics = read_json(self.workdir.file(METRICS_JSON))
+        if self.owns_files and not os.path.isfile(path := self.workdir.file(METRICS_JSON)):
+            logger.warning("The run in %s is complete but its %s is gone: its test results "
+                           "are unknown (`keras-preact evaluate --workdir %s` measures them).",
+                           self.workdir.path, METRICS_JSON, self.workdir.path)
+        elif self.owns_files:
+            metrics = read_json(path)
             logger.info("The run in %s is complete; returning its results.", self.workdir.path)
         return self._results(metrics.get("test_accuracy", nan), metrics.get("test_loss", nan),
                              metrics.get("epochs", []), state.get("epoch"), state.get("step"),
@@ -351,6 +370,9 @@ class Run:
                 distribute.set_synchronized_batch_norm(model, True)
             if c.freeze:  # before compiling: the optimizer holds only the trainable part
                 finetune.freeze(model, list(c.freeze))
+                if not model.trainable_variables:
+                    raise ValueError("Every part is frozen: nothing would train. Received: "
+                                     f"freeze={list(c.freeze)!r}. Leave one part out.")
             optimizer = make_optimizer(c, self.spe)
             if c.precision == "mixed_float16":
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
@@ -369,7 +391,12 @@ class Run:
                 f"{len(stored)} variables, the model {len(fingerprint)}; the first difference is "
                 f"variable {first} (checkpoint: {a}, model: {b}). Nothing was changed. "
                 "Use a new --workdir.")
-        load_weights_file(model, path, self.config.model)
+        try:
+            load_weights_file(model, path)
+        except ValueError as err:
+            raise ValueError(f"The run's last checkpoint {path} cannot be read ("
+                             f"{shorten(err, 200)}): the run cannot resume. Use a new "
+                             "--workdir, or delete this one to start the run over.") from None
         if optimizer_step(optimizer) != int(state["step"]):
             raise ValueError(f"The checkpoint {path} holds {optimizer_step(optimizer)} optimizer "
                              f"steps but its state says {state['step']}; refusing to resume.")
@@ -386,12 +413,17 @@ class Run:
         """Tidies the workdir; a fresh run writes its config and empty reports (the first write)."""
         for path in self.workdir.remove_stale_temporaries():
             logger.info("Removed %s (a write interrupted by a crash).", path)
-        if state is None:
-            os.makedirs(self.workdir.path, exist_ok=True)
+        if state is None or self.extends:
             atomic_write_json(self.workdir.config_path, {
                 "format": CONFIG_FORMAT, "keras_preact_version": keras_preact.__version__,
                 "train_config": self.config.to_dict()})
+            self.wrote_config = state is None
+        if state is None:
             self.write_reports()
+        elif self.extends:
+            self.workdir.write_state({**state, "complete": False})
+            logger.info("Extending the run in %s from epoch %d to %d epochs.", self.workdir.path,
+                        state["epoch"], self.epochs)
 
     def finish(self, model, results, extra):
         """Writes the final model and reports (in the workdir) and returns the results."""

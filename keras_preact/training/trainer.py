@@ -7,13 +7,14 @@ import keras
 
 from keras_preact import data, private_api
 from keras_preact.data.registry import check_dataset_name
+from keras_preact.files import user_path
 from keras_preact.layers.preprocessing import ImageNormalization
 from keras_preact.training.config import TrainConfig
 from keras_preact.training.distribute import average_replica_statistics
 from keras_preact.training.run import (Run, Stepper, as_config, build_model, compile_model,
-                                       dataset_info, load_weights_file, optimizer_step)
-from keras_preact.training.workdir import CHECKPOINT_DIR, TENSORBOARD_DIR, Workdir
-from keras_preact.weights.local import load_keras_file
+                                       dataset_info, optimizer_step)
+from keras_preact.training.workdir import CHECKPOINT_DIR, CONFIG_FILE, TENSORBOARD_DIR, Workdir
+from keras_preact.weights.local import load_keras_file, load_weights_file
 
 
 class FitStepper(Stepper):
@@ -72,7 +73,9 @@ def train_and_evaluate(config, workdir):
     Raises:
         ValueError: before anything is written, for an invalid config, missing or corrupt
             data, a workdir holding another run or a batch the replicas cannot split.
-        WorkdirInUseError: if another process is training in `workdir`."""
+        WorkdirInUseError: if another process is training in `workdir`.
+        TypeError: if `workdir` is not a path."""
+    workdir = user_path(workdir, "workdir")
     config = as_config(config)
     if config.strategy == "multiworker":
         from keras_preact.training.multiworker import train_multiworker
@@ -80,23 +83,34 @@ def train_and_evaluate(config, workdir):
     return Run(config, workdir, FitStepper()).train()
 
 
-def load_workdir_model(workdir):
-    """``(model, config, source_path)`` of a workdir's trained model: ``model.keras``,
-    else its newest checkpoint; ValueError if the workdir holds no run or no weights."""
+def load_workdir_model(workdir, checkpoint=None):
+    """``(model, config, source_path)`` of a workdir's trained model: ``model.keras``, else
+    its newest checkpoint, or `checkpoint` (a file of its ``checkpoints/``); ValueError if
+    the workdir holds no run or no weights."""
     wd = Workdir(workdir)
     stored = wd.read_config()
     if stored is None or "train_config" not in stored:
         raise ValueError(
             f"No training run in {wd.path} (config.json missing). Received: workdir={workdir!r}")
     config = TrainConfig.from_dict(stored["train_config"])
-    if os.path.exists(path := wd.final_model_path):
+    if checkpoint is None and os.path.exists(path := wd.final_model_path):
         return keras.saving.load_model(path, compile=False), config, path
-    if (state := wd.read_state()) is None:
-        raise ValueError(f"The run in {wd.path} has no completed epoch to evaluate yet.")
+    if checkpoint is None and (state := wd.read_state()) is None:
+        raise ValueError(f"The run in {wd.path} has no completed epoch yet.")
     model = build_model(config, dataset_info(config.dataset, config.data_path))
-    ckpt = wd.file(CHECKPOINT_DIR, state["checkpoint"])
-    load_weights_file(model, ckpt, config.model)
+    ckpt = checkpoint or wd.file(CHECKPOINT_DIR, state["checkpoint"])
+    load_weights_file(model, ckpt)
     return model, config, ckpt
+
+
+def workdir_of(path):
+    """The training workdir that `path` is (a folder) or holds (a file in it or one of its
+    checkpoints), or None."""
+    path = user_path(path)
+    folder = path if os.path.isdir(path) else os.path.dirname(path) if os.path.isfile(path) else ""
+    if os.path.basename(folder) == CHECKPOINT_DIR:
+        folder = os.path.dirname(folder)
+    return folder if folder and os.path.isfile(os.path.join(folder, CONFIG_FILE)) else None
 
 
 def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=None,
@@ -116,6 +130,10 @@ def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=N
 
     Raises ValueError for a missing workdir or weights file, an unknown model or dataset, or
     weights that do not fit the model."""
+    if workdir is not None and (model, weights) != (None, None):
+        raise ValueError("Give `workdir` (its model is evaluated) or `model` / `weights`, not "
+                         f"both. Received: workdir={workdir!r}, model={model!r}, "
+                         f"weights={weights!r}")
     if workdir is not None:
         net, config, source = load_workdir_model(workdir)
         dataset = dataset or config.dataset
@@ -130,7 +148,15 @@ def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=N
         check_dataset_name(dataset, "dataset")
         if weights is not None and not os.path.isfile(weights):
             raise ValueError(f"Weights file not found. Received: weights={weights!r}")
+        if model is None and not str(weights).endswith(".keras"):
+            raise ValueError("A weights file needs `model`, the architecture it belongs to "
+                             f"(only a .keras file holds its own). Received: weights={weights!r}")
         net, source = _model_for(model, weights, dataset, data_path, model_kwargs), weights
+    classes = dataset_info(dataset, data_path)["classes"]
+    shape = getattr(net, "output_shape", None)
+    if (outputs := shape[-1] if isinstance(shape, tuple) else None) != classes:
+        raise ValueError(f"The {dataset!r} dataset has {classes} classes and the model "
+                         f"({source}) {outputs} outputs: it cannot be scored on it.")
     make = functools.partial(data.make_dataset, dataset, split, data_dir=data_dir,
                              source=data_source, path=data_path, shuffle=False, augment=False,
                              drop_remainder=False)
@@ -149,7 +175,7 @@ def _model_for(model, weights, dataset, data_path, model_kwargs):
     """The model `evaluate` was given: a built one, a ``.keras`` file, or a name."""
     if model is not None and not isinstance(model, str):
         if weights is not None:
-            load_weights_file(model, weights, getattr(model, "name", "the model"))
+            load_weights_file(model, weights)
         return model
     if weights is not None and str(weights).endswith(".keras"):
         return load_keras_file(weights)
@@ -158,5 +184,5 @@ def _model_for(model, weights, dataset, data_path, model_kwargs):
                          data_path=data_path).validate()
     net = build_model(config, dataset_info(dataset, data_path))
     if weights is not None:
-        load_weights_file(net, weights, model)
+        load_weights_file(net, weights)
     return net

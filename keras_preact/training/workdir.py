@@ -16,9 +16,10 @@ import glob
 import io
 import json
 import os
+import shutil
 from pathlib import Path
 
-from keras_preact.files import atomic_write_bytes, atomic_write_json, atomic_write_text
+from keras_preact.files import atomic_write_bytes, atomic_write_json, atomic_write_text, user_path
 
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
@@ -30,6 +31,12 @@ TENSORBOARD_DIR = "tensorboard"
 FINAL_MODEL = "model.keras"
 LOCK_FILE = ".lock"
 STATE_FORMAT = 1
+#: What a run writes into its workdir (`Workdir.discard_run` removes them).
+RUN_FILES = (CONFIG_FILE, CHECKPOINT_DIR, METRICS_JSON, METRICS_CSV, CURVE_PNG, TENSORBOARD_DIR,
+             FINAL_MODEL)
+#: The columns of ``metrics.csv``, in this order (then any other key of an epoch's record).
+METRICS_COLUMNS = ("epoch", "step", "learning_rate", "time_s", "images_per_s", "loss",
+                   "accuracy", "val_loss", "val_accuracy")
 
 
 class WorkdirInUseError(RuntimeError):
@@ -52,7 +59,7 @@ class Workdir:
     def __init__(self, path):
         if not isinstance(path, (str, os.PathLike)) or not str(path):
             raise ValueError(f"`workdir` must be a folder path. Received: workdir={path!r}")
-        self.path = os.path.abspath(os.fspath(path))
+        self.path = user_path(path)
         self.config_path, self.state_path, self.final_model_path = (
             self.file(CONFIG_FILE), self.file(CHECKPOINT_DIR, STATE_FILE), self.file(FINAL_MODEL))
         existing = next(p for p in (Path(self.path), *Path(self.path).parents) if p.exists())
@@ -62,10 +69,11 @@ class Workdir:
 
     @contextlib.contextmanager
     def lock(self):
-        """Holds the workdir for this process (a second run fails: `WorkdirInUseError`); one
-        created here is removed again if nothing else was written (the run refused its input)."""
+        """Holds the workdir for this process (a second run fails: `WorkdirInUseError`). A
+        folder that holds no run afterwards (one refused, or discarded) is left as it was found."""
         import filelock
         created = not os.path.isdir(self.path)
+        new_lock = not os.path.exists(self.file(LOCK_FILE))
         os.makedirs(self.path, exist_ok=True)
         lock = filelock.FileLock(self.file(LOCK_FILE), timeout=0)
         try:
@@ -79,10 +87,11 @@ class Workdir:
             yield
         finally:
             lock.release()
-            if created and os.listdir(self.path) == [LOCK_FILE]:
+            if new_lock and not os.path.exists(self.config_path):  # no run: leave it as found
                 _remove_quietly(self.file(LOCK_FILE))
-                with contextlib.suppress(OSError):  # another run may have begun there
-                    os.rmdir(self.path)
+                if created:
+                    with contextlib.suppress(OSError):  # not empty, or another run began there
+                        os.rmdir(self.path)
 
     def file(self, *parts):
         return os.path.join(self.path, *parts)
@@ -124,9 +133,23 @@ class Workdir:
     def write_reports(self, metrics, history, *, title):
         """Writes `metrics` (``metrics.json``) and `history` (``metrics.csv``, the curve)."""
         atomic_write_json(self.file(METRICS_JSON), metrics)
-        columns = list(dict.fromkeys(key for row in history for key in row))
+        keys = {key for row in history for key in row}
+        columns = [c for c in METRICS_COLUMNS if c in keys] + sorted(keys - set(METRICS_COLUMNS))
         write_csv_rows(self.file(METRICS_CSV), history, columns)
         atomic_write_bytes(self.file(CURVE_PNG), plot_training_curve(history, title=title))
+
+    def listing(self):
+        """The sorted names in the workdir, hidden ones (the lock, temporaries) aside."""
+        names = os.listdir(self.path) if os.path.isdir(self.path) else []
+        return sorted(n for n in names if not n.startswith("."))
+
+    def discard_run(self):
+        """Removes the files of a run that failed before its first checkpoint."""
+        for path in map(self.file, RUN_FILES):
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                _remove_quietly(path)
 
     def remove_stale_temporaries(self):
         """Deletes the ``.tmp-*`` files a killed writer left behind; returns their paths."""

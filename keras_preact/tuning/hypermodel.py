@@ -297,7 +297,9 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         return self.make_model(arch)
 
     @cached_property
-    def _arrays(self):
+    def arrays(self):
+        """``(x, y, val_x, val_y)``: the training images and the held-out ones that score trials
+        (loaded once; ValueError for missing or bad data)."""
         kw = dict(data_dir=self.data_dir, source=self.data_source, path=self.data_path)
         x, y = data.load_arrays(self.dataset, "train", **kw)
         if self.validation_fraction == 0:
@@ -308,7 +310,7 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
     def datasets(self, *, epochs, initial_epoch=0, replicas=1):
         """``(train_ds, val_ds, steps_per_epoch)`` through the library's pipeline; with several
         replicas the last partial validation batch is dropped (tf.distribute cannot split it)."""
-        x, y, vx, vy = self._arrays
+        x, y, vx, vy = self.arrays
         spe = len(x) // self.batch_size
         if spe < 1:
             raise ValueError(f"batch_size={self.batch_size} is larger than the {len(x)} training "

@@ -3,6 +3,8 @@ must match it), ``search/`` (KerasTuner's project), ``results.csv``, ``results.p
 ``best/`` (``model.keras``, ``saved_model/1``, ``best.json``). Distributed search is
 KerasTuner's chief / worker mode (``KERASTUNER_*`` variables, a shared workdir)."""
 
+import contextlib
+import inspect
 import json
 import logging
 import os
@@ -10,12 +12,12 @@ import shutil
 import time
 
 import keras_tuner
-from keras_tuner.src.distribute import utils as dist_utils
 
 import keras_preact
 from keras_preact.data.registry import check_int
 from keras_preact.export import export_saved_model
 from keras_preact.files import atomic_save, atomic_write_bytes, atomic_write_json
+from keras_preact.layers.utils import check_known_arguments
 from keras_preact.training.distribute import make_strategy
 from keras_preact.training.workdir import Workdir, figure_png, read_json, write_csv_rows
 from keras_preact.tuning.hypermodel import (OBJECTIVE, PreActResNetHyperModel, search_space_spec,
@@ -75,9 +77,10 @@ def study_document(spec, *, tuner, max_trials):
             "tuner": tuner, "max_trials": max_trials, "space": spec}
 
 
-def check_study_workdir(workdir, document):
-    """True if the workdir holds this study already, False if it is new or empty; raises
-    ValueError if it holds another study or files that are not one. Reads only."""
+def check_study_workdir(workdir, document, *, overwrite=False):
+    """True if the workdir holds this study already (with `overwrite`: any study), False if
+    it is new or empty; raises ValueError if it holds another study or files that are not one.
+    Reads only."""
     path = os.path.join(workdir, STUDY_FILE)
     if not os.path.exists(path):
         if os.path.isdir(workdir) and os.listdir(workdir):
@@ -93,14 +96,14 @@ def check_study_workdir(workdir, document):
     # Through JSON, as stored: tuples become lists.
     a, b = ({k: v for k, v in json.loads(json.dumps(d)).items() if k not in ignored}
             for d in (document, stored))
-    if a == b:
+    if a == b or overwrite:
         return True
     a, b = ({**d["space"], "tuner": d.get("tuner")} for d in (a, b))
     diff = [f"{key}: stored {b.get(key)!r}, requested {a.get(key)!r}"
             for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)]
     raise ValueError(f"The workdir {workdir} holds another study ({'; '.join(diff)}). Nothing "
-                     "was changed, not even with --overwrite. Re-run with the same settings to "
-                     "resume, or use a new --workdir.")
+                     "was changed. Re-run with the same settings to resume, --overwrite to start "
+                     "this study there instead, or use a new --workdir.")
 
 
 def tune(workdir, *, tuner="random", max_trials=10, overwrite=False, export=True,
@@ -111,7 +114,7 @@ def tune(workdir, *, tuner="random", max_trials=10, overwrite=False, export=True
         workdir: the study's folder (see the module doc for its layout).
         tuner, distribution_strategy: see `make_tuner`.
         max_trials: may grow between runs to extend a search.
-        overwrite: start this study again (never another study's workdir).
+        overwrite: start this study again, replacing the study the workdir holds.
         export: save the best trial as ``.keras`` and SavedModel.
         **space: the `PreActResNetHyperModel` arguments.
 
@@ -119,13 +122,13 @@ def tune(workdir, *, tuner="random", max_trials=10, overwrite=False, export=True
         dict: ``rows``, ``best`` (a row or None), ``csv``, ``png``, ``best_model``,
         ``saved_model`` (paths or None), ``role`` and ``workdir``.
 
-    Raises ValueError for an invalid space, a budget no candidate fits or a workdir holding
-    another study, before anything is written."""
+    Raises ValueError for an invalid space, a budget no candidate fits, missing data or a
+    workdir holding another study, before anything is written. A study that fails before its
+    first trial completes leaves nothing behind."""
+    check_known_arguments(space, inspect.signature(search_space_spec).parameters, where="tune")
     workdir = Workdir(workdir).path  # a folder path, not under a file
     _check_tuner(tuner, max_trials)
-    role = None  # KerasTuner's distributed role, from its environment variables
-    if dist_utils.has_chief_oracle():
-        role = "chief" if dist_utils.is_chief_oracle() else "worker"
+    role = distributed_role()
     spec = search_space_spec(**space)
     document = study_document(spec, tuner=tuner, max_trials=max_trials)
     # The chief owns the workdir: a worker waits for its study.json and writes nothing.
@@ -136,27 +139,63 @@ def tune(workdir, *, tuner="random", max_trials=10, overwrite=False, export=True
                              "start the chief (KERASTUNER_TUNER_ID=chief) with the same "
                              "--workdir on a shared disk.")
         time.sleep(0.5)
-    exists = check_study_workdir(workdir, document)
+    exists = check_study_workdir(workdir, document, overwrite=overwrite)
     hypermodel = PreActResNetHyperModel(**space)  # may refuse the budget
+    hypermodel.arrays  # missing or bad data fails here, before anything is written
+    fresh, created = role != "worker" and (overwrite or not exists), not os.path.isdir(workdir)
+    if fresh:
+        _discard_study(workdir)
     if role != "worker":
-        if overwrite and exists:
-            for name in (PROJECT, BEST_DIR):
-                shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
-            for name in (RESULTS_CSV, RESULTS_PNG):
-                if os.path.exists(os.path.join(workdir, name)):
-                    os.remove(os.path.join(workdir, name))
         atomic_write_json(os.path.join(workdir, STUDY_FILE), document)
-    kt_tuner = make_tuner(hypermodel, tuner, directory=workdir, max_trials=max_trials,
-                          distribution_strategy=distribution_strategy, seed=spec["seed"])
-    if role == "chief":
-        serve_chief(kt_tuner, verbose=verbose)
-    else:
-        kt_tuner.search(verbose=verbose)
+    kt_tuner = None
+    try:
+        kt_tuner = make_tuner(hypermodel, tuner, directory=workdir, max_trials=max_trials,
+                              distribution_strategy=distribution_strategy, seed=spec["seed"])
+        if role == "chief":
+            serve_chief(kt_tuner, verbose=verbose)
+        else:
+            kt_tuner.search(verbose=verbose)
+    except BaseException:
+        if fresh and not (kt_tuner and any(t.status == "COMPLETED"
+                                           for t in kt_tuner.oracle.trials.values())):
+            _discard_study(workdir, remove_folder=created)  # the failed start leaves nothing
+        raise
     result = dict.fromkeys(("rows", "best", "csv", "png", "best_model", "saved_model"))
     result.update(role=role, workdir=workdir)
     if role != "worker":
         result.update(write_results(kt_tuner, hypermodel, workdir, export=export))
     return result
+
+
+def distributed_role():
+    """KerasTuner's distributed role from its environment variables: None (one process),
+    "chief" or "worker"; ValueError for a partial set or a port that is not a number."""
+    names = ("KERASTUNER_TUNER_ID", "KERASTUNER_ORACLE_IP", "KERASTUNER_ORACLE_PORT")
+    values = {name: os.environ.get(name, "") for name in names}
+    if not any(values.values()):
+        return None
+    if missing := [name for name in names if not values[name]]:
+        received = ", ".join(f"{n}={v!r}" for n, v in values.items() if v)
+        raise ValueError(f"KerasTuner's chief / worker mode needs {', '.join(names)}; "
+                         f"{', '.join(missing)} is not set. Received: {received}. Unset them "
+                         "all for a study in one process.")
+    port = values["KERASTUNER_ORACLE_PORT"]
+    if not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError("KERASTUNER_ORACLE_PORT must be a port number 1..65535. Received: "
+                         f"KERASTUNER_ORACLE_PORT={port!r}")
+    return "chief" if "chief" in values["KERASTUNER_TUNER_ID"] else "worker"
+
+
+def _discard_study(workdir, *, remove_folder=False):
+    """Removes a study's files from `workdir` (with `remove_folder`, the folder if empty)."""
+    for name in (PROJECT, BEST_DIR):
+        shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
+    for name in (STUDY_FILE, RESULTS_CSV, RESULTS_PNG):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(workdir, name))
+    if remove_folder:
+        with contextlib.suppress(OSError):  # not empty
+            os.rmdir(workdir)
 
 
 def serve_chief(kt_tuner, *, verbose=1, poll_s=0.5):

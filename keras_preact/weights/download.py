@@ -18,7 +18,8 @@ import filelock
 import h5py
 import keras
 
-from keras_preact.files import atomic_write_json, file_hash
+from keras_preact.checks import env_flag
+from keras_preact.files import atomic_write_json, file_hash, user_path
 from keras_preact.weights.catalog import WeightsEntry, get_entry, validate_entry
 from keras_preact.weights.converters import get_converter
 from keras_preact.weights.local import load_weights_file, save_weights_file
@@ -41,11 +42,19 @@ class WeightsIntegrityError(ValueError):
 
 def resolve_cache_dir(cache_dir=None):
     """The weights cache folder: `cache_dir`, ``$KERAS_PREACT_HOME/weights`` or
-    ``~/.keras/keras_preact/weights``."""
+    ``~/.keras/keras_preact/weights``; ValueError when a file stands where it would be."""
+    home = os.environ.get("KERAS_PREACT_HOME")
+    named = (f"cache_dir={cache_dir!r}" if cache_dir is not None
+             else f"KERAS_PREACT_HOME={home!r}" if home else None)
     if cache_dir is None:
-        home = os.environ.get("KERAS_PREACT_HOME") or os.path.join("~", ".keras", "keras_preact")
-        cache_dir = os.path.join(home, "weights")
-    return os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
+        cache_dir = os.path.join(home or os.path.join("~", ".keras", "keras_preact"), "weights")
+    path = existing = user_path(cache_dir)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"The weights cache {path} cannot be a folder: {existing} is a file. "
+                         f"Received: {named or 'the default cache'}. Valid: a folder.")
+    return path
 
 
 def cached_paths(entry, cache=None):
@@ -101,8 +110,7 @@ def fetch_weights(key_or_entry, *, build, cache_dir=None, offline=None, progress
     else:
         entry = key_or_entry if isinstance(key_or_entry, WeightsEntry) else get_entry(key_or_entry)
     if offline is None:
-        flag = os.environ.get("KERAS_PREACT_OFFLINE", "").strip().lower()
-        offline = flag in ("1", "true", "yes", "on")
+        offline = env_flag("KERAS_PREACT_OFFLINE")
     cache = resolve_cache_dir(cache_dir)
     if (found := _lookup_cache(entry, cache)) is not None:
         return found
@@ -126,11 +134,15 @@ def fetch_weights(key_or_entry, *, build, cache_dir=None, offline=None, progress
 def _local_or_download(entry, work, *, offline, progress):
     """(verified source file, whether it is a converted `.weights.h5`)."""
     folder = os.environ.get("KERAS_PREACT_WEIGHTS_DIR")
+    if folder and not os.path.isdir(folder):
+        what = "is a file" if os.path.exists(folder) else "does not exist"
+        raise ValueError(f"KERAS_PREACT_WEIGHTS_DIR must be a folder of weights files; {folder} "
+                         f"{what}. Received: KERAS_PREACT_WEIGHTS_DIR={folder!r}")
     published_name = _url_filename(entry.url)
     if folder and os.path.isfile(os.path.join(folder, entry.key + ".weights.h5")):
         return os.path.join(folder, entry.key + ".weights.h5"), True
-    if folder and os.path.isfile(os.path.join(folder, published_name)):
-        source = _extract_member(entry, os.path.join(folder, published_name), work)
+    if folder and os.path.isfile(local := os.path.join(folder, published_name)):
+        source = _extract_member(entry, local, work, origin=local)
         _verify_publisher_hash(entry, source, delete=False)
         return source, False
     if offline:
@@ -138,7 +150,8 @@ def _local_or_download(entry, work, *, offline, progress):
             f"Offline mode: no local copy of the weights {entry.key!r}. Put {entry.key}.weights.h5 "
             f"or the published file {published_name!r} into $KERAS_PREACT_WEIGHTS_DIR (now "
             f"{folder!r}), or fetch it online first (`keras-preact weights fetch {entry.key}`).")
-    source = _extract_member(entry, _download(entry.url, work, progress=progress), work)
+    source = _extract_member(entry, _download(entry.url, work, progress=progress), work,
+                             origin=entry.url)
     _verify_publisher_hash(entry, source, delete=True)
     return source, False
 
@@ -173,18 +186,19 @@ def _download(url, work, *, progress):
             keras.config.enable_interactive_logging()
 
 
-def _extract_member(entry, published, work):
+def _extract_member(entry, published, work, *, origin):
+    """The entry's member of the archive `published` (`origin`: its URL or local path)."""
     member = entry.archive_member
     if member is None:
         return published
     if not zipfile.is_zipfile(published):
         raise WeightsIntegrityError(f"The weights {entry.key!r} should be a zip holding "
-                                    f"{member!r}, but {entry.url} is not a zip file. "
+                                    f"{member!r}, but {origin} is not a zip file. "
                                     "Nothing was cached.")
     with zipfile.ZipFile(published) as archive:
         names = archive.namelist()
         if member not in names:
-            raise ValueError(f"The archive {entry.url} has no member {member!r} (it holds "
+            raise ValueError(f"The archive {origin} has no member {member!r} (it holds "
                              f"{names[:10]}). Nothing was cached.")
         target = os.path.join(work, "member", os.path.basename(member))
         os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -240,32 +254,36 @@ def _commit(entry, cache, tmp, facts):
     return path
 
 
-def _cache_files(cache):
-    folder = pathlib.Path(resolve_cache_dir(cache))
-    return sorted(folder.iterdir()) if folder.is_dir() else []
-
-
 def cached_entries(cache=None):
-    """The cache's files: list of dicts with key, path, size and recorded sha256."""
+    """The cache's files: list of dicts with key, path, size and recorded sha256 (None
+    without a readable record)."""
+    folder = pathlib.Path(resolve_cache_dir(cache))
     out = []
-    for path in (p for p in _cache_files(cache) if p.name.endswith(".weights.h5")):
-        sidecar = pathlib.Path(f"{path}{SIDECAR_SUFFIX}")
-        record = json.loads(sidecar.read_text()) if sidecar.is_file() else {}
+    for path in sorted(folder.glob("*.weights.h5")) if folder.is_dir() else []:
+        try:
+            record = json.loads(pathlib.Path(f"{path}{SIDECAR_SUFFIX}").read_text())
+        except (OSError, ValueError):
+            record = None
         out.append({"key": path.name[: -len(".weights.h5")], "path": str(path),
-                    "size": path.stat().st_size, "sha256": record.get("sha256")})
+                    "size": path.stat().st_size,
+                    "sha256": record.get("sha256") if isinstance(record, dict) else None})
     return out
 
 
 def clear_cache(key=None, cache=None):
-    """Deletes cached weights (all, or one key's); returns the paths removed."""
-    removed = [p for p in _cache_files(cache)
-               if key is None or p.name.startswith(key + ".weights.h5")]
+    """Deletes cached weights (all, or `key`'s) and their records; returns the paths
+    removed. Only files the cache wrote go (a weights file beside its record); ValueError
+    for a key neither cached nor in the catalog, or a `cache` folder that does not exist."""
+    if cache is not None and not os.path.isdir(resolve_cache_dir(cache)):
+        raise ValueError(f"The weights cache folder does not exist. Received: cache_dir={cache!r}")
+    cached = {e["key"]: e["path"] for e in cached_entries(cache) if e["sha256"]}
+    if key is not None and key not in cached:
+        get_entry(key)  # an unknown key is an error, a known one not cached is not
+    removed = [p for k, path in cached.items() if key in (None, k)
+               for p in (path, path + SIDECAR_SUFFIX)]
     for path in removed:
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink()
-    return [str(p) for p in removed]
+        os.remove(path)
+    return removed
 
 
 def verify_cache(keys=None, cache=None):

@@ -8,7 +8,8 @@ import json
 import os
 import urllib.parse
 
-from keras_preact.weights import catalog, local
+from keras_preact.files import user_path
+from keras_preact.weights import catalog, local, presets
 from keras_preact.weights.download import fetch_weights
 
 VALID_FORMS = ("None, a tag of the model (see `keras-preact weights list`), a path ending in "
@@ -77,7 +78,7 @@ def plan_weights(request):
     """Validates `request.weights` against the other factory arguments; builds nothing.
     The weights' recorded architecture, preprocessing and input shape are planned in
     unless passed (ValueError for a conflicting one). Returns a dict: "kind" (None,
-    "entry", "url", "weights_h5" or "keras"), "classes", "overrides", "entry", "path"."""
+    "entry", "url", "weights_h5", "keras" or "preset"), "classes", "overrides", "entry", "path"."""
     weights = request.weights
     plan = {"kind": None, "classes": request.classes_or_default(), "overrides": {},
             "entry": None, "path": None}
@@ -94,7 +95,13 @@ def plan_weights(request):
         plan.update(kind="entry", entry=catalog.resolve_tag(request.model, weights))
         _apply_entry(plan, plan["entry"], request)
         return plan
-    path = local.preset_weights(os.path.abspath(os.path.expanduser(weights)))
+    path = user_path(weights)
+    if os.path.isfile(os.path.join(path, presets.CONFIG_FILE)):
+        plan.update(kind="preset", path=path)
+        info = local.config_info(presets.model_config(path))
+        _apply(plan, request, info, info["architecture"])
+        return plan
+    path = local.preset_weights(path)
     if path.endswith(local.KERAS_SUFFIX):
         if not os.path.isfile(path):
             raise _bad("The .keras file does not exist.", weights)
@@ -201,6 +208,8 @@ def load_planned_weights(model, plan):
     if plan["kind"] == "keras":
         source = local.load_keras_file(plan["path"])
         local.copy_weights_from_model(source, model, source_label=plan["path"])
+    elif plan["kind"] == "preset":
+        presets.load_preset_weights(model, plan["path"])
     elif plan["kind"] is not None:
         local.load_weights_file(model, plan["path"])
     return model

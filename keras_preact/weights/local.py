@@ -3,6 +3,8 @@
 load silently wrong: `save_weights_file` records the variable paths and architecture
 arguments, which `load_weights_file` compares. `.keras` files must hold no Lambda layer."""
 
+import contextlib
+import io
 import json
 import os
 import tempfile
@@ -11,7 +13,8 @@ import zipfile
 import h5py
 import keras
 
-from keras_preact.files import atomic_save
+from keras_preact import private_api
+from keras_preact.files import atomic_write_bytes, user_path
 
 WEIGHTS_SUFFIX, KERAS_SUFFIX = ".weights.h5", ".keras"
 #: Root attributes of the `.weights.h5` files keras-preact saves (see `record_model`).
@@ -31,9 +34,31 @@ HEAD_LAYER = "logits"  # the classifier of `PreActResNet`
 PRESET_WEIGHTS = "model.weights.h5"  # the weights of a preset folder (`weights.presets`)
 
 
+@contextlib.contextmanager
+def open_hdf5(path, mode="r"):
+    """The h5py file at `path`; ValueError naming it when it is damaged or truncated (h5py's
+    own error names no file)."""
+    try:
+        file = h5py.File(path, mode)
+    except OSError as err:
+        detail = " ".join(str(err).split())[:300]
+        raise ValueError(f"The weights file {path} cannot be read ({detail}): it is damaged or "
+                         "incomplete (an interrupted copy or download?); copy or fetch it "
+                         "again.") from None
+    with file:
+        yield file
+
+
 def preset_weights(path):
-    """The weights file of a preset folder `path`, else `path` itself."""
-    return os.path.join(path, PRESET_WEIGHTS) if path and os.path.isdir(path) else path
+    """The weights file of a preset folder `path`, else `path` itself; ValueError for a
+    folder that is not a preset."""
+    if not path or not os.path.isdir(path):
+        return path
+    if not os.path.isfile(file := os.path.join(path, PRESET_WEIGHTS)):
+        raise ValueError(f"The folder is not a preset: it holds no {PRESET_WEIGHTS}. Received: "
+                         f"weights={path!r}. Valid: a preset folder (`save_preset`), a "
+                         f"'{WEIGHTS_SUFFIX}' or '{KERAS_SUFFIX}' file")
+    return file
 
 
 def resolve_weights_argument(weights):
@@ -58,7 +83,7 @@ def inspect_weights_file(path):
     """The stem and head shapes of a keras-preact `.weights.h5` file: dict with
     "in_channels", "stem_filters", "kernel_size" and "classes" (None without a head);
     ValueError if the file does not hold a keras-preact model's weights."""
-    with h5py.File(path, "r") as f:
+    with open_hdf5(path) as f:
         stem = f.get("layers/conv2d/vars/0")
         if stem is None or len(stem.shape) != 4:
             raise ValueError("The weights file does not hold a keras-preact model's weights (no "
@@ -114,24 +139,26 @@ def _has_head(model):
 def save_weights_file(model, path):
     """Saves `model`'s weights to `path` as a Keras `.weights.h5` with its layout recorded
     (see `record_model`); returns the absolute path."""
-    path = os.path.abspath(os.fspath(path))
+    path = user_path(path)
     if not path.endswith(WEIGHTS_SUFFIX):
         raise ValueError(f"A weights file name must end in '{WEIGHTS_SUFFIX}'. "
                          f"Received: path={path!r}")
 
-    def save(tmp):
-        model.save_weights(tmp)
-        record_model(model, tmp)
-
-    atomic_save(path, save)
+    if not model.built:
+        raise ValueError("The model is not built: call it on data or `build()` it first.")
+    # Written in memory, then to disk: HDF5 crashes the process on a full disk.
+    data = io.BytesIO()
+    private_api.write_weights_h5(model, data)
+    record_model(model, data)
+    atomic_write_bytes(path, data.getvalue())
     return path
 
 
 def record_model(model, path):
     """Writes `model`'s variables (path and shape) in creation order into the
-    `.weights.h5` at `path`, and for a `PreActResNet` its architecture arguments and its
+    `.weights.h5` at `path` (or in a file object), and for a `PreActResNet` its architecture arguments and its
     preprocessing, input shape and data format, as root attributes."""
-    with h5py.File(path, "a") as f:
+    with open_hdf5(path, "a") as f:
         f.attrs[LAYOUT_ATTR] = json.dumps(model_layout(model))
         arch = model_architecture(model)
         if arch is not None:
@@ -143,7 +170,7 @@ def record_model(model, path):
 
 def read_recorded(path):
     """The (layout, architecture, defaults) `record_model` wrote into a file, or Nones."""
-    with h5py.File(path, "r") as f:
+    with open_hdf5(path) as f:
         layout, arch, defaults = (None if f.attrs.get(n) is None else json.loads(f.attrs[n])
                                   for n in (LAYOUT_ATTR, ARCHITECTURE_ATTR, DEFAULTS_ATTR))
     if arch is not None:
@@ -159,7 +186,7 @@ def read_recorded_layout(path):
 def _h5_datasets(path):
     """Dataset name -> shape, without the optimizer's state (in training checkpoints)."""
     names = []
-    with h5py.File(path, "r") as f:
+    with open_hdf5(path) as f:
         f.visit(names.append)
         return {n: [int(d) for d in f[n].shape] for n in names
                 if isinstance(f[n], h5py.Dataset) and not n.startswith("optimizer")}
@@ -179,13 +206,16 @@ def _mismatch(model, path, detail):
                       f"{detail}. Nothing was loaded. Received: weights={path!r}")
 
 
-def compare_layouts(model, stored_layout, stored_arch, *, source):
+def _is_head(path):
+    return path.startswith(HEAD_LAYER + "/")
+
+
+def compare_layouts(model, stored_layout, stored_arch, *, source, trunk_only=False):
     """Raises ValueError unless a stored layout and architecture fit `model` (without a
-    head, the head's variables are skipped)."""
-    expected = model_layout(model)
-    found = [[p, list(s)] for p, s in stored_layout]
-    if not _has_head(model):
-        found = [x for x in found if not x[0].startswith(HEAD_LAYER + "/")]
+    head, or with `trunk_only`, the head's variables are skipped)."""
+    expected = [x for x in model_layout(model) if not (trunk_only and _is_head(x[0]))]
+    found = [[p, list(s)] for p, s in stored_layout
+             if not ((trunk_only or not _has_head(model)) and _is_head(p))]
     if found != expected:
         i, want, got = first_difference(expected, found)
         raise _mismatch(model, source, f"the file holds {len(found)} variables, the model "
@@ -232,28 +262,38 @@ def check_weights_file_layout(model, path):
 def load_weights_file(model, path):
     """Loads `path` into `model` after `check_weights_file_layout` (nothing loads on error)."""
     check_weights_file_layout(model, path)
+    with open_hdf5(path):  # readable to its end (a truncated file fails here, named)
+        pass
     try:
         model.load_weights(path)
     except ValueError as err:
         raise _mismatch(model, path, str(err)) from None
 
 
-def read_keras_file_config(path):
+def read_keras_file_config(path, *, allow_lambda=False):
     """The model config stored in a `.keras` file, read without building anything;
-    ValueError if the file is not a `.keras` archive or holds a Lambda layer."""
+    ValueError if the file is missing, not a whole `.keras` archive or (unless
+    `allow_lambda`) holds a Lambda layer."""
+    if os.path.isdir(path):
+        model = os.path.join(path, "model.keras")
+        hint = f": give its model.keras ({model})" if os.path.isfile(model) else ""
+        raise ValueError(f"{path} is a folder, not a .keras file{hint}. Received: path={path!r}")
+    if not os.path.isfile(path):
+        raise ValueError(f"The .keras file does not exist. Received: path={path!r}")
     try:
         with zipfile.ZipFile(path) as archive:
             config = json.loads(archive.read("config.json"))
     except (zipfile.BadZipFile, KeyError, json.JSONDecodeError):
-        raise ValueError("The file is not a Keras .keras archive (no readable config.json). "
-                         f"Received: weights={path!r}") from None
-    lambdas = list(_find_class(config, "Lambda"))
+        raise ValueError(f"The file {path} is not a whole Keras .keras archive (no readable "
+                         "config.json): it is damaged or incomplete (an interrupted copy?), or "
+                         f"of another format. Received: path={path!r}") from None
+    lambdas = [] if allow_lambda else list(_find_class(config, "Lambda"))
     if lambdas:
         raise ValueError(
             f"The .keras file holds a Lambda layer ({lambdas[0]!r}); Lambda layers run "
             "arbitrary Python code, so keras-preact refuses to load them (it loads "
             "model files only with safe_mode=True). Re-save the model without the "
-            f"Lambda layer, or save its weights as a .weights.h5. Received: weights={path!r}")
+            f"Lambda layer, or save its weights as a .weights.h5. Received: path={path!r}")
     return config
 
 
@@ -271,7 +311,11 @@ def _find_class(node, class_name):
 def keras_file_info(path):
     """What the config of a `.keras` file holding a `PreActResNet` records: a dict like
     `inspect_weights_file`'s plus its defaults and architecture; None for another model."""
-    config = read_keras_file_config(path)
+    return config_info(read_keras_file_config(path))
+
+
+def config_info(config):
+    """`keras_file_info` of a serialized model config."""
     if config.get("class_name") != "PreActResNet":
         return None
     inner = config.get("config", {})
@@ -284,23 +328,25 @@ def keras_file_info(path):
             "data_format": data_format, "architecture": architecture_record(inner)}
 
 
-def load_keras_file(path):
-    """Loads a `.keras` model with ``safe_mode=True`` after refusing Lambda layers."""
-    read_keras_file_config(path)
+def load_keras_file(path, *, compile=False, safe_mode=True):
+    """Loads a `.keras` model file, checked first (`read_keras_file_config`): with
+    `safe_mode` Lambda layers are refused; ValueError naming a file that cannot be loaded."""
+    path = user_path(path)
+    read_keras_file_config(path, allow_lambda=not safe_mode)
     try:
-        return keras.saving.load_model(path, compile=False, safe_mode=True)
+        return keras.saving.load_model(path, compile=compile, safe_mode=safe_mode)
     except Exception as err:  # Keras raises several types for a bad archive.
         raise ValueError(f"Cannot load the .keras file ({type(err).__name__}: {err}). "
-                         f"Received: weights={path!r}") from None
+                         f"Received: path={path!r}") from None
 
 
 def copy_weights_from_model(source, target, *, source_label):
-    """Assigns `source`'s weights to `target` (without a head: all but the head's);
-    ValueError, with nothing assigned, if `compare_layouts` finds a difference."""
+    """Assigns `source`'s weights to `target` (without a head on either side: all but the
+    head's); ValueError, with nothing assigned, if `compare_layouts` finds a difference."""
+    trunk_only = not (_has_head(source) and _has_head(target))
     compare_layouts(target, model_layout(source), model_architecture(source),
-                    source=source_label)
+                    source=source_label, trunk_only=trunk_only)
     # Equal layouts: the variables correspond one to one, in order.
-    keep = [v for v in source.weights
-            if _has_head(target) or not v.path.startswith(HEAD_LAYER + "/")]
-    for variable, value in zip(target.weights, keep):
+    for variable, value in zip(*([v for v in m.weights if not (trunk_only and _is_head(v.path))]
+                                 for m in (target, source))):
         variable.assign(value)

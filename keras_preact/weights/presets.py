@@ -1,53 +1,23 @@
-"""Preset folders in keras-hub's layout: ``config.json`` (the Keras config), ``model.weights.h5``
-(with its recorded layout, `local.save_weights_file`) and ``metadata.json``. A factory's
-``weights=`` takes such a folder; `from_preset` rebuilds the model from it."""
+"""Reading keras-hub preset folders of keras-preact models, without keras-hub: ``config.json``
+(a `PreActResNetBackbone`'s config), ``model.weights.h5`` (the backbone's weights) and, with a
+head, ``task.json`` and ``task.weights.h5`` (the classifier). `keras_preact.hub.save_preset`
+writes them; folders of keras-preact 0.1.0 (``config.json`` holding a `PreActResNet`) load
+too. A factory's ``weights=`` takes such a folder; `from_preset` rebuilds the model."""
 
-import datetime
 import importlib
 import json
 import os
 
 import keras
 
-from keras_preact.files import atomic_write_json
+from keras_preact.files import user_path
 from keras_preact.weights import local
 
-CONFIG_FILE, METADATA_FILE = "config.json", "metadata.json"
+CONFIG_FILE, TASK_FILE, TASK_WEIGHTS = "config.json", "task.json", "task.weights.h5"
+#: The classes presets name (`keras_preact.hub` registers the backbone's).
+MODEL_CLASS, BACKBONE_CLASS = "keras_preact>PreActResNet", "keras_preact>PreActResNetBackbone"
 #: Handles fetched file by file, as keras-hub fetches them (its `hub` extra installs both).
 REMOTE = {"hf://": "huggingface_hub", "kaggle://": "kagglehub"}
-
-
-def save_preset(model, preset_dir, *, overwrite=False):
-    """Saves `model` (e.g. a `PreActResNet`) as a preset folder; returns its absolute path.
-
-    Args:
-        model: a built Keras model whose class is registered with Keras.
-        preset_dir: the folder; created if missing.
-        overwrite: replace the files of an existing preset.
-
-    Raises FileExistsError for an existing preset without `overwrite`, ValueError for a
-    folder that holds other files (nothing is written)."""
-    path = os.path.abspath(os.fspath(preset_dir))
-    if os.path.isfile(os.path.join(path, CONFIG_FILE)) and not overwrite:
-        raise FileExistsError(f"A preset already exists at {path!r}; pass overwrite=True to "
-                              "replace it.")
-    ours = {CONFIG_FILE, METADATA_FILE, local.PRESET_WEIGHTS}
-    if os.path.exists(path) and not (os.path.isdir(path) and set(os.listdir(path)) <= ours):
-        raise ValueError(f"Refusing to write a preset into {path!r}: it is a file or a folder "
-                         "of other files; choose an empty or new folder. "
-                         f"Received: preset_dir={path!r}")
-    config = keras.saving.serialize_keras_object(model)
-    for key in ("compile_config", "build_config"):
-        config.pop(key, None)
-    local.save_weights_file(model, os.path.join(path, local.PRESET_WEIGHTS))
-    atomic_write_json(os.path.join(path, METADATA_FILE), {
-        "keras_version": keras.__version__,
-        "keras_preact_version": importlib.import_module("keras_preact").__version__,
-        "parameter_count": model.count_params(),
-        "date_saved": datetime.datetime.now().strftime("%Y-%m-%d@%H:%M:%S")})
-    # Written last: a folder without it is not a preset.
-    atomic_write_json(os.path.join(path, CONFIG_FILE), config)
-    return path
 
 
 def preset_file(preset, name):
@@ -55,7 +25,7 @@ def preset_file(preset, name):
     handle fetched (and cached) by huggingface_hub or kagglehub."""
     scheme = next((s for s in REMOTE if str(preset).startswith(s)), None)
     if scheme is None:
-        return os.path.join(os.path.abspath(os.fspath(preset)), name)
+        return os.path.join(user_path(preset), name)
     try:
         hub = importlib.import_module(REMOTE[scheme])
     except ImportError:
@@ -67,25 +37,77 @@ def preset_file(preset, name):
     return hub.model_download(handle, name)
 
 
-def from_preset(preset, *, load_weights=True, **kwargs):
-    """Builds the model a preset holds, with its weights.
+def _read(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
-    Args:
-        preset: a folder written by `save_preset`, or an ``hf://`` or ``kaggle://`` handle
-            of one (needs the ``hub`` extra and the network).
-        load_weights: load ``model.weights.h5`` (checked against the model first).
-        **kwargs: config values to change, e.g. ``features=True`` for the backbone of the
-            same weights.
 
-    Raises ValueError for a folder that is not a preset or weights that do not fit."""
+def model_config(preset):
+    """The serialized `PreActResNet` a preset holds (a backbone with its classifier, if any);
+    ValueError for a folder that is not a preset of a keras-preact model."""
     config_path = preset_file(preset, CONFIG_FILE)
     if not os.path.isfile(config_path):
         raise ValueError(f"Not a preset: {config_path!r} does not exist. Received: "
                          f"preset={preset!r}")
-    with open(config_path, encoding="utf-8") as f:
-        config = json.load(f)
-    config["config"] = {**config.get("config", {}), **kwargs}
-    model = keras.saving.deserialize_keras_object(config)
-    if load_weights:
-        local.load_weights_file(model, preset_file(preset, local.PRESET_WEIGHTS))
+    config = _read(config_path)
+    if config.get("registered_name") == MODEL_CLASS:
+        return config
+    if config.get("registered_name") != BACKBONE_CLASS:
+        raise ValueError(f"The preset holds a {config.get('class_name')!r}, not a keras-preact "
+                         f"model. Received: preset={preset!r}")
+    inner = {k: v for k, v in config["config"].items()
+             if k not in ("image_shape", "trainable", "name")}
+    inner.update(input_shape=config["config"]["image_shape"], include_top=False)
+    task = _task(preset)
+    if task is not None:
+        inner.update(include_top=True, classes=task["num_classes"], classifier_activation=(
+            task["activation"]), pooling=None if task["pooling"] == "avg" else task["pooling"])
+    return {"module": "keras_preact.models.preact_resnet", "class_name": "PreActResNet",
+            "config": inner, "registered_name": MODEL_CLASS}
+
+
+def _task(preset):
+    """The classifier's config of a preset's ``task.json``, or None without one."""
+    if str(preset).startswith(tuple(REMOTE)):
+        try:
+            path = preset_file(preset, TASK_FILE)
+        except Exception:  # noqa: BLE001 - each hub library has its own "not found"
+            return None
+    else:
+        path = preset_file(preset, TASK_FILE)
+    return _read(path)["config"] if os.path.isfile(path) else None
+
+
+def load_preset_weights(model, preset):
+    """Loads a preset's weights into `model` (its architecture; with or without a head)."""
+    path = preset_file(preset, local.PRESET_WEIGHTS)
+    if _read(preset_file(preset, CONFIG_FILE)).get("registered_name") == MODEL_CLASS:
+        local.load_weights_file(model, path)
+        return model
+    # The backbone's file, through a model without a head; then the classifier's kernel.
+    trunk = type(model).from_config({**model.get_config(), "include_top": False,
+                                     "pooling": None, "features": False})
+    local.load_weights_file(trunk, path)
+    local.copy_weights_from_model(trunk, model, source_label=path)
+    if any(layer.name == local.HEAD_LAYER for layer in model.layers):
+        with local.open_hdf5(preset_file(preset, TASK_WEIGHTS)) as f:
+            head = [f["layers/dense/vars/0"][()], f["layers/dense/vars/1"][()]]
+        model.get_layer(local.HEAD_LAYER).set_weights(head)
     return model
+
+
+def from_preset(preset, *, load_weights=True, **kwargs):
+    """Builds the `PreActResNet` a preset holds, with its weights.
+
+    Args:
+        preset: a folder written by `keras_preact.save_preset` (or keras-preact 0.1.0), or an
+            ``hf://`` or ``kaggle://`` handle of one (needs the ``hub`` extra and the network).
+        load_weights: load the weights (checked against the model first).
+        **kwargs: config values to change, e.g. ``features=True`` for the backbone of the
+            same weights.
+
+    Raises ValueError for a folder that is not a preset or weights that do not fit."""
+    config = model_config(preset)
+    config["config"] = {**config["config"], **kwargs}
+    model = keras.saving.deserialize_keras_object(config)
+    return load_preset_weights(model, preset) if load_weights else model
