@@ -32,7 +32,7 @@ from tests.helpers import run_python
         (lambda: kp.preact_resnet20(bottleneck_stride="last"), r"bottleneck_stride='last'"),
         (lambda: kp.preact_resnet20(weights="imagenet"), r"weights='imagenet'"),
         (lambda: kp.preact_resnet20(weights="/no/such/file.weights.h5"), r"does not exist"),
-        (lambda: kp.preact_resnet20(stage_blocks=(1, 1)), r"stage_blocks.*set by the depth"),
+        (lambda: kp.preact_resnet20(stage_blocks=(1, 1)), r"stage_blocks.*fixed by the registered model"),
         (lambda: kp.PreActResNet(stage_blocks=(1, 1), stage_filters=(8, 16, 32)), r"one entry per stage"),
         (lambda: kp.PreActResNet(block="bottleneck", stage_filters=(10, 32, 64)), r"divisible"),
     ],

@@ -284,7 +284,7 @@ def test_imagenet_layout_and_feature_extraction():
     assert 1.78e9 < macs18 < 1.83e9
     with pytest.raises(ValueError, match="depth=19"):
         kp.preact_resnet_imagenet(19)
-    with pytest.raises(ValueError, match="stem.*set by the depth"):
+    with pytest.raises(ValueError, match="stem.*fixed by the registered model"):
         kp.preact_resnet18(stem="cifar")
     with pytest.raises(ValueError, match="stem='vgg'"):
         kp.PreActResNet(stem="vgg")
