@@ -420,7 +420,7 @@ def house_of_modules():
               "application": ["data", "training", "tuning", "export", "diagnostics", "finetune",
                               "hub"],
               "core": ["layers", "models", "weights", "zoo_catalog", "files", "checks",
-                       "private_api"]}
+                       "architecture", "private_api"]}
     assert set(edges) == {p for parts in floors.values() for p in parts}, sorted(edges)
     fig = Figure(figsize=(10, 5.6), dpi=100)
     FigureCanvasAgg(fig)

@@ -12,8 +12,8 @@ import importlib.util as _importlib_util
 import os as _os
 import sys as _sys
 
-# TensorFlow enables oneDNN by itself only on CPUs with AVX-512/AMX features; on AVX2 it
-# trained ResNet-110 1.5-1.9x faster (CHANGELOG.md, 0.1.0). Read when TF is imported.
+# TensorFlow enables oneDNN by itself only on CPUs with AVX-512/AMX features; the training
+# kernels want it on every CPU (docs/performance.md). Read when TF is imported.
 if "tensorflow" not in _sys.modules:
     _os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
@@ -75,8 +75,10 @@ def _register():
 
 
 class _RegisterWithKeras(_importlib_abc.MetaPathFinder):
-    """Calls `_register` after each import of a trigger (or of a keras_preact module that
-    imported one), once no keras_preact module is still loading; leaves when all are done."""
+    """Calls `_register` after each import of a trigger (`keras`, `keras_hub`) or of a
+    keras_preact module, once no keras_preact module is still loading (a module that
+    imported Keras half-way must finish before the registering modules import it); leaves
+    `sys.meta_path` when every trigger has fired."""
 
     loading = 0
 

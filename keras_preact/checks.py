@@ -1,15 +1,84 @@
 """Checks of the values users pass (arguments, environment variables), each with a one-line
-message naming the value received and what is valid. Imports nothing of the package."""
+message naming the value received and what is valid. Imports nothing of the package (and
+not Keras: the command line checks the environment before Keras starts)."""
 
 import contextlib
+import difflib
 import importlib.util
 import json
 import os
+import warnings
+
+import numpy as np
 
 #: The values of KERAS_BACKEND that Keras 3 accepts.
 KERAS_BACKENDS = ("tensorflow", "jax", "torch", "numpy", "openvino")
 #: The spellings an on/off environment variable takes.
 ON, OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def is_int(value, minimum=None):
+    """Whether `value` is an integer (Python or NumPy, not a bool) of at least `minimum`."""
+    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    return ok and (minimum is None or value >= minimum)
+
+
+def check_int(name, value, *, minimum=None, maximum=None, extra=""):
+    """ValueError unless `value` is an integer (not a bool) in [minimum, maximum]."""
+    if not (is_int(value, minimum) and (maximum is None or value <= maximum)):
+        bounds = (f"in [{minimum}, {maximum}]" if maximum is not None
+                  else "" if minimum is None else f">= {minimum}")
+        kind = "a positive integer" if (minimum, maximum) == (1, None) else f"an int {bounds}"
+        raise ValueError(f"`{name}` must be {extra}{kind.rstrip()}. Received: {name}={value!r}")
+    return value
+
+
+def check_bool(name, value, *, allow_none=False):
+    """ValueError unless `value` is a bool (or None with `allow_none`)."""
+    if not (isinstance(value, (bool, np.bool_)) or (allow_none and value is None)):
+        either = "None, True or False" if allow_none else "True or False"
+        raise ValueError(f"`{name}` must be {either}. Received: {name}={value!r}")
+
+
+def check_choice(name, value, valid):
+    """ValueError unless `value` is one of `valid`; returns it."""
+    if isinstance(value, (list, dict)) or value not in valid:
+        raise ValueError(f"Unknown `{name}`. Received: {name}={value!r}. Valid: {list(valid)}")
+    return value
+
+
+def check_known_arguments(given, valid, *, where):
+    """ValueError, with the closest valid name, for the first name of the kwargs dict
+    `given` not in `valid`; `where` names the receiver (e.g. "preact_resnet20")."""
+    valid = sorted(valid)
+    for name in sorted(set(given) - set(valid)):
+        close = difflib.get_close_matches(name, valid, n=1)
+        hint = f" Did you mean `{close[0]}`?" if close else ""
+        raise ValueError(f"Unknown argument `{name}` for {where}.{hint} Received: "
+                         f"{name}={given[name]!r}. Valid: {', '.join(valid)}")
+
+
+def warn_deprecated(old, new, where):
+    """Warns that `old` of `where` is now `new` (a FutureWarning: users see it by default)."""
+    warnings.warn(f"`{old}` of {where} is deprecated and will be removed in the next "
+                  f"release; use `{new}`.", FutureWarning, stacklevel=3)
+
+
+def deprecated_alias(old, new, where):
+    """A read-only property `old` that returns attribute `new`, warning."""
+
+    def get(self):
+        warn_deprecated(old, new, where)
+        return getattr(self, new)
+
+    return property(get, doc=f"Deprecated alias of `{new}`.")
+
+
+def pop_deprecated(kwargs, old, new, where):
+    """Pops the deprecated argument `old` from `kwargs` (None when absent), warning."""
+    if old in kwargs:
+        warn_deprecated(old, new, where)
+    return kwargs.pop(old, None)
 
 
 def env_flag(name, default=False):

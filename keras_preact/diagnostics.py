@@ -9,13 +9,12 @@ import math
 import keras
 import numpy as np
 
-from keras_preact.data.registry import check_int
-from keras_preact.files import atomic_write_bytes
+from keras_preact.architecture import HEAD_LAYER, PREPROCESSING_LAYER
+from keras_preact.checks import check_int, pop_deprecated
+from keras_preact.files import atomic_write_bytes, figure_png, write_csv_rows
 from keras_preact.layers.blocks import PreActStage
-from keras_preact.layers.utils import pop_deprecated
 from keras_preact.layers.variants import check_unit_name
 from keras_preact.models.registry import get_model, model_info
-from keras_preact.training.workdir import figure_png, write_csv_rows
 
 CSV_FIELDS = ("unit", "stage", "index_in_stage", "grad_rms", "act_mean", "act_std", "act_rms")
 
@@ -67,7 +66,7 @@ def random_batch(model, batch_size=16, seed=0):
                          f"pass `images`. Received: input shape {shape}")
     rng = np.random.RandomState(seed)
     size = (batch_size,) + shape
-    raw_pixels = any(layer.name == "preprocessing" for layer in model.layers)
+    raw_pixels = any(layer.name == PREPROCESSING_LAYER for layer in model.layers)
     images = rng.uniform(0.0, 255.0, size) if raw_pixels else rng.standard_normal(size)
     labels = rng.randint(0, int(model.outputs[0].shape[-1]), batch_size)
     return images.astype("float32"), labels.astype("int32")
@@ -87,9 +86,10 @@ def gradient_flow(model, images=None, labels=None, *, batch_size=16, seed=0, lab
         raise ValueError("`model` must be a PreActResNet (it has no PreActStage). "
                          f"Received: {model.name!r}")
     names = [l.name for l in layers]
-    if "logits" not in names:
+    if HEAD_LAYER not in names:
         raise ValueError("`model` needs its classifier (include_top=True): the loss is the cross-"
-                         f"entropy of its logits. Received: model {model.name!r} without 'logits'")
+                         f"entropy of its logits. Received: model {model.name!r} without "
+                         f"{HEAD_LAYER!r}")
     if images is None:
         images, labels = random_batch(model, batch_size, seed)
     elif labels is None or len(labels) != len(images):
@@ -105,7 +105,7 @@ def gradient_flow(model, images=None, labels=None, *, batch_size=16, seed=0, lab
     try:
         with tf.GradientTape() as tape:
             tape.watch(h)
-            for layer in layers[: names.index("logits") + 1]:
+            for layer in layers[: names.index(HEAD_LAYER) + 1]:
                 if isinstance(layer, PreActStage):
                     h, inputs = layer(h, training=True, return_unit_inputs=True)
                     stage += 1

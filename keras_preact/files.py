@@ -1,10 +1,12 @@
 """Files written whole or not at all (a crash half-way leaves the previous file or none,
-never a truncated one), file hashes and the paths users type: the package's one helper for
-each."""
+never a truncated one: JSON, CSV, PNG, bytes), JSON read back, file hashes and the paths
+users type: the package's one helper for each."""
 
 import contextlib
+import csv
 import errno
 import hashlib
+import io
 import json
 import os
 import pathlib
@@ -81,3 +83,32 @@ def file_hash(path, algorithm="sha256"):
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def read_json(path):
+    """The content of a JSON file; ValueError naming it if it is not JSON."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); it was not written by keras-preact "
+                         "or was edited.") from None
+
+
+def write_csv_rows(path, rows, columns, lineterminator="\n"):
+    """Writes the dicts `rows` as CSV under the header `columns` (a missing key or None: "")."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator=lineterminator)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(path, buf.getvalue())
+
+
+def figure_png(fig, title="", dpi=None):
+    """PNG bytes of a matplotlib `Figure` (no pyplot) under `title`, its layout tightened."""
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()

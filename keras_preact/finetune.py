@@ -5,8 +5,9 @@
 import contextlib
 import os
 
+from keras_preact.architecture import HEAD_LAYER, STEM_CONV_LAYER
+from keras_preact.checks import check_choice
 from keras_preact.files import user_path
-from keras_preact.layers.utils import check_choice
 from keras_preact.models.preact_resnet import PreActResNet
 from keras_preact.models.registry import get_model
 from keras_preact.weights import catalog, hooks, local, presets
@@ -34,7 +35,7 @@ def _layers_of(model, part):
     valid = parts(model)
     if part not in valid:
         raise ValueError(f"Unknown part. Received: part={part!r}. Valid: {valid}")
-    names = {"stem": ["stem_conv", "stem_bn"], "head": ["logits"]}.get(part, [part])
+    names = {"stem": [STEM_CONV_LAYER, "stem_bn"], "head": [HEAD_LAYER]}.get(part, [part])
     if part == f"stage{len(model.stage_blocks)}":
         names.append("post_bn")
     return [layer for layer in model.layers if layer.name in names]
@@ -129,7 +130,10 @@ def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
             os.path.join(path, presets.CONFIG_FILE)):
         source = (presets.from_preset(path) if os.path.isdir(path)
                   else local.load_keras_file(path))
-        _check_model(source)
+        if not isinstance(source, PreActResNet):
+            raise ValueError(f"{path} holds a {type(source).__name__}, not a keras-preact "
+                             f"PreActResNet: its weights cannot be loaded. Received: "
+                             f"weights={weights!r}")
         classes = source.classes if source.include_top else None
     else:
         path = local.resolve_weights_argument(path)

@@ -24,6 +24,7 @@ except ModuleNotFoundError:
     raise ModuleNotFoundError('keras_preact.hub needs keras-hub: pip install "keras-preact[hub]"',
                               name="keras_hub") from None
 
+from keras_preact.architecture import HEAD_ARGUMENTS, HEAD_LAYER
 from keras_preact.files import user_path
 from keras_preact.finetune import pretrained_architecture
 from keras_preact.models import PreActResNet, get_model, list_models
@@ -32,8 +33,7 @@ from keras_preact.weights import catalog, local
 
 PACKAGE = "keras_preact"  # part of every preset's "registered_name": never change it
 #: `PreActResNet` arguments of a head or an input, which a backbone does not take.
-NOT_BACKBONE = ("include_top", "pooling", "features", "classes", "classifier_activation",
-                "input_shape", "input_tensor", "name", "trainable", "dtype")
+NOT_BACKBONE = (*HEAD_ARGUMENTS, "input_shape", "input_tensor", "name", "trainable", "dtype")
 BACKBONE_ARGUMENTS = tuple(sorted(MODEL_ARGUMENTS - set(NOT_BACKBONE)))
 #: keras-hub's preset files (`save_preset` writes these only).
 PRESET_FILES = ("config.json", "metadata.json", "model.weights.h5", "image_converter.json",
@@ -184,7 +184,7 @@ def to_keras_hub(model):
         backbone=backbone, num_classes=config["classes"], pooling=config["pooling"] or "avg",
         activation=config["classifier_activation"],
         preprocessor=PreActResNetImageClassifierPreprocessor(image_converter=_converter(backbone)))
-    classifier.output_dense.set_weights(model.get_layer(local.HEAD_LAYER).get_weights())
+    classifier.output_dense.set_weights(model.get_layer(HEAD_LAYER).get_weights())
     return classifier
 
 

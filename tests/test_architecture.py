@@ -13,7 +13,8 @@ import os
 from tests.helpers import REPO
 
 PACKAGE = "keras_preact"
-CORE = ("layers", "models", "weights", "zoo_catalog", "private_api", "files", "checks")
+CORE = ("layers", "models", "weights", "zoo_catalog", "private_api", "files", "checks",
+        "architecture")
 #: Private Keras and TensorFlow APIs: only `keras_preact/private_api.py` may use them.
 PRIVATE_MODULES = ("keras.src", "tensorflow.python", "tensorflow.compiler", "tsl.")
 PRIVATE_ATTRIBUTES = ("_flatten_layers", "_operations", "_init_seed", "_pywrap_util_port")
@@ -103,8 +104,9 @@ def test_the_core_never_imports_the_app():
 
 
 def test_inside_the_core_layers_models_weights_point_down():
-    """layers <- models <- weights: a factory resolves `weights=`, builds the model,
-    then asks `weights` to load into it; `weights` never builds a model itself."""
+    """layers <- weights <- models (each imports only those to its left): a factory
+    resolves `weights=`, builds the model, then asks `weights` to load into it; `weights`
+    never builds a model itself and `layers` know neither."""
     modules, imports = _graph()
     above = {"layers": ("models", "weights"), "weights": ("models",)}
     bad = sorted({(m, t) for m in modules for t, _ in imports[m]
@@ -150,4 +152,49 @@ def test_private_keras_and_tensorflow_apis_only_in_one_module():
                 bad.append((module, node.attr))
             if isinstance(node, ast.Constant) and node.value in PRIVATE_ATTRIBUTES:
                 bad.append((module, node.value))  # getattr / hasattr by name
+    assert bad == []
+
+
+def test_no_package_cycles():
+    """The same between the package's parts (`training`, `export`, ...) as between modules."""
+    modules, imports = _graph()
+    edges = {}
+    for m in modules:
+        for t, _ in imports[m]:
+            if None not in (_part(m), _part(t)) and _part(m) != _part(t):
+                edges.setdefault(_part(m), set()).add(_part(t))
+    assert _cycles(edges) == []
+
+
+def test_defaults_and_layer_names_only_in_the_architecture_record():
+    """`keras_preact.architecture` holds the model's defaults and the layer names other
+    modules look up: no module writes one again (`kwargs.get("stem_filters", 16)`,
+    `get_layer("logits")`, `stem_filters=16` in a call, an HDF5 path of a layer)."""
+    from keras_preact import architecture as arch
+
+    names = {arch.STEM_CONV_LAYER, arch.POOL_LAYER, arch.HEAD_LAYER}
+    looked_up = names | {arch.PREPROCESSING_LAYER, arch.INPUT_NAME, arch.PREDICTIONS_LAYER}
+    modules, _ = _graph()
+    bad = []
+    for module, path in modules.items():
+        if module == f"{PACKAGE}.architecture":
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if node.value in names or node.value.startswith("layers/"):
+                    bad.append((module, node.lineno, node.value))
+            if not isinstance(node, ast.Call):
+                continue
+            func = getattr(node.func, "attr", getattr(node.func, "id", None))
+            args = [a.value for a in node.args if isinstance(a, ast.Constant)]
+            if func == "get_layer" and set(args) & looked_up:
+                bad.append((module, node.lineno, args))
+            if func == "get" and len(args) == 2 and args[0] in arch.DEFAULTS and (
+                    args[1] == arch.DEFAULTS[args[0]]):
+                bad.append((module, node.lineno, args))
+            if _part(module) != "layers":  # a layer's own signature keeps its defaults
+                bad += [(module, node.lineno, k.arg) for k in node.keywords
+                        if k.arg in arch.DEFAULTS and isinstance(k.value, ast.Constant)
+                        and not isinstance(k.value.value, (bool, type(None)))
+                        and k.value.value == arch.DEFAULTS[k.arg]]
     assert bad == []

@@ -255,6 +255,7 @@ def test_exported_run_model_card_carries_its_test_accuracy(tmp_path, capsys):
                             input_shape=(16, 16, 3), classes=4, preprocessing="unit")
     model.save(str(tmp_path / "model.keras"))
     # What `keras-preact train` records beside its final model.
+    (tmp_path / "config.json").write_text(json.dumps({"train_config": {"dataset": "digits"}}))
     (tmp_path / "metrics.json").write_text(json.dumps(
         {"model_path": "model.keras", "dataset": "digits", "test_accuracy": 0.9875, "test_loss": 0.05}))
     code, _, err = run_cli(["export", str(tmp_path / "model.keras"), "--out", str(tmp_path / "x"),

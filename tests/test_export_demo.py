@@ -16,6 +16,8 @@ def test_export_demo_writes_a_serving_export_with_metrics(tmp_path):
                             input_shape=(32, 32, 3), preprocessing="unit")
     model_path = str(tmp_path / "model.keras")
     model.save(model_path)
+    # What a training run writes beside its model.
+    (tmp_path / "config.json").write_text(json.dumps({"train_config": {"dataset": "digits"}}))
     (tmp_path / "metrics.json").write_text(json.dumps({"test_accuracy": 0.975, "test_loss": 0.1}))
     written = export_demo(workdir=str(tmp_path), model_path=model_path)
     folder = written["saved_model"]

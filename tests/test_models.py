@@ -288,3 +288,15 @@ def test_imagenet_layout_and_feature_extraction():
         kp.preact_resnet18(stem="cifar")
     with pytest.raises(ValueError, match="stem='vgg'"):
         kp.PreActResNet(stem="vgg")
+
+
+def test_head_dropout_drops_in_training_only_and_leaves_the_weights_alone(tmp_path):
+    model = kp.preact_resnet20(head_dropout=0.5)
+    x = np.random.RandomState(0).rand(4, 32, 32, 3).astype("float32")
+    assert not np.allclose(model(x, training=True), model(x, training=False))
+    assert kp.PreActResNet.from_config(model.get_config()).spec.head_dropout == 0.5
+    path = str(tmp_path / "m.weights.h5")
+    kp.weights.local.save_weights_file(model, path)
+    np.testing.assert_array_equal(kp.preact_resnet20(weights=path)(x), model(x))
+    with pytest.raises(ValueError, match=r"`head_dropout` must be None or a rate in \[0, 1\)"):
+        kp.preact_resnet20(head_dropout=1.5)

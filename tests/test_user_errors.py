@@ -416,6 +416,19 @@ def test_python_api_refuses_what_it_used_to_misread(tmp_path):
     cases.append((lambda: TrainConfig(model_kwargs={"architecture": "small"}).validate(),
                   ValueError, "`architecture` of `model_kwargs` must be a dict of PreActResNet "
                   "arguments. Received: architecture='small'"))
+    cases.append((lambda: kp.PreActResNet(kernel_initializer="he_normall"), ValueError,
+                  "Unknown `kernel_initializer`. Received: kernel_initializer='he_normall'. "
+                  "Valid: a keras.initializers name ('he_normal', 'glorot_uniform', ...) or "
+                  "instance"))
+    cases.append((lambda: TrainConfig(model_kwargs={"data_format": "channels_first"}).validate(),
+                  ValueError, "Training takes channels_last models: the data pipelines yield "
+                  "channels_last images. Received: model_kwargs data_format='channels_first'. A "
+                  "trained model converts with `PreActResNet.from_config({**config, "
+                  "'data_format': ...})`."))
+    (tmp_path / "file").write_text("x")
+    cases.append((lambda: TrainConfig(data_dir=str(tmp_path / "file")).validate(), ValueError,
+                  f"`data_dir` must be a folder (TFDS data or CIFAR files); {tmp_path / 'file'} "
+                  f"is a file. Received: data_dir='{tmp_path / 'file'}'"))
     for call, kind, message in cases:
         with pytest.raises(kind) as raised:
             call()
@@ -463,6 +476,26 @@ def test_contradictions_and_empty_work_are_refused(tiny_run, tmp_path, capsys):
     assert (code, out) == (cli.EXIT_ERROR, "") and err == (
         f"error: `--out-dir` must be a folder; {tmp_path / 'f'} is a file. Received: "
         f"--out-dir={tmp_path / 'f'}\n")
+
+
+def test_the_dataset_and_the_weights_must_fit_the_model(tmp_path, capsys):
+    import keras
+
+    workdir = tmp_path / "run"
+    code, _, err = run_cli([*TINY_TRAIN, "--epochs", "1", "--workdir", str(workdir),
+                            "--model-kwargs", json.dumps({**TINY, "input_shape": [8, 8, 1]})],
+                           capsys)
+    assert code == cli.EXIT_ERROR and error_lines(err) == [
+        "error: The 'digits' images are (32, 32, 3) (height, width, channels). Received: "
+        "model_kwargs input_shape=[8, 8, 1]. Leave `input_shape` out (the dataset's is used)."]
+    other = str(tmp_path / "other.keras")
+    keras.Sequential([keras.Input((4,)), keras.layers.Dense(10)]).save(other)
+    code, _, err = run_cli([*TINY_TRAIN, "--epochs", "1", "--workdir", str(workdir),
+                            "--weights", other], capsys)
+    assert code == cli.EXIT_ERROR and error_lines(err) == [
+        f"error: {other} holds a Sequential, not a keras-preact PreActResNet: its weights "
+        f"cannot be loaded. Received: weights='{other}'"]
+    assert not workdir.exists()
 
 
 def test_a_damaged_last_checkpoint_or_lost_report_is_explained(tiny_run, tmp_path, capsys,

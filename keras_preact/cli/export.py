@@ -108,8 +108,7 @@ def _check_format_flags(args):
 def _run_dataset(model_path):
     """`load_arrays`' arguments for the dataset of the training run whose workdir holds
     `model_path` (a run's model.keras, the workdir or a checkpoint), or None."""
-    from keras_preact.training.trainer import workdir_of
-    from keras_preact.training.workdir import Workdir
+    from keras_preact.training.workdir import Workdir, workdir_of
     workdir = workdir_of(model_path)
     stored = (Workdir(workdir).read_config() or {}) if workdir else {}
     if "train_config" not in stored:
@@ -123,11 +122,15 @@ def _model_to_export(args, preprocessing):
     """`load_model_to_export`'s ``(model, described)``, also for a workdir or checkpoint."""
     from keras_preact import export
     path = user_path(args.model)
+    from keras_preact.training.workdir import run_metrics, workdir_of
     if not (os.path.isdir(path) or path.endswith(".weights.h5")):
-        return export.load_model_to_export(args.model, classes=args.classes,
-                                           preprocessing=preprocessing)
+        model, described = export.load_model_to_export(args.model, classes=args.classes,
+                                                       preprocessing=preprocessing)
+        if os.path.isfile(path):
+            described["metrics"] = run_metrics(path)
+        return model, described
     from keras_preact.files import file_hash
-    from keras_preact.training.trainer import load_workdir_model, workdir_of
+    from keras_preact.training.trainer import load_workdir_model
     if (workdir := workdir_of(path)) is None:
         raise ValueError("A folder or .weights.h5 file to export must be a training workdir or "
                          f"one of its checkpoints (no config.json found). Received: {args.model}")

@@ -124,7 +124,7 @@ def cmd_preset(args):
     from keras_preact.models import get_model
     from keras_preact.weights.catalog import get_entry
     entry = get_entry(args.key)
-    include_top = entry.architecture.get("include_top", True)
+    include_top = entry.architecture.get("include_top") is not False
     model = get_model(entry.model, weights=entry.tag, include_top=include_top)
     path = save_preset(model, args.out, overwrite=args.overwrite)
     print(f"{args.key}: {path} (keras-hub {'ImageClassifier' if include_top else 'Backbone'} "

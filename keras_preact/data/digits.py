@@ -3,8 +3,8 @@ pixel a 4 x 4 block (no new intensities); 1,438 train and 359 test images."""
 
 import numpy as np
 
+from keras_preact.checks import check_choice
 from keras_preact.data.registry import SPLITS, stratified_split
-from keras_preact.layers.utils import check_choice
 
 UPSAMPLE = 4
 

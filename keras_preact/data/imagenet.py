@@ -8,11 +8,11 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from keras_preact.checks import check_bool, check_choice, check_int
 from keras_preact.data.folder import class_folders
 from keras_preact.data.pipeline import ALG, stateless_key
-from keras_preact.data.registry import MAX_SEED, check_int
+from keras_preact.data.registry import MAX_SEED
 from keras_preact.files import user_path
-from keras_preact.layers.utils import check_bool, check_choice
 
 IMAGE_SIZE = 224
 RESIZE_SIZE = 256

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from keras_preact.data.registry import AUGMENTATIONS, MAX_SEED, check_int
+from keras_preact.checks import check_bool, check_choice, check_int
+from keras_preact.data.registry import AUGMENTATIONS, MAX_SEED
 from keras_preact.data.sources import dataset_info, load_arrays
-from keras_preact.layers.utils import check_bool, check_choice
 
 # Distinct streams for the order and for the augmentation of the same (seed, epoch).
 _SHUFFLE_STREAM, _AUGMENT_STREAM = 0, 1

@@ -3,8 +3,8 @@ augmentation) and the NumPy helpers the sources share; no TensorFlow, no dataset
 
 import numpy as np
 
+from keras_preact.checks import is_int
 from keras_preact.layers.preprocessing import PRESETS
-from keras_preact.layers.utils import is_int
 from keras_preact.zoo_catalog import load_json
 
 #: The catalog's class lists (``zoo/classes/``): CIFAR-100's 100 fine classes in label order.
@@ -61,16 +61,6 @@ def check_dataset_name(name, argument="name"):
     if not isinstance(name, str) or name not in DATASETS:
         raise ValueError(f"Unknown dataset name. Received: {argument}={name!r}. "
                          f"Valid: {list_datasets()}")
-
-
-def check_int(name, value, *, minimum=None, maximum=None, extra=""):
-    """Raises ValueError unless `value` is an int (not a bool) in [minimum, maximum]."""
-    ok = is_int(value)
-    too_small = minimum is not None and ok and value < minimum
-    too_big = maximum is not None and ok and value > maximum
-    if not ok or too_small or too_big:
-        bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ValueError(f"`{name}` must be {extra}an int {bounds}. Received: {name}={value!r}")
 
 
 def channel_stats(images):

@@ -9,11 +9,11 @@ import threading
 
 import numpy as np
 
+from keras_preact.checks import check_choice, warn_deprecated
 from keras_preact.data import cifar_files, folder
 from keras_preact.data.digits import read_digits
 from keras_preact.data.registry import DATASETS, SPLITS, channel_stats, check_dataset_name
 from keras_preact.files import user_path
-from keras_preact.layers.utils import check_choice, warn_deprecated
 
 logger = logging.getLogger(__name__)
 
@@ -198,16 +198,14 @@ class DatasetInfo(dict):
 
 def dataset_info(name, *, path=None, image_size=None):
     """What a registered dataset is: classes, shapes, sizes, statistics, augmentation.
-    `path` and `image_size` are those of a "folder" dataset (see `load_arrays`).
+    `path` and `image_size` are those of a "folder" dataset (see `load_arrays`); another
+    dataset's files (a `path` to CIFAR's archive) do not change what it is.
 
     Returns:
         dict with "name", "description", "classes", "input_shape", "num_train",
         "num_test", "class_names", "mean" and "std" (per channel, [0, 1] units),
         "stats_source", "augmentation" (the train default), "sources" ("path" for folders)."""
     check_dataset_name(name)
-    if name != "folder" and (path is not None or image_size is not None):
-        raise ValueError("`path` and `image_size` only apply to the 'folder' dataset. Received: "
-                         f"name={name!r}, path={path!r}, image_size={image_size!r}")
     info = DatasetInfo(DATASETS[name], name=name)
     if name == "digits":
         info["mean"], info["std"] = _digits_stats()

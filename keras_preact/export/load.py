@@ -10,13 +10,12 @@ import tensorflow as tf
 from PIL import Image, UnidentifiedImageError
 
 import keras_preact as kp
-from keras_preact.checks import shorten
+from keras_preact.checks import is_int, shorten
 from keras_preact.export.card import locate_export, read_model_card
 from keras_preact.export.saved_model import SIGNATURE_METADATA
 from keras_preact.export.serving import AUTO, ServingParts, check_class_names, validate_images
 from keras_preact.export.single_file import RUNTIMES
 from keras_preact.files import file_hash
-from keras_preact.layers.utils import is_int
 from keras_preact.weights.local import load_keras_file, read_keras_file_config
 
 logger = logging.getLogger("keras_preact.export")
@@ -115,7 +114,8 @@ def load_model_to_export(name_or_path, *, classes=10, preprocessing=AUTO):
 
     Returns:
         ``(model, described)``: the model and its `export_model` arguments ``preprocessing``,
-        ``weights_info`` and ``metrics`` (a run's, or None).
+        ``weights_info`` and ``metrics`` (None: `keras_preact.training.workdir.run_metrics`
+        reads a training run's).
 
     Raises ValueError for an unknown name or a `.keras` file that does not exist."""
     if name_or_path in kp.list_models():
@@ -133,10 +133,8 @@ def load_model_to_export(name_or_path, *, classes=10, preprocessing=AUTO):
                          f"Models: {', '.join(kp.list_models())}")
     if not os.path.isfile(name_or_path):
         raise ValueError(f"The model file does not exist. Received: name_or_path={name_or_path!r}")
-    from keras_preact.training.demo import run_metrics
     weights_info = {"file": os.path.basename(name_or_path), "sha256": file_hash(name_or_path)}
-    described = {"preprocessing": preprocessing, "weights_info": weights_info,
-                 "metrics": run_metrics(name_or_path)}
+    described = {"preprocessing": preprocessing, "weights_info": weights_info, "metrics": None}
     return load_keras_file(name_or_path), described
 
 

@@ -7,9 +7,9 @@ import os
 import keras
 import tensorflow as tf
 
+from keras_preact.checks import check_bool, check_int
 from keras_preact.export.serving import check_path
 from keras_preact.export.staging import export_folder
-from keras_preact.layers.utils import check_bool, check_positive_int
 
 SIGNATURE_RAW = "serving_default"
 SIGNATURE_PREPROCESSED = "serve_preprocessed"
@@ -119,7 +119,7 @@ def export_saved_model(model, path, *, version=1, accept_encoded=False, **option
         FileExistsError: if the version exists and `overwrite` is False.
         ExportParityError: if the reloaded export does not match the model."""
     base = check_path("path", path)
-    check_positive_int("version", version)
+    check_int("version", version, minimum=1)
     check_bool("accept_encoded", accept_encoded)
     if os.path.exists(base) and not os.path.isdir(base):
         raise ValueError(f"`path` must be a folder. Received: path={path!r} (a file)")

@@ -8,9 +8,10 @@ import numpy as np
 import keras
 from keras import ops
 
+from keras_preact.architecture import POOL_LAYER, PREPROCESSING_LAYER
+from keras_preact.checks import check_bool, check_int
 from keras_preact.files import user_path
 from keras_preact.layers.preprocessing import ImageNormalization, resolve_preprocessing
-from keras_preact.layers.utils import check_bool, check_positive_int
 
 FORMATS = ("saved_model", "litert", "onnx")
 #: LiteRT quantisation: None (float32), "float16" (float16 weights), "dynamic_range" (int8
@@ -26,8 +27,6 @@ PARITY_TOLERANCES = {"saved_model": 1e-5, "onnx": 1e-5, "litert": 1e-5,
 AUTO = "auto"  # preprocessing: the model's own layer
 EXPORT_EXTRA = 'pip install "keras-preact[export]"'
 # The layer names of `keras_preact.PreActResNet` the serving model looks for.
-PREPROCESSING_LAYER = "preprocessing"
-FEATURES_LAYER = "pool"
 
 
 class ExportParityError(RuntimeError):
@@ -167,7 +166,7 @@ class ServingParts:
         self.input_shape = _model_input_shape(model)
         self.classes = int(model.outputs[0].shape[-1])
         self.top_k = min(5, self.classes) if top_k is None else top_k
-        check_positive_int("top_k", self.top_k)
+        check_int("top_k", self.top_k, minimum=1)
         if self.top_k > self.classes:
             raise ValueError("`top_k` must be at most the number of classes "
                              f"({self.classes}). Received: top_k={top_k}")
@@ -179,9 +178,9 @@ class ServingParts:
         self.preprocessing_layer, self.preprocessing = _resolve_preprocessing(model, preprocessing)
         outputs = {"probabilities": model.outputs[0]}
         if include_features:
-            pool = _find_layer(model, FEATURES_LAYER)
+            pool = _find_layer(model, POOL_LAYER)
             if pool is None or len(pool.output.shape) != 2:
-                raise ValueError(f"`include_features=True` needs a layer {FEATURES_LAYER!r} with a "
+                raise ValueError(f"`include_features=True` needs a layer {POOL_LAYER!r} with a "
                                  f"pooled [batch, width] output. Model {model.name!r} has none.")
             outputs["features"] = pool.output
             self.features = int(pool.output.shape[-1])

@@ -7,13 +7,13 @@ import warnings
 
 import tensorflow as tf
 
+from keras_preact.checks import check_choice, check_int, check_known_arguments
 from keras_preact.export.card import LITERT_FILE, ONNX_FILE
 from keras_preact.export.saved_model import export_saved_model, open_saved_model
 from keras_preact.export.serving import (
     EXPORT_EXTRA, FORMATS, ONNX_QUANTIZATIONS, QUANTIZATIONS, check_path, validate_images)
 from keras_preact.export.staging import export_folder
 from keras_preact.files import file_hash
-from keras_preact.layers.utils import check_choice, check_known_arguments, check_positive_int
 
 
 def _require(module, needed_for):
@@ -169,7 +169,7 @@ def export_onnx(model, path, *, opset_version=None, quantization=None, calibrati
     Raises as `export_saved_model`; ImportError without `tf2onnx` or (parity check)
     `onnxruntime`."""
     if opset_version is not None:
-        check_positive_int("opset_version", opset_version)
+        check_int("opset_version", opset_version, minimum=1)
     check_choice("quantization", quantization, ONNX_QUANTIZATIONS)
     # The converter Keras' ONNX export calls, checked before any work.
     _require("tf2onnx", "ONNX export on the TensorFlow backend needs `tf2onnx` and `onnx`")

@@ -12,12 +12,12 @@ import uuid
 import keras
 import numpy as np
 
+from keras_preact.checks import check_bool
 from keras_preact.export.card import (
     MODEL_CARD_JSON, make_model_card, write_class_names, write_model_card)
 from keras_preact.export.serving import (
     AUTO, PARITY_TOLERANCES, ServingParts, check_class_names, check_json, compare)
 from keras_preact.files import NO_SPACE, is_no_space
-from keras_preact.layers.utils import check_bool
 
 logger = logging.getLogger("keras_preact.export")
 

@@ -1,5 +1,6 @@
 """Pre-activation residual units, the paper's variant units (`UNIT_TYPES`) and helper
-layers (keras.layers / keras.ops only)."""
+layers, in Keras 3; the training hot path picks a backend's kernels (`tf_kernels`,
+`jax_kernels`) where they are faster, with the plain Keras path as the reference."""
 
 from keras_preact.layers.blocks import (
     BOTTLENECK_STRIDES, PreActBasicBlock, PreActBottleneckBlock, PreActStage)

@@ -7,13 +7,13 @@ import math
 import keras
 from keras import ops
 
+from keras_preact.architecture import DEFAULTS
+from keras_preact.checks import check_bool, check_choice, check_int, pop_deprecated
 from keras_preact.layers import fast_stage, variants
 from keras_preact.layers import functional as F
 from keras_preact.layers.initializers import HostInitializer
 from keras_preact.layers import remat as remat_lib
-from keras_preact.layers.utils import (
-    check_bool, check_choice, check_positive_int, normalize_data_format, pop_deprecated,
-    spatial_shape)
+from keras_preact.layers.utils import normalize_data_format, spatial_shape
 
 #: A strided bottleneck strides on its 3x3 conv ("middle": pytorchcv, timm, torchvision
 #: v1.5, the published CIFAR weights) or its first 1x1 conv ("first": the paper's code).
@@ -27,8 +27,7 @@ STRIDED_SHORTCUTS = ("projection", "subsample")
 
 # Torch's BatchNorm defaults (momentum 0.1 on the new statistic, eps 1e-5), which the
 # paper's code and the published weights used; Keras' momentum weighs the old one.
-BN_MOMENTUM = 0.9
-BN_EPSILON = 1e-5
+BN_MOMENTUM, BN_EPSILON = DEFAULTS["bn_momentum"], DEFAULTS["bn_epsilon"]
 
 _INITIALIZERS = {"gamma": "ones", "beta": "zeros", "moving_mean": "zeros",
                  "moving_variance": "ones", "bias": "zeros"}
@@ -39,7 +38,7 @@ _AUTOCAST_KINDS = ("kernel", "gate_bias", "bias")
 def check_unit_arguments(*, strides, bottleneck_stride, bn_momentum, bn_epsilon, synchronized,
                          unit, strided_shortcut, conv_bias, **unit_options):
     """Checks the arguments of every unit and stage; returns `resolve_unit_options`'."""
-    check_positive_int("strides", strides)
+    check_int("strides", strides, minimum=1)
     check_choice("bottleneck_stride", bottleneck_stride, BOTTLENECK_STRIDES)
     if not 0.0 <= float(bn_momentum) < 1.0:
         raise ValueError(f"`bn_momentum` must be in [0, 1). Received: bn_momentum={bn_momentum!r}")
@@ -75,8 +74,8 @@ class _UnitConfigMixin:
 
     def _init_common(self, *, filters, expansion, kernel_initializer, kernel_regularizer,
                      data_format, seed, **unit_args):
-        check_positive_int("filters", filters)
-        check_positive_int("expansion", expansion)
+        check_int("filters", filters, minimum=1)
+        check_int("expansion", expansion, minimum=1)
         self.unit_options = check_unit_arguments(**unit_args)
         self.variant = variants.get_unit(unit_args["unit"])
         dropout = self.variant.shortcut == "dropout"
@@ -317,9 +316,8 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
     # False unrolls the looped paths (a reference for tests and benchmarks).
     remat_loop = True
     # Without remat, training loops from this many stacked units on. TensorFlow: the
-    # 1000-layer models (110 and 199 a stage), whose unrolled step takes minutes to trace.
-    # JAX: every stage; XLA compiles the loop sooner and runs it faster (benchmarks/run.py
-    # --suite jax times both).
+    # 1000-layer models (110 and 199 a stage), whose unrolled step is slow to trace.
+    # JAX: every stage; XLA compiles the loop sooner and runs it faster.
     plain_loop_min_units = 2 if keras.backend.backend() == "jax" else 64
 
     def __init__(self, block, filters, num_blocks=None, strides=1, first_shared_preact=None,
@@ -333,7 +331,7 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         num_blocks = num_blocks if units is None else units
         super().__init__(**kwargs)
         check_choice("block", block, BLOCK_TYPES)
-        check_positive_int("num_blocks", num_blocks)
+        check_int("num_blocks", num_blocks, minimum=1)
         check_bool("first_shared_preact", first_shared_preact, allow_none=True)
         expansion = 1 if block == "basic" else expansion
         unit_args = {k: v for k, v in locals().items() if k in _UNIT_ARGUMENTS}

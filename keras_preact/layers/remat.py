@@ -1,10 +1,10 @@
 """Rematerialisation (gradient checkpointing) of a stage's stacked units. The forward
 pass keeps only each segment's input; the backward pass recomputes one segment at a
-time (~1.33x a training step). The checkpoint is the backend's: `tf.recompute_grad`
+time (about one more forward pass). The checkpoint is the backend's: `tf.recompute_grad`
 (works under `fit`, where `keras.RematScope` fails in Keras 3.15 / TF 2.21),
 `jax.checkpoint` or non-reentrant `torch.utils.checkpoint`. The equal segments run as
-one backend loop (`scan`): ResNet-1001, TensorFlow, batch 8 traces in minutes and ~3.3
-GB unrolled, 37 s and 1.8 GB looped. Modes (`remat=`): None / False (off), True or
+one backend loop (`scan`), which traces far sooner and holds less than unrolled
+segments. Modes (`remat=`): None / False (off), True or
 "segment" (segments of ceil(sqrt(n)) units, the memory-optimal split), "unit" (one
 unit a segment), or an int N >= 1."""
 
@@ -81,8 +81,8 @@ def checkpoint(fn):
 def model_pruning_off():
     """Turns Grappler's model pruning off inside the block (TensorFlow).
 
-    Model pruning undoes `tf.recompute_grad` in a traced step (ResNet-164, batch 64:
-    plain 3.04 GB peak, remat 2.86 GB with pruning, 1.61 GB without). TensorFlow reads
+    Model pruning undoes `tf.recompute_grad` in a traced step (the peak memory stays
+    near that of no remat; `benchmarks/` measures it). TensorFlow reads
     the option when a function *runs*, not when traced, so the block must enclose the
     training step's calls (`PreActResNet` wraps its train function; a custom
     `tf.function` loop wraps its calls)."""

@@ -1,14 +1,14 @@
 """TensorFlow-only kernels for the training hot path, picked by `functional.conv` and
-`functional.bn_relu`; tests/test_tf_kernels.py checks they equal the plain path.
-Timings: 2 CPU cores, AVX2, TF 2.21, batch 128, 16 channels at 32x32, forward + backward.
+`functional.bn_relu`; tests/test_tf_kernels.py checks they equal the plain path, and
+`benchmarks/` times them (docs/performance.md).
 
 - oneDNN: TensorFlow enables it by itself only with AVX-512/AMX; importing `keras_preact`
-  first sets `TF_ENABLE_ONEDNN_OPTS=1` by default (conv gradient 18.0 ms; Eigen 39.7 ms).
+  first sets `TF_ENABLE_ONEDNN_OPTS=1` by default.
 - `conv2d` (oneDNN off only; `KERAS_PREACT_FAST_CONV_GRAD=0` disables): Eigen's stride-1
   conv gradient as two forward convs (a matmul for 1x1); forward bit-identical,
-  gradients equal to float32 rounding; 23.2 ms.
+  gradients equal to float32 rounding.
 - `batch_norm_relu` (`KERAS_PREACT_FUSED_BN=0` disables): training BN + ReLU as the fused
-  kernel instead of Keras' moments arithmetic: 10.8 -> 6.0 ms with oneDNN, 16.1 -> 11.1 without."""
+  kernel instead of Keras' moments arithmetic."""
 
 import os
 
@@ -52,7 +52,7 @@ def warn_if_onednn_off():
     warnings.warn(
         "TensorFlow's oneDNN CPU kernels are off in this process (TensorFlow turns them on "
         "by itself only on CPUs with AVX-512/AMX), so keras_preact models train on its "
-        "slower Eigen kernels (1.5-1.9x slower training on an AVX2 CPU). Import keras_preact "
+        "slower Eigen kernels (see docs/performance.md). Import keras_preact "
         "before keras or tensorflow, or set TF_ENABLE_ONEDNN_OPTS=1 before TensorFlow is "
         "imported; TF_ENABLE_ONEDNN_OPTS=0 keeps the Eigen kernels and silences this.",
         UserWarning, stacklevel=2)

@@ -3,8 +3,8 @@
 a 3x3 stem of 16 filters; stride 2 in the first unit of stages 2 and 3 (Section 4, Tables
 3 / 4)."""
 
+from keras_preact.checks import check_choice
 from keras_preact.layers.blocks import BLOCK_TYPES
-from keras_preact.layers.utils import check_choice
 from keras_preact.models.factory import (
     build_with_weights, check_reserved, default_input_shape, register_factory)
 from keras_preact.weights import hooks as weights_hooks

@@ -1,8 +1,8 @@
 """What the model families' factories share."""
 
-import inspect
-
-from keras_preact.layers.utils import check_bool, check_known_arguments, normalize_data_format
+from keras_preact.architecture import ARGUMENTS, Architecture
+from keras_preact.checks import check_bool, check_known_arguments
+from keras_preact.layers.utils import normalize_data_format
 from keras_preact.models.preact_resnet import (
     MODEL_ARGUMENTS, PreActResNet, check_input_tensor, rename_deprecated, validate_config)
 from keras_preact.models.registry import get_model, register_model
@@ -71,11 +71,8 @@ def build_with_weights(model_name, architecture, *, weights, include_top, input_
 
 
 def _check_model_arguments(config):
-    """`validate_config` of a factory's `config` with `PreActResNet`'s defaults."""
-    wanted = set(inspect.signature(validate_config).parameters)
-    defaults = {name: p.default for name, p in inspect.signature(PreActResNet.__init__).parameters.items()
-                if name in wanted}
-    validate_config(**{**defaults, **{k: v for k, v in config.items() if k in wanted}})
+    """`validate_config` of a factory's `config`."""
+    validate_config(Architecture(**{k: v for k, v in config.items() if k in ARGUMENTS}))
 
 
 def register_factory(build, depth, block, family, doc, fixed=None):

@@ -39,14 +39,13 @@ def preact_resnet_imagenet(depth, *, include_top=True, weights=None, input_tenso
         raise ValueError(f"Unsupported ImageNet depth. Received: depth={depth!r}. "
                          f"Valid: {sorted(IMAGENET_DEPTHS)}")
     block, units = IMAGENET_DEPTHS[depth]
-    check_reserved(kwargs, ("stage_blocks", "stage_filters", "block", "stem_kernel_size",
-                            "stem_strides") + (() if kwargs.get("stem") in POOLED_STEMS else ("stem",)))
-    # In kwargs, not defaults: the weights-file checks compare the stem width.
-    kwargs = {"stem_filters": 64, **kwargs}
+    check_reserved(kwargs, ("stage_blocks", "stage_filters", "block", "stem_filters",
+                            "stem_kernel_size", "stem_strides")
+                   + (() if kwargs.get("stem") in POOLED_STEMS else ("stem",)))
     return build_with_weights(
         f"preact_resnet{depth}",
         dict(block=block, stage_blocks=units, stage_filters=IMAGENET_WIDTHS[block],
-             stem_kernel_size=7, stem_strides=2),
+             stem_filters=64, stem_kernel_size=7, stem_strides=2),
         defaults=dict(bottleneck_stride="first", first_shared_preact=False,
                       stage_strides=(1, 2, 2, 2), stem="imagenet"),
         weights=weights, include_top=include_top, input_tensor=input_tensor,

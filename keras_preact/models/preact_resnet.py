@@ -2,22 +2,25 @@
 the zoo is this class with different arguments (`keras_preact.models.cifar`)."""
 
 import contextlib
+import dataclasses
 import inspect
 import math
 import os
-import types
 
 import keras
 
+from keras_preact.architecture import (
+    ARGUMENTS, DEFAULTS, HEAD_LAYER, INPUT_NAME, POOL_LAYER, PREDICTIONS_LAYER, PREPROCESSING_LAYER,
+    STEM_CONV_LAYER, Architecture)
+from keras_preact.checks import (check_bool, check_choice, check_int, check_known_arguments, is_int,
+                                 pop_deprecated)
 from keras_preact.layers import variants
 from keras_preact.layers.blocks import (
-    BLOCK_TYPES, BN_EPSILON, BN_MOMENTUM, check_stride_position, check_unit_arguments, PreActStage)
+    BLOCK_TYPES, check_stride_position, check_unit_arguments, PreActStage)
 from keras_preact.layers.initializers import call_on_host
 from keras_preact.layers.preprocessing import ImageNormalization, resolve_preprocessing
 from keras_preact.layers.remat import check_remat, model_pruning_off
-from keras_preact.layers.utils import (
-    check_bool, check_choice, check_known_arguments, is_int,
-    normalize_data_format, pop_deprecated)
+from keras_preact.layers.utils import normalize_data_format
 
 #: Stems: "cifar", a single conv (the paper's CIFAR nets); "imagenet", conv, BN, ReLU
 #: and a 3x3 stride-2 max pool with Torch's symmetric padding (Section 5);
@@ -114,57 +117,65 @@ def check_dtype(dtype):
                          f"dtype={dtype!r}")
 
 
-def validate_config(*, block, stage_blocks, stage_filters, stage_strides, stem_filters,
-                    stem_kernel_size, stem_strides, bottleneck_stride, bottleneck_expansion,
-                    include_top, pooling, classes, classifier_activation, input_shape, data_format,
-                    unit=variants.DEFAULT_UNIT, shortcut_scale=None, residual_scale=None,
-                    gate_bias=None, dropout_rate=None, stem="cifar", stride_position="first",
-                    strided_shortcut="projection", conv_bias=False, bn_momentum=BN_MOMENTUM,
-                    bn_epsilon=BN_EPSILON, synchronized_bn=False, features=False):
-    """Checks every `PreActResNet` argument before any layer is built (ValueError).
-
-    Returns a dict: "stage_blocks", "stage_filters", "stage_strides" (tuples),
-    "data_format" and the full "input_shape" (None for a free height or width)."""
+def validate_config(arch):
+    """Checks every argument of an `Architecture` before any layer is built (ValueError);
+    returns it completed: the stages as tuples, the data format, the full input shape
+    (None for a free height or width), no head with `features`, the remat setting."""
+    a = arch
+    block, bottleneck_expansion, stem_strides, stem = (
+        a.block, a.bottleneck_expansion, a.stem_strides, a.stem)
     check_choice("block", block, BLOCK_TYPES)
     check_unit_arguments(
-        strides=1, bottleneck_stride=bottleneck_stride, bn_momentum=bn_momentum,
-        bn_epsilon=bn_epsilon, synchronized=synchronized_bn, unit=unit,
-        strided_shortcut=strided_shortcut, conv_bias=conv_bias, shortcut_scale=shortcut_scale,
-        residual_scale=residual_scale, gate_bias=gate_bias, dropout_rate=dropout_rate)
-    stages = {name: _positive_ints(name, value) for name, value in (
-        ("stage_blocks", stage_blocks), ("stage_filters", stage_filters),
-        ("stage_strides", stage_strides))}
+        strides=1, bottleneck_stride=a.bottleneck_stride, bn_momentum=a.bn_momentum,
+        bn_epsilon=a.bn_epsilon, synchronized=a.synchronized_bn, unit=a.unit,
+        strided_shortcut=a.strided_shortcut, conv_bias=a.conv_bias,
+        shortcut_scale=a.shortcut_scale, residual_scale=a.residual_scale,
+        gate_bias=a.gate_bias, dropout_rate=a.dropout_rate)
+    stages = {name: _positive_ints(name, getattr(a, name))
+              for name in ("stage_blocks", "stage_filters", "stage_strides")}
     if len(set(map(len, stages.values()))) != 1:
         raise ValueError(
             "`stage_blocks`, `stage_filters` and `stage_strides` must have one entry per stage. "
             + "Received: " + ", ".join(f"{k}={v}" for k, v in stages.items()))
-    for name, value in (("stem_filters", stem_filters), ("stem_kernel_size", stem_kernel_size),
-                        ("stem_strides", stem_strides),
-                        ("bottleneck_expansion", bottleneck_expansion)):
-        _positive_ints(name, (value,))
+    for name in ("stem_filters", "stem_kernel_size", "stem_strides", "bottleneck_expansion"):
+        check_int(name, getattr(a, name), minimum=1)
     if block == "bottleneck" and any(f % bottleneck_expansion for f in stages["stage_filters"]):
         raise ValueError(
             "Bottleneck stage widths must be divisible by `bottleneck_expansion`. Received: "
             f"stage_filters={stages['stage_filters']}, bottleneck_expansion={bottleneck_expansion}")
-    check_bool("include_top", include_top)
-    check_bool("features", features)
-    _check_head(include_top and not features, pooling, classes, classifier_activation, features)
-    data_format = normalize_data_format(data_format)
+    for name in ("include_top", "features", "zero_init_last"):
+        check_bool(name, getattr(a, name))
+    include_top = a.include_top and not a.features
+    _check_head(include_top, a.pooling, a.classes, a.classifier_activation, a.features)
+    if a.head_dropout is not None and not (isinstance(a.head_dropout, (int, float))
+                                           and 0 <= a.head_dropout < 1):
+        raise ValueError("`head_dropout` must be None or a rate in [0, 1). Received: "
+                         f"head_dropout={a.head_dropout!r}")
+    data_format = normalize_data_format(a.data_format)
     check_choice("stem", stem, STEMS)
-    check_stride_position(stride_position, stages["stage_blocks"], stages["stage_strides"])
+    check_stride_position(a.stride_position, stages["stage_blocks"], stages["stage_strides"])
+    check_dtype(a.dtype)
+    try:
+        keras.initializers.get(a.kernel_initializer)
+    except (ValueError, TypeError):
+        raise ValueError("Unknown `kernel_initializer`. Received: kernel_initializer="
+                         f"{a.kernel_initializer!r}. Valid: a keras.initializers name "
+                         "('he_normal', 'glorot_uniform', ...) or instance") from None
+    resolve_preprocessing(a.preprocessing)
     # The ImageNet stems' max pool halves the size once more.
     total_stride = (stem_strides * (2 if stem in POOLED_STEMS else 1)
                     * math.prod(stages["stage_strides"]))
-    input_shape = _check_input_shape(input_shape, data_format, total_stride)
-    return dict(stages, data_format=data_format, input_shape=input_shape)
+    input_shape = _check_input_shape(a.input_shape, data_format, total_stride)
+    return dataclasses.replace(a, **stages, data_format=data_format, input_shape=input_shape,
+                               include_top=include_top, remat=check_remat(a.remat, a.unit))
 
 
-def _stem(x, a, preprocessing):
+def _stem(x, a):
     # Layer creation order is frozen (weights files match by it).
-    if preprocessing is not None:
+    if (preprocessing := resolve_preprocessing(a.preprocessing)) is not None:
         scale, mean, std = preprocessing
         x = ImageNormalization(scale=scale, mean=mean, std=std, data_format=a.data_format,
-                               dtype=a.dtype, name="preprocessing")(x)
+                               dtype=a.dtype, name=PREPROCESSING_LAYER)(x)
     padding = "same"
     if a.stem in POOLED_STEMS and a.stem_strides > 1:
         # Torch pads (k - 1) // 2 on every side; Keras' "same" would shift the grid.
@@ -174,7 +185,7 @@ def _stem(x, a, preprocessing):
     x = call_on_host(keras.layers.Conv2D(
         a.stem_filters, a.stem_kernel_size, strides=a.stem_strides, padding=padding,
         use_bias=a.conv_bias and a.stem != "imagenet", kernel_initializer=a.kernel_initializer,
-        data_format=a.data_format, dtype=a.dtype, name="stem_conv"), x)
+        data_format=a.data_format, dtype=a.dtype, name=STEM_CONV_LAYER), x)
     if a.stem == "imagenet" or not variants.get_unit(a.unit).preactivation:
         # conv-BN-ReLU (He et al. 2015) for units that start with a conv (Fig. 4a-c, 2).
         x = _bn(a, "stem_bn", x)
@@ -244,12 +255,14 @@ def _head(x, a):
     pools = {"max": keras.layers.GlobalMaxPooling2D, "avg": keras.layers.GlobalAveragePooling2D}
     pool = pools.get(a.pooling, keras.layers.GlobalAveragePooling2D if a.include_top else None)
     if pool is not None:
-        x = pool(data_format=a.data_format, dtype=a.dtype, name="pool")(x)
+        x = pool(data_format=a.data_format, dtype=a.dtype, name=POOL_LAYER)(x)
+    if a.include_top and a.head_dropout:
+        x = keras.layers.Dropout(a.head_dropout, dtype=a.dtype, name="head_dropout")(x)
     if a.include_top:
-        x = call_on_host(keras.layers.Dense(a.classes, dtype=a.dtype, name="logits"), x)
+        x = call_on_host(keras.layers.Dense(a.classes, dtype=a.dtype, name=HEAD_LAYER), x)
         # Float32 (or float64) so softmax stays accurate under mixed precision.
         float64 = a.dtype is not None and keras.dtype_policies.get(a.dtype).compute_dtype == "float64"
-        x = keras.layers.Activation(a.classifier_activation, name="predictions",
+        x = keras.layers.Activation(a.classifier_activation, name=PREDICTIONS_LAYER,
                                     dtype="float64" if float64 else "float32")(x)
     return x
 
@@ -285,6 +298,8 @@ class PreActResNet(keras.Model):
             head (a backbone for detection or segmentation; no head is built, whatever
             `include_top` says).
         classifier_activation: None returns logits.
+        head_dropout: dropout rate before the classifier in training (timm's ``drop_rate``);
+            None or 0: none, as the paper.
         preprocessing: None, a name of `layers.preprocessing.PRESETS` or a dict with "mean",
             "std" and optional "scale": the model then takes [0, 255] pixels.
         input_shape: default (None, None, 3) (or channels first); sizes >= 2x total stride.
@@ -311,47 +326,28 @@ class PreActResNet(keras.Model):
         20
     """
 
-    def __init__(self, *, block="basic", stage_blocks=(3, 3, 3), stage_filters=(16, 32, 64),
-                 stage_strides=(1, 2, 2), stem_filters=16, stem_kernel_size=3, stem_strides=1,
-                 stem="cifar", bottleneck_stride="middle", bottleneck_expansion=4,
-                 first_shared_preact=True, include_top=True, pooling=None, features=False,
-                 classes=10,
-                 classifier_activation="softmax", preprocessing=None, input_shape=None,
-                 input_tensor=None, data_format=None, kernel_initializer="he_normal",
-                 zero_init_last=False, bn_momentum=BN_MOMENTUM, bn_epsilon=BN_EPSILON,
-                 synchronized_bn=False, unit=variants.DEFAULT_UNIT, shortcut_scale=None,
-                 residual_scale=None, gate_bias=None, dropout_rate=None, stride_position="first",
-                 strided_shortcut="projection", conv_bias=False, remat=None, dtype=None,
-                 name="preact_resnet", **kwargs):
-        # Before any other local is bound.
-        args = {k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__")}
+    def __init__(self, *, input_tensor=None, name="preact_resnet", **kwargs):
         kwargs = rename_deprecated(kwargs, "PreActResNet")
-        args.update({new: kwargs.pop(new) for new in RENAMED_ARGUMENTS.values() if new in kwargs})
         check_known_arguments(kwargs, MODEL_ARGUMENTS, where="PreActResNet")
-        check_bool("zero_init_last", zero_init_last)
-        check_dtype(dtype)
-        args["include_top"] = include_top and not features
-        args.update(validate_config(**{k: args[k] for k in _VALIDATED}))
-        resolved_preprocessing = resolve_preprocessing(preprocessing)
-        args["remat"] = check_remat(remat, unit)
-        a = types.SimpleNamespace(**args)
+        trainable = {k: kwargs.pop(k) for k in ("trainable",) if k in kwargs}
+        a = validate_config(Architecture(**kwargs))
         check_input_tensor(input_tensor)
-        inputs = keras.Input(shape=a.input_shape, name="images") if input_tensor is None else input_tensor
-        stages = _stages(_stem(inputs, a, resolved_preprocessing), a)
+        inputs = (keras.Input(shape=a.input_shape, name=INPUT_NAME) if input_tensor is None
+                  else input_tensor)
+        stages = _stages(_stem(inputs, a), a)
         x = _final_activation(stages[-1], a)
         # The last level is what the head sees (timm's ``norm=True``), the others the sums.
         pyramid = dict(zip(_levels(a), stages[:-1] + [x]))
-        super().__init__(inputs=inputs, outputs=pyramid if features else _head(x, a), name=name,
-                         **kwargs)
+        super().__init__(inputs=inputs, outputs=pyramid if a.features else _head(x, a),
+                         name=name, **trainable)
         self._pyramid_outputs = pyramid
-        if dtype is not None:  # the model object carries the policy too, as keras-hub's do
-            self.dtype_policy = keras.dtype_policies.get(dtype)
-        if zero_init_last:
+        if a.dtype is not None:  # the model object carries the policy too, as keras-hub's do
+            self.dtype_policy = keras.dtype_policies.get(a.dtype)
+        if a.zero_init_last:
             _zero_last_convs(self)
-        self._input_shape_arg, self._dtype_arg = a.input_shape, dtype
+        self.spec = a
         for key in _ATTRIBUTES:
-            setattr(self, key, args[key])
-
+            setattr(self, key, getattr(a, key))
 
     @property
     def pyramid_outputs(self):
@@ -368,13 +364,13 @@ class PreActResNet(keras.Model):
         return 1 + (2 if self.block == "basic" else 3) * sum(self.stage_blocks) + 1
 
     def get_config(self):
-        config = {key: getattr(self, key) for key in _ATTRIBUTES}
+        a = self.spec
+        config = {key: getattr(a, key) for key in ARGUMENTS}
         config.update({key: list(config[key]) for key in ("stage_blocks", "stage_filters",
-                                                         "stage_strides")})
-        dtype, init = self._dtype_arg, self.kernel_initializer
+                                                         "stage_strides", "input_shape")})
+        dtype, init = a.dtype, a.kernel_initializer
         return dict(
-            config, input_shape=list(self._input_shape_arg), input_tensor=None, name=self.name,
-            trainable=self.trainable,
+            config, input_tensor=None, name=self.name, trainable=self.trainable,
             dtype=dtype if dtype is None or isinstance(dtype, str) else keras.dtype_policies.serialize(dtype),
             kernel_initializer=init if isinstance(init, str)
             else keras.initializers.serialize(keras.initializers.get(init)))
@@ -386,7 +382,7 @@ class PreActResNet(keras.Model):
         return contextlib.nullcontext()
 
     def fit(self, *args, **kwargs):
-        # Around the whole call: switched each step, ResNet-164 remat steps take 1.5x.
+        # Around the whole call: switching it each step slows remat training.
         with self._pruning_off():
             return super().fit(*args, **kwargs)
 
@@ -421,10 +417,11 @@ class PreActResNet(keras.Model):
         return cls(**config)
 
 
-_PARAMETERS = tuple(inspect.signature(PreActResNet.__init__).parameters)[1:-1]
 #: Every keyword argument `PreActResNet` accepts, for the unknown-argument checks.
-MODEL_ARGUMENTS = frozenset(_PARAMETERS) | {"trainable"}
-_VALIDATED = tuple(k for k in inspect.signature(validate_config).parameters)
-#: The arguments kept as attributes and in the config.
-_ATTRIBUTES = tuple(k for k in _PARAMETERS if k not in ("input_shape", "input_tensor", "dtype",
-                                                        "name"))
+MODEL_ARGUMENTS = frozenset(ARGUMENTS) | {"input_tensor", "name", "trainable"}
+#: The record's fields kept as attributes (a Keras model has its own `input_shape`, `dtype`).
+_ATTRIBUTES = tuple(k for k in ARGUMENTS if k not in ("input_shape", "dtype"))
+PreActResNet.__init__.__signature__ = inspect.Signature([
+    inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY),
+    *(inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v)
+      for k, v in {**DEFAULTS, "input_tensor": None, "name": "preact_resnet"}.items())])

@@ -8,6 +8,7 @@ import os
 import re
 from typing import Optional
 
+from keras_preact.checks import is_int
 from keras_preact.files import user_path
 
 STRATEGIES = ("default", "mirrored", "tpu", "multiworker")
@@ -110,6 +111,14 @@ class TrainConfig:
                              "arguments. Received: "
                              f"architecture={self.model_kwargs['architecture']!r}")
         check_dataset_name(self.dataset, "dataset")
+        if self.model_kwargs.get("data_format") == "channels_first":
+            raise ValueError("Training takes channels_last models: the data pipelines yield "
+                             "channels_last images. Received: model_kwargs data_format="
+                             "'channels_first'. A trained model converts with "
+                             "`PreActResNet.from_config({**config, 'data_format': ...})`.")
+        if self.data_dir is not None and os.path.isfile(user_path(self.data_dir)):
+            raise ValueError("`data_dir` must be a folder (TFDS data or CIFAR files); "
+                             f"{self.data_dir} is a file. Received: data_dir={self.data_dir!r}")
         bounds = [float(b) for b in self.boundaries]
         if any(b <= 0 for b in bounds) or any(b2 <= b1 for b1, b2 in zip(bounds, bounds[1:])):
             raise ValueError(f"`boundaries` must be strictly increasing and > 0. Received: "
@@ -186,8 +195,8 @@ class TrainConfig:
             dict: ``total_steps``, ``warmup_steps``, ``boundaries`` (steps), ``values`` (rates
             after the warm-up, one per phase), ``warmup_learning_rate``, ``epochs`` (the last
             may be cut short at ``total_steps``) and ``steps_per_epoch``."""
-        from keras_preact.layers.utils import check_positive_int
-        check_positive_int("steps_per_epoch", steps_per_epoch)
+        from keras_preact.checks import check_int
+        check_int("steps_per_epoch", steps_per_epoch, minimum=1)
         per_step = (self.base_batch_size / self.batch_size  # steps per schedule unit
                     if self.schedule_unit == "iterations" else float(steps_per_epoch))
         warmup = float(self.warmup) * per_step
@@ -241,17 +250,13 @@ def paper_imagenet_recipe(**overrides):
     return TrainConfig(**{**IMAGENET_RECIPE, **overrides})
 
 
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 #: `TrainConfig.validate`'s per-field checks: (field names, test, what is valid).
 _CHECKS = (
     *((f.name, lambda v, valid=f.metadata["choices"]: v in valid,
        f"one of {list(f.metadata['choices'])}")
       for f in dataclasses.fields(TrainConfig) if f.metadata["choices"]),
     ("batch_size base_batch_size epochs steps cpu_devices intra_op_threads inter_op_threads "
-     "keep_checkpoints", lambda v: _is_int(v) and v >= 1, "a positive integer"),
+     "keep_checkpoints", lambda v: is_int(v, 1), "a positive integer"),
     ("learning_rate warmup_learning_rate weight_decay",
      lambda v: not isinstance(v, (bool, str)) and 0 <= v < math.inf, "a finite number >= 0"),
     ("momentum", lambda v: 0.0 <= float(v) <= 1.0, "in [0, 1]"),
@@ -261,7 +266,7 @@ _CHECKS = (
     ("boundaries", lambda v: all(0 < float(b) < math.inf for b in v), "a list of numbers > 0"),
     ("freeze", lambda v: isinstance(v, tuple), "a list of part names"),
     ("model_kwargs", lambda v: isinstance(v, dict), "a dict of model arguments"),
-    ("eval_every seed", lambda v: _is_int(v) and v >= 0, "an int >= 0"),
+    ("eval_every seed", lambda v: is_int(v, 0), "an int >= 0"),
     ("verbose", lambda v: v in ("auto", 0, 1, 2), "'auto', 0, 1 or 2"))
 #: Fields of `_CHECKS` that may be None.
 _OPTIONAL = ("epochs", "steps", "cpu_devices", "intra_op_threads", "inter_op_threads")

@@ -5,7 +5,7 @@ paper's recipe stretched to `DEMO_EPOCHS` epochs at batch 32, the rates scaled b
 import os
 
 from keras_preact.training.config import TrainConfig
-from keras_preact.training.workdir import CURVE_PNG, METRICS_JSON, read_json
+from keras_preact.training.workdir import CURVE_PNG, run_metrics
 
 DEMO_DATASET = "digits"
 DEMO_EPOCHS = 8
@@ -29,19 +29,6 @@ def run_demo(workdir=DEMO_WORKDIR, *, epochs=DEMO_EPOCHS, seed=0, export=True,
     if export:
         result["export"] = export_demo(workdir=result["workdir"], model_path=result["model_path"])
     return result
-
-
-def run_metrics(model_path):
-    """The held-out metrics for a model card, from the ``metrics.json`` a training run
-    writes beside its ``model.keras``, or None. ValueError if that file is not JSON."""
-    path = os.path.join(os.path.dirname(os.path.abspath(model_path)), METRICS_JSON)
-    if not os.path.isfile(path):
-        return None
-    final = read_json(path)
-    # Metrics that name another model file (a checkpoint exported by hand) are not its.
-    if final.get("model_path", os.path.basename(model_path)) != os.path.basename(model_path):
-        return None
-    return {k: final[k] for k in ("dataset", "test_accuracy", "test_loss") if k in final} or None
 
 
 def export_demo(*, workdir, model_path, dataset=DEMO_DATASET):

@@ -16,8 +16,7 @@ import keras
 import numpy as np
 
 from keras_preact import private_api
-from keras_preact.checks import shorten
-from keras_preact.layers.utils import check_choice
+from keras_preact.checks import check_choice, shorten
 from keras_preact.training.config import STRATEGIES
 
 logger = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ the official Torch code) to every learnable parameter, BatchNorm and biases incl
 import keras
 from keras import ops
 
-from keras_preact.layers.utils import check_choice
+from keras_preact.checks import check_choice
 from keras_preact.training.config import DECAY_VARIABLES
 
 

@@ -13,9 +13,9 @@ import numpy as np
 
 import keras_preact
 from keras_preact import data, finetune
-from keras_preact.checks import shorten
+from keras_preact.architecture import DEFAULTS
+from keras_preact.checks import check_known_arguments, shorten
 from keras_preact.files import atomic_save, atomic_write_json
-from keras_preact.layers.utils import check_known_arguments
 from keras_preact.models.preact_resnet import MODEL_ARGUMENTS
 from keras_preact.training import distribute
 from keras_preact.training.config import TrainConfig
@@ -69,10 +69,16 @@ def build_model(config, info):
 
 
 def check_classes(config, info):
-    """ValueError unless the model's `classes` (default: the dataset's) fit the dataset."""
+    """ValueError unless the model's `classes` and input channels (default: the dataset's)
+    fit the dataset."""
     kwargs = {**config.model_kwargs.get("architecture", {}), **config.model_kwargs}
     classes = kwargs.get("classes", info["classes"])
-    if kwargs.get("include_top", True) and classes != info["classes"]:
+    shape = kwargs.get("input_shape")
+    if shape is not None and list(shape)[-1:] != list(info["input_shape"])[-1:]:
+        raise ValueError(f"The {config.dataset!r} images are {tuple(info['input_shape'])} "
+                         f"(height, width, channels). Received: model_kwargs input_shape="
+                         f"{shape!r}. Leave `input_shape` out (the dataset's is used).")
+    if kwargs.get("include_top", DEFAULTS["include_top"]) and classes != info["classes"]:
         raise ValueError(
             f"The {config.dataset!r} dataset has {info['classes']} classes, so the model needs "
             f"as many. Received: model_kwargs classes={classes!r}. Leave `classes` out (the "
@@ -89,11 +95,6 @@ def optimizer_step(optimizer):
     """The optimizer's iteration count as an int (also for a MirroredVariable)."""
     value = getattr(optimizer.iterations, "value", optimizer.iterations)
     return int(np.asarray(value.numpy() if hasattr(value, "numpy") else value))
-
-
-def dataset_info(name, path=None):
-    """`keras_preact.data.dataset_info`; `path` counts for the image folder only."""
-    return data.dataset_info(name, path=path if name == "folder" else None)
 
 
 def dataset_preprocessing(info):
@@ -187,7 +188,7 @@ class Run:
     def __init__(self, config, workdir, stepper):
         self.config = as_config(config)
         self.workdir, self.stepper = Workdir(workdir) if workdir is not None else None, stepper
-        self.info = dataset_info(self.config.dataset, self.config.data_path)
+        self.info = data.dataset_info(self.config.dataset, path=self.config.data_path)
         check_classes(self.config, self.info)
         self.extends = self.wrote_config = False
 

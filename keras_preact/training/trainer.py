@@ -12,8 +12,8 @@ from keras_preact.layers.preprocessing import ImageNormalization
 from keras_preact.training.config import TrainConfig
 from keras_preact.training.distribute import average_replica_statistics
 from keras_preact.training.run import (Run, Stepper, as_config, build_model, compile_model,
-                                       dataset_info, optimizer_step)
-from keras_preact.training.workdir import CHECKPOINT_DIR, CONFIG_FILE, TENSORBOARD_DIR, Workdir
+                                       optimizer_step)
+from keras_preact.training.workdir import CHECKPOINT_DIR, TENSORBOARD_DIR, Workdir
 from keras_preact.weights.local import load_keras_file, load_weights_file
 
 
@@ -97,20 +97,10 @@ def load_workdir_model(workdir, checkpoint=None):
         return keras.saving.load_model(path, compile=False), config, path
     if checkpoint is None and (state := wd.read_state()) is None:
         raise ValueError(f"The run in {wd.path} has no completed epoch yet.")
-    model = build_model(config, dataset_info(config.dataset, config.data_path))
+    model = build_model(config, data.dataset_info(config.dataset, path=config.data_path))
     ckpt = checkpoint or wd.file(CHECKPOINT_DIR, state["checkpoint"])
     load_weights_file(model, ckpt)
     return model, config, ckpt
-
-
-def workdir_of(path):
-    """The training workdir that `path` is (a folder) or holds (a file in it or one of its
-    checkpoints), or None."""
-    path = user_path(path)
-    folder = path if os.path.isdir(path) else os.path.dirname(path) if os.path.isfile(path) else ""
-    if os.path.basename(folder) == CHECKPOINT_DIR:
-        folder = os.path.dirname(folder)
-    return folder if folder and os.path.isfile(os.path.join(folder, CONFIG_FILE)) else None
 
 
 def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=None,
@@ -152,7 +142,7 @@ def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=N
             raise ValueError("A weights file needs `model`, the architecture it belongs to "
                              f"(only a .keras file holds its own). Received: weights={weights!r}")
         net, source = _model_for(model, weights, dataset, data_path, model_kwargs), weights
-    classes = dataset_info(dataset, data_path)["classes"]
+    classes = data.dataset_info(dataset, path=data_path)["classes"]
     shape = getattr(net, "output_shape", None)
     if (outputs := shape[-1] if isinstance(shape, tuple) else None) != classes:
         raise ValueError(f"The {dataset!r} dataset has {classes} classes and the model "
@@ -182,7 +172,7 @@ def _model_for(model, weights, dataset, data_path, model_kwargs):
     # As training builds it, with the dataset's normalisation (a layer without weights).
     config = TrainConfig(model=model, model_kwargs=model_kwargs or {}, dataset=dataset,
                          data_path=data_path).validate()
-    net = build_model(config, dataset_info(dataset, data_path))
+    net = build_model(config, data.dataset_info(dataset, path=data_path))
     if weights is not None:
         load_weights_file(net, weights)
     return net

@@ -11,15 +11,13 @@
 """
 
 import contextlib
-import csv
 import glob
-import io
-import json
 import os
 import shutil
 from pathlib import Path
 
-from keras_preact.files import atomic_write_bytes, atomic_write_json, atomic_write_text, user_path
+from keras_preact.files import (atomic_write_bytes, atomic_write_json, figure_png, read_json,
+                                user_path, write_csv_rows)
 
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
@@ -41,16 +39,6 @@ METRICS_COLUMNS = ("epoch", "step", "learning_rate", "time_s", "images_per_s", "
 
 class WorkdirInUseError(RuntimeError):
     """Another process is training in the workdir (see `Workdir.lock`)."""
-
-
-def read_json(path):
-    """The content of a JSON file; ValueError naming it if it is not JSON."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON ({err}); it was not written by keras-preact "
-                         "or was edited.") from None
 
 
 class Workdir:
@@ -165,25 +153,6 @@ def _remove_quietly(path):
         os.remove(path)
 
 
-def write_csv_rows(path, rows, columns, lineterminator="\n"):
-    """Writes the dicts `rows` as CSV under the header `columns` (a missing key or None: "")."""
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator=lineterminator)
-    writer.writeheader()
-    writer.writerows(rows)
-    atomic_write_text(path, buf.getvalue())
-
-
-def figure_png(fig, title="", dpi=None):
-    """PNG bytes of a matplotlib `Figure` (no pyplot) under `title`, its layout tightened."""
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
-
-
 def plot_training_curve(history, *, title=""):
     """PNG bytes of loss and error per epoch (as the paper's Fig. 6), from `history`'s dicts
     ("epoch" and any of "loss", "accuracy", "val_loss", "val_accuracy"); no pyplot."""
@@ -200,3 +169,27 @@ def plot_training_curve(history, *, title=""):
         if ax.lines:
             ax.legend()
     return figure_png(fig, title)
+
+
+def workdir_of(path):
+    """The training workdir that `path` is (a folder) or holds (a file in it or one of its
+    checkpoints), or None."""
+    path = user_path(path)
+    folder = path if os.path.isdir(path) else os.path.dirname(path) if os.path.isfile(path) else ""
+    if os.path.basename(folder) == CHECKPOINT_DIR:
+        folder = os.path.dirname(folder)
+    return folder if folder and os.path.isfile(os.path.join(folder, CONFIG_FILE)) else None
+
+
+def run_metrics(model_path):
+    """The held-out metrics of the training run that wrote `model_path` (its
+    ``metrics.json``, for a model card), or None. ValueError if that file is not JSON."""
+    workdir = workdir_of(model_path)
+    path = os.path.join(workdir, METRICS_JSON) if workdir else ""
+    if not os.path.isfile(path):
+        return None
+    final = read_json(path)
+    # Metrics that name another model file (a checkpoint exported by hand) are not its.
+    if final.get("model_path", FINAL_MODEL) != os.path.basename(model_path):
+        return None
+    return {k: final[k] for k in ("dataset", "test_accuracy", "test_loss") if k in final} or None

@@ -17,14 +17,14 @@ import numpy as np
 
 import keras_preact
 from keras_preact import data
-from keras_preact.data.registry import check_int, stratified_split
+from keras_preact.checks import check_choice, check_int
+from keras_preact.data.registry import stratified_split
 from keras_preact.layers import UNIT_TYPES
-from keras_preact.layers.utils import check_choice
 from keras_preact.models.cifar import CIFAR_WIDTHS, cifar_units_per_stage
 from keras_preact.training.config import TrainConfig
 from keras_preact.training.distribute import check_global_batch
 from keras_preact.training.optimizers import make_optimizer
-from keras_preact.training.run import compile_model, dataset_info, dataset_preprocessing
+from keras_preact.training.run import compile_model, dataset_preprocessing
 
 logger = logging.getLogger("keras_preact.tuning")
 
@@ -249,7 +249,7 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
 
     def make_model(self, arch, **kwargs):
         """The library model of an architecture dict (see `candidates`)."""
-        info = dataset_info(self.dataset, self.data_path)
+        info = data.dataset_info(self.dataset, path=self.data_path)
         common = dict(classes=info["classes"], input_shape=tuple(info["input_shape"]),
                       preprocessing=dataset_preprocessing(info), **kwargs)
         if arch.get("unit") is not None:
@@ -280,7 +280,7 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
 
     def measure_step_time(self, arch):
         """Median seconds of one training step (batch `batch_size`) on a throwaway model."""
-        info = dataset_info(self.dataset, self.data_path)
+        info = data.dataset_info(self.dataset, path=self.data_path)
         model = self.make_model(arch)
         model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
                       loss="sparse_categorical_crossentropy")
@@ -315,7 +315,7 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         if spe < 1:
             raise ValueError(f"batch_size={self.batch_size} is larger than the {len(x)} training "
                              f"images of {self.dataset!r} left after the validation split.")
-        augment = dataset_info(self.dataset, self.data_path).get("augmentation", "none")
+        augment = data.dataset_info(self.dataset, path=self.data_path).get("augmentation", "none")
         train = data.dataset_from_arrays(
             x, y, batch_size=self.batch_size, shuffle=True, augment=augment, normalize=False,
             seed=self.seed, epoch=initial_epoch, drop_remainder=True,

@@ -14,12 +14,12 @@ import time
 import keras_tuner
 
 import keras_preact
-from keras_preact.data.registry import check_int
+from keras_preact.checks import check_int, check_known_arguments
 from keras_preact.export import export_saved_model
-from keras_preact.files import atomic_save, atomic_write_bytes, atomic_write_json
-from keras_preact.layers.utils import check_known_arguments
+from keras_preact.files import (atomic_save, atomic_write_bytes, atomic_write_json, figure_png,
+                                read_json, write_csv_rows)
 from keras_preact.training.distribute import make_strategy
-from keras_preact.training.workdir import Workdir, figure_png, read_json, write_csv_rows
+from keras_preact.training.workdir import Workdir
 from keras_preact.tuning.hypermodel import (OBJECTIVE, PreActResNetHyperModel, search_space_spec,
                                             valid_blocks)
 

@@ -9,9 +9,9 @@ import numbers
 from importlib import resources
 from typing import Optional
 
+from keras_preact.checks import deprecated_alias, is_int, pop_deprecated
 from keras_preact.files import atomic_write_text
 from keras_preact.layers.preprocessing import resolve_preprocessing
-from keras_preact.layers.utils import deprecated_alias, is_int, pop_deprecated
 from keras_preact.weights.converters import CONVERTERS
 from keras_preact.zoo_catalog import load_json
 

@@ -114,8 +114,12 @@ def fetch_weights(key_or_entry, *, build, cache_dir=None, offline=None, progress
     cache = resolve_cache_dir(cache_dir)
     if (found := _lookup_cache(entry, cache)) is not None:
         return found
-    for folder in (LOCK_FOLDER, TMP_FOLDER):
-        os.makedirs(os.path.join(cache, folder), exist_ok=True)
+    try:
+        for folder in (LOCK_FOLDER, TMP_FOLDER):
+            os.makedirs(os.path.join(cache, folder), exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"The weights cache {cache} cannot be created ({err.strerror}): choose "
+                         "a folder you can write with `cache_dir` or KERAS_PREACT_HOME.") from None
     lock = os.path.join(cache, LOCK_FOLDER, entry.key + ".lock")
     with filelock.FileLock(lock, timeout=LOCK_TIMEOUT_S):
         # Another process may have finished while this one waited for the lock.

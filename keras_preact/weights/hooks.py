@@ -8,6 +8,7 @@ import json
 import os
 import urllib.parse
 
+from keras_preact.architecture import DEFAULTS
 from keras_preact.files import user_path
 from keras_preact.weights import catalog, local, presets
 from keras_preact.weights.download import fetch_weights
@@ -139,7 +140,7 @@ def _apply(plan, request, info, architecture, name="weights"):
         raise ValueError(
             f"The {name} expect {channels}-channel input, but the model was asked for {want} "
             f"channels. Received: input_shape={tuple(shape)}, weights={request.weights!r}")
-    stem = request.kwargs.get("stem_filters", 16)
+    stem = {**DEFAULTS, **request.fixed, **request.kwargs}["stem_filters"]
     if info.get("stem_filters", stem) != stem:
         raise request.bad(f"The weights have a stem of {info['stem_filters']} filters; this "
                           f"model has {stem}.")

@@ -14,23 +14,19 @@ import h5py
 import keras
 
 from keras_preact import private_api
+from keras_preact.architecture import (DEFAULTS, HEAD_LAYER, HEAD_PATH, STEM_KERNEL_PATH,
+                                       WEIGHTS_ARGUMENTS, WEIGHTS_ARGUMENTS_IF_SET)
 from keras_preact.files import atomic_write_bytes, user_path
 
 WEIGHTS_SUFFIX, KERAS_SUFFIX = ".weights.h5", ".keras"
 #: Root attributes of the `.weights.h5` files keras-preact saves (see `record_model`).
 LAYOUT_ATTR, ARCHITECTURE_ATTR, DEFAULTS_ATTR = (
     "keras_preact_layout", "keras_preact_architecture", "keras_preact_defaults")
-#: `PreActResNet` arguments that change what the weights mean, even at equal shapes.
-ARCHITECTURE_KEYS = ("block", "stage_blocks", "stage_filters", "stage_strides", "stem_filters",
-                     "stem_kernel_size", "stem_strides", "bottleneck_stride",
-                     "bottleneck_expansion", "first_shared_preact")
 #: Architecture keys older files record under another name.
 RENAMED_KEYS = {"first_unit_shared_preact": "first_shared_preact"}
-#: keras.applications-layout arguments and their defaults, recorded only when not at the default
-#: (older files lack them); ``stem`` only as "imagenet_preact" (other stems have other variables).
-OPTIONAL_ARCHITECTURE_KEYS = {"stride_position": "first", "strided_shortcut": "projection",
-                              "conv_bias": False, "stem": None}
-HEAD_LAYER = "logits"  # the classifier of `PreActResNet`
+#: The arguments recorded only when not at their default (older files lack them), with it;
+#: ``stem`` only as "imagenet_preact" (the other stems have other variables).
+OPTIONAL_ARCHITECTURE_KEYS = {**{k: DEFAULTS[k] for k in WEIGHTS_ARGUMENTS_IF_SET}, "stem": None}
 PRESET_WEIGHTS = "model.weights.h5"  # the weights of a preset folder (`weights.presets`)
 
 
@@ -84,11 +80,11 @@ def inspect_weights_file(path):
     "in_channels", "stem_filters", "kernel_size" and "classes" (None without a head);
     ValueError if the file does not hold a keras-preact model's weights."""
     with open_hdf5(path) as f:
-        stem = f.get("layers/conv2d/vars/0")
+        stem = f.get(STEM_KERNEL_PATH)
         if stem is None or len(stem.shape) != 4:
             raise ValueError("The weights file does not hold a keras-preact model's weights (no "
                              f"stem convolution found). Received: weights={path!r}")
-        dense = f.get("layers/dense/vars/0")
+        dense = f.get(HEAD_PATH + "vars/0")
         return {"kernel_size": int(stem.shape[0]), "in_channels": int(stem.shape[2]),
                 "stem_filters": int(stem.shape[3]),
                 "classes": None if dense is None else int(dense.shape[1])}
@@ -107,12 +103,12 @@ def model_architecture(model):
         config = model.get_config() or {}
     except NotImplementedError:
         return None
-    return architecture_record(config) if set(ARCHITECTURE_KEYS) <= set(config) else None
+    return architecture_record(config) if set(WEIGHTS_ARGUMENTS) <= set(config) else None
 
 
 def architecture_record(config):
     """The architecture arguments of a `PreActResNet` config, as files record them."""
-    return {**{k: _jsonable(config.get(k)) for k in ARCHITECTURE_KEYS},
+    return {**{k: _jsonable(config.get(k)) for k in WEIGHTS_ARGUMENTS},
             **_optional_architecture(config, only_set=True)}
 
 
@@ -224,7 +220,7 @@ def compare_layouts(model, stored_layout, stored_arch, *, source, trunk_only=Fal
     arch = model_architecture(model)
     if arch is None or stored_arch is None:
         return
-    stored = {**{k: stored_arch.get(k) for k in ARCHITECTURE_KEYS},
+    stored = {**{k: stored_arch.get(k) for k in WEIGHTS_ARGUMENTS},
               **_optional_architecture(stored_arch)}
     own = {**arch, **_optional_architecture(arch)}
     diff = {k: (stored[k], own[k]) for k in own if stored[k] != own[k]}
@@ -248,7 +244,7 @@ def check_weights_file_layout(model, path):
     found = _h5_datasets(path)
     if not _has_head(model):
         found = {k: v for k, v in found.items()
-                 if k in expected or not k.startswith("layers/dense/")}
+                 if k in expected or not k.startswith(HEAD_PATH)}
     if found != expected:
         missing = sorted(set(expected) - set(found))[:3]
         extra = sorted(set(found) - set(expected))[:3]
@@ -322,8 +318,9 @@ def config_info(config):
     shape = inner.get("input_shape") or [None, None, 3]
     data_format = inner.get("data_format", "channels_last")
     return {"in_channels": shape[-1] if data_format == "channels_last" else shape[0],
-            "stem_filters": inner.get("stem_filters", 16),
-            "classes": inner.get("classes") if inner.get("include_top", True) else None,
+            "stem_filters": inner.get("stem_filters", DEFAULTS["stem_filters"]),
+            "classes": (inner.get("classes")
+                        if inner.get("include_top", DEFAULTS["include_top"]) else None),
             "preprocessing": inner.get("preprocessing"), "input_shape": inner.get("input_shape"),
             "data_format": data_format, "architecture": architecture_record(inner)}
 

@@ -10,6 +10,7 @@ import os
 
 import keras
 
+from keras_preact.architecture import HEAD_LAYER, HEAD_PATH
 from keras_preact.files import user_path
 from keras_preact.weights import local
 
@@ -89,10 +90,10 @@ def load_preset_weights(model, preset):
                                      "pooling": None, "features": False})
     local.load_weights_file(trunk, path)
     local.copy_weights_from_model(trunk, model, source_label=path)
-    if any(layer.name == local.HEAD_LAYER for layer in model.layers):
+    if any(layer.name == HEAD_LAYER for layer in model.layers):
         with local.open_hdf5(preset_file(preset, TASK_WEIGHTS)) as f:
-            head = [f["layers/dense/vars/0"][()], f["layers/dense/vars/1"][()]]
-        model.get_layer(local.HEAD_LAYER).set_weights(head)
+            head = [f[f"{HEAD_PATH}vars/{i}"][()] for i in (0, 1)]
+        model.get_layer(HEAD_LAYER).set_weights(head)
     return model
 
 

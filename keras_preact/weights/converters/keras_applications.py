@@ -5,6 +5,7 @@ Keras 2 HDF5 files, read with h5py by layer name and mapped one to one onto a mo
 import h5py
 import numpy as np
 
+from keras_preact.architecture import HEAD_LAYER, STEM_CONV_LAYER
 from keras_preact.weights.converters import assign_all, match_arrays, require_preact_resnet
 
 #: `PreActResNet` arguments of keras.applications' ResNetV2 layout (`preact_resnet50/101/152`).
@@ -16,9 +17,9 @@ _FIXED = {"block": "bottleneck", "stem_kernel_size": 7, "stem_strides": 2,
           "unit": "full_preact", "bottleneck_expansion": 4}
 UPSTREAM_NAMES = {50: "ResNet50V2", 101: "ResNet101V2", 152: "ResNet152V2"}
 #: (our layer, keras.applications layer, weight names) outside the stages, the head last.
-_OUTER_LAYERS = (("stem_conv", "conv1_conv", ("kernel", "bias")),
+_OUTER_LAYERS = ((STEM_CONV_LAYER, "conv1_conv", ("kernel", "bias")),
                  ("post_bn", "post_bn", ("gamma", "beta", "moving_mean", "moving_variance")),
-                 ("logits", "predictions", ("kernel", "bias")))
+                 (HEAD_LAYER, "predictions", ("kernel", "bias")))
 
 
 def read_legacy_h5(path):

@@ -5,6 +5,7 @@ for the basic nets) comes from the catalog entry."""
 
 import numpy as np
 
+from keras_preact.architecture import HEAD_LAYER, STEM_CONV_LAYER
 from keras_preact.layers.functional import BN_FIELDS
 from keras_preact.weights.converters import assign_all, match_arrays, require_preact_resnet
 
@@ -65,7 +66,7 @@ def _batchnorm(layer, prefix):
 
 def _assignments(model):
     """Yields `match_arrays` assignments: (variable, [(torch key, transform), ...], stacked)."""
-    stem = model.get_layer("stem_conv")
+    stem = model.get_layer(STEM_CONV_LAYER)
     if getattr(model, "stem", "cifar") == "imagenet":
         # PreResInitBlock: 7x7/2 conv, BN, ReLU, 3x3/2 max pool.
         yield stem.kernel, [("features.init_block.conv.weight", _conv_kernel)], False
@@ -80,7 +81,7 @@ def _assignments(model):
             yield var, [_unit_source(s, u, name) for u in range(2, stage.num_blocks + 1)], True
     yield from _batchnorm(model.get_layer("post_bn"), "features.post_activ.bn")
     if model.include_top:
-        dense = model.get_layer("logits")
+        dense = model.get_layer(HEAD_LAYER)
         yield dense.kernel, [("output.weight", np.transpose)], False
         yield dense.bias, [("output.bias", None)], False
 
