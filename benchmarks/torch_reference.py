@@ -1,10 +1,7 @@
-"""The PyTorch reference for the speed benchmarks: a plain eager pre-activation ResNet.
-
-Committed so that the reference cannot drift: CIFAR layout of the paper (3x3 stem of 16
-filters, three stages, basic units for 6n+2 / bottleneck units for 9n+2, projection
-shortcuts fed by the shared pre-activation, final BN-ReLU, global average pooling,
-dense head), He initialisation, ``torch.optim.SGD`` with momentum 0.9 and weight decay
-1e-4, fp32, no ``torch.compile``, ``torch.set_num_threads(threads)``.
+"""The PyTorch reference of the speed benchmarks: a plain eager pre-activation ResNet,
+committed so that it cannot drift. The paper's CIFAR layout (basic units for 6n+2,
+bottleneck units for 9n+2, projection shortcuts fed by the shared pre-activation), He
+initialisation, SGD with momentum 0.9 and weight decay 1e-4, fp32, no ``torch.compile``.
 
     python benchmarks/torch_reference.py --depth 110 --batch 128 --steps 20 --threads 2
 
@@ -102,18 +99,11 @@ def run(depth, batch, steps, warmup, threads, size=32):
     for _ in range(steps):
         step()
     elapsed = time.perf_counter() - t0
-    return {
-        "framework": "torch",
-        "torch": torch.__version__,
-        "depth": depth,
-        "batch": batch,
-        "threads": threads,
-        "steps": steps,
-        "images_per_s": batch * steps / elapsed,
-        "s_per_step": elapsed / steps,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "params": sum(p.numel() for p in model.parameters()),
-    }
+    return {"framework": "torch", "torch": torch.__version__, "depth": depth, "batch": batch,
+            "threads": threads, "steps": steps, "images_per_s": batch * steps / elapsed,
+            "s_per_step": elapsed / steps,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "params": sum(p.numel() for p in model.parameters())}
 
 
 def main(argv=None):

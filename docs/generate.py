@@ -277,13 +277,12 @@ def serving_table():
     machine = report["machine"]
     images = ", ".join(f"{n} at batch {b}" for b, n in report["images"].items())
     versions = ", ".join(f"{name} {v}" for name, v in report["versions"].items() if v)
-    skipped = "".join(f"\n\nNot measured: {note}." for note in report["skipped"])
     return table(("format", "batch", "img/s", "x PyTorch eager", "cores busy",
                   "other processes' cores", "file size"), rows) + (
         f"\n\n`{report['model']}`, images per measurement: {images}; medians of "
         f"{report['repeats']} rounds. Measured on {report['started'][:10]} on "
         f"{machine['cpus']} cores of an {machine['cpu']['model']} by `{report['command']}` "
-        f"({versions}).{skipped}")
+        f"({versions}).")
 
 
 def machine_line():

@@ -1,7 +1,6 @@
 """The benchmark harness's own arithmetic and reporting (not its figures: CI does not
 time anything)."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -9,16 +8,12 @@ import sys
 
 import pytest
 
+from benchmarks import cpu_info
+from benchmarks import run
+from benchmarks.keras_step import summary
 from tests.helpers import NO_TENSORFLOW, REPO
 
 BENCH = os.path.join(REPO, "benchmarks")
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(BENCH, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _script(name, *args, timeout=300):
@@ -58,14 +53,10 @@ def test_keras_step_rejects_bad_arguments(args, message):
     assert "Traceback" not in proc.stderr
 
 
-def test_step_timer_spans_first_start_to_last_end():
-    import keras
-
-    timer = _load("keras_step").step_timer(keras)
+def test_step_summary_spans_first_start_to_last_end():
     with pytest.raises(RuntimeError, match="no training step"):
-        timer.summary(8)
-    timer.starts, timer.ends = [10.0, 11.0, 12.5], [10.5, 12.0, 13.0]
-    out = timer.summary(8)
+        summary([], [], 8)
+    out = summary([10.0, 11.0, 12.5], [10.5, 12.0, 13.0], 8)
     assert out["s_per_step"] == pytest.approx(1.0)
     assert out["images_per_s"] == pytest.approx(8.0)
     assert out["median_s_per_step"] == pytest.approx(0.5)
@@ -73,7 +64,6 @@ def test_step_timer_spans_first_start_to_last_end():
 
 
 def test_scaling_summary_relative_to_the_shallowest_and_across_families():
-    run = _load("run")
     rows = [
         {"model": "a", "family": "basic", "s_per_image": 1e-3, "macs": 1e7},    # 100 ps/MAC
         {"model": "b", "family": "basic", "s_per_image": 2.4e-3, "macs": 2e7},  # 120
@@ -94,7 +84,7 @@ def test_run_rejects_bad_counts_and_names_the_machine(tmp_path):
     proc = _script("run.py", "--pairs", "0", timeout=60)
     assert proc.returncode == 2
     assert "--pairs must be >= 1. Received: 0" in proc.stderr
-    info = _load("run").cpu_info()
+    info = cpu_info()
     assert isinstance(info["model"], str) and info["model"]
     if os.path.exists("/proc/cpuinfo"):
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -179,8 +169,7 @@ def test_gpu_suite_runs_on_jax_without_tensorflow(tmp_path):
     assert "resnet1001_schedule_hours" not in report
 
 
-def test_gpu_suite_projects_the_papers_schedule_from_resnet1001s_rate():
-    run = _load("run")
+def test_gpu_suite_projects_the_papers_schedule_from_resnet1001s_rate(monkeypatch):
     # 64k iterations x 128 images at 64000 * 128 / 3600 images/s: one hour.
     calls = []
 
@@ -188,7 +177,7 @@ def test_gpu_suite_projects_the_papers_schedule_from_resnet1001s_rate():
         calls.append((model, kwargs["precision"]))
         return {"images_per_s": 64000 * 128 / 3600 * (2 if "mixed" in kwargs["precision"] else 1)}
 
-    run.keras_case = fake_case
+    monkeypatch.setattr(run, "keras_case", fake_case)
     args = run.argparse.Namespace(gpu_models=["preact_resnet110", "preact_resnet1001"],
                                   precisions=["fp32", "mixed_bfloat16"], batch=128, steps=3)
     report = {"rows": []}

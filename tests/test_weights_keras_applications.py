@@ -24,7 +24,7 @@ from keras_preact.weights import catalog
 from keras_preact.weights import fetch_weights
 from keras_preact.weights.converters import keras_applications as conv
 from keras_preact.weights.download import WeightsIntegrityError
-from benchmarks import references as ref
+from tests import references as ref
 from tests.helpers import serve_directory
 from tests.helpers import to_numpy
 

@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover - the README's test command installs it
         "pip install --no-deps pytorchcv==0.0.74", pytrace=False
     )
 
-from benchmarks import references as ref  # noqa: E402
+from tests import references as ref  # noqa: E402
 from keras_preact.weights.converters import pytorchcv as conv  # noqa: E402
 
 BOUND = 1e-4  # the largest allowed logit difference
