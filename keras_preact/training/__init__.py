@@ -11,8 +11,8 @@ from keras_preact.training.config import (PRECISIONS, STRATEGIES, TrainConfig, p
 _LAZY = {name: f"keras_preact.training.{module}" for module, names in (
     ("optimizers", "CoupledSGD"), ("schedules", "WarmupPiecewiseConstant"),
     ("trainer", "train_and_evaluate evaluate load_workdir_model"), ("run", "build_model"),
-    ("demo", "run_demo DEMO_EPOCHS"), ("multiworker", "train_multiworker"),
-    ("distribute", "make_strategy set_synchronized_batch_norm parse_tf_config"),
+    ("demo", "run_demo DEMO_EPOCHS"), ("multiworker", "train_multiworker parse_tf_config"),
+    ("distribute", "make_strategy set_synchronized_batch_norm"),
     ("jax_parallel", "train_data_parallel"),
 ) for name in names.split()}
 

@@ -8,7 +8,7 @@ import os
 import re
 from typing import Optional
 
-from keras_preact.checks import is_int
+from keras_preact.checks import check_int, is_int
 from keras_preact.files import user_path
 
 STRATEGIES = ("default", "mirrored", "tpu", "multiworker")
@@ -131,9 +131,6 @@ class TrainConfig:
             raise ValueError("Give at most one of `epochs` and `steps`. Received: "
                              f"epochs={self.epochs}, steps={self.steps}")
         if self.weights is not None:
-            if not isinstance(self.weights, str) or not self.weights:
-                raise ValueError("`weights` must be None, a catalog tag, a .weights.h5 / .keras "
-                                 f"path or a URL with its hash. Received: weights={self.weights!r}")
             from keras_preact.weights import catalog
             if catalog.looks_like_tag(self.weights):
                 catalog.resolve_tag(self.model, self.weights)
@@ -150,10 +147,9 @@ class TrainConfig:
 
     def model_normalizes(self):
         """Whether the model (not the data pipeline) normalises the pixels."""
-        spec = self.model_kwargs.get("architecture", self.model_kwargs)
-        if "preprocessing" in spec or "preprocessing" in self.model_kwargs:
-            explicit = spec.get("preprocessing", self.model_kwargs.get("preprocessing"))
-            return explicit is not None
+        kwargs = {**self.model_kwargs.get("architecture", {}), **self.model_kwargs}
+        if "preprocessing" in kwargs:  # as the model is built: model_kwargs win
+            return kwargs["preprocessing"] is not None
         return bool(self.preprocessing_in_model)
 
     def to_dict(self):
@@ -182,20 +178,16 @@ class TrainConfig:
                 if k not in ignore and _normal(a[k]) != _normal(b.get(k))}
 
     def resolve_schedule(self, steps_per_epoch):
-        """Turns the recipe into step counts and rates for `steps_per_epoch` (updates per
-        pass over the training split, remainder dropped).
+        """The recipe in steps and rates for `steps_per_epoch` updates per pass over the data.
 
-        `warmup`, `boundaries` and `total` count updates at `base_batch_size` (schedule_unit
-        "iterations") or passes over the training split ("epochs"). With ``k = batch_size /
-        base_batch_size`` the rates are multiplied by ``k`` (the linear scaling rule, Goyal et
-        al. 2017; "sqrt": ``sqrt(k)``; "none": 1) and iteration counts divided by ``k``.
-        `epochs` or `steps` stretch the whole schedule, each phase keeping its fraction.
+        `warmup`, `boundaries` and `total` count updates at `base_batch_size` ("iterations")
+        or passes over the data ("epochs"). With ``k = batch_size / base_batch_size`` the rates
+        are multiplied by ``k`` (the linear scaling rule; "sqrt": ``sqrt(k)``; "none": 1) and
+        iteration counts divided by ``k``. `epochs` or `steps` stretch the whole schedule.
 
         Returns:
-            dict: ``total_steps``, ``warmup_steps``, ``boundaries`` (steps), ``values`` (rates
-            after the warm-up, one per phase), ``warmup_learning_rate``, ``epochs`` (the last
-            may be cut short at ``total_steps``) and ``steps_per_epoch``."""
-        from keras_preact.checks import check_int
+            dict: ``total_steps``, ``warmup_steps``, ``boundaries`` (steps), ``values`` (a rate
+            per phase), ``warmup_learning_rate``, ``epochs`` and ``steps_per_epoch``."""
         check_int("steps_per_epoch", steps_per_epoch, minimum=1)
         per_step = (self.base_batch_size / self.batch_size  # steps per schedule unit
                     if self.schedule_unit == "iterations" else float(steps_per_epoch))
@@ -238,16 +230,14 @@ def paper_cifar_recipe(**overrides):
     return TrainConfig(**overrides)
 
 
-#: The paper's ImageNet recipe (Section 5): lr 0.1 divided by 10 at epochs 30 and 60, 90 epochs.
-IMAGENET_RECIPE = dict(model="preact_resnet50", batch_size=256, base_batch_size=256,
-                       learning_rate=0.1, schedule_unit="epochs", warmup=0, boundaries=(30, 60),
-                       total=90)
-
-
 def paper_imagenet_recipe(**overrides):
-    """The paper's ImageNet recipe as a `TrainConfig` (`IMAGENET_RECIPE`), with `overrides`;
-    its input pipeline is `keras_preact.data.imagenet.make_imagenet_dataset`."""
-    return TrainConfig(**{**IMAGENET_RECIPE, **overrides})
+    """The paper's ImageNet recipe (Section 5: lr 0.1 divided by 10 at epochs 30 and 60, 90
+    epochs) as a `TrainConfig`, with `overrides`; its input pipeline is
+    `keras_preact.data.imagenet.make_imagenet_dataset`."""
+    recipe = dict(model="preact_resnet50", batch_size=256, base_batch_size=256,
+                  learning_rate=0.1, schedule_unit="epochs", warmup=0, boundaries=(30, 60),
+                  total=90)
+    return TrainConfig(**{**recipe, **overrides})
 
 
 #: `TrainConfig.validate`'s per-field checks: (field names, test, what is valid).
@@ -267,9 +257,11 @@ _CHECKS = (
     ("freeze", lambda v: isinstance(v, tuple), "a list of part names"),
     ("model_kwargs", lambda v: isinstance(v, dict), "a dict of model arguments"),
     ("eval_every seed", lambda v: is_int(v, 0), "an int >= 0"),
-    ("verbose", lambda v: v in ("auto", 0, 1, 2), "'auto', 0, 1 or 2"))
+    ("verbose", lambda v: v in ("auto", 0, 1, 2), "'auto', 0, 1 or 2"),
+    ("weights", lambda v: isinstance(v, str) and v,
+     "None, a catalog tag, a .weights.h5 / .keras path or a URL with its hash"))
 #: Fields of `_CHECKS` that may be None.
-_OPTIONAL = ("epochs", "steps", "cpu_devices", "intra_op_threads", "inter_op_threads")
+_OPTIONAL = ("epochs", "steps", "cpu_devices", "intra_op_threads", "inter_op_threads", "weights")
 
 
 def _passes(test, value):

@@ -16,8 +16,6 @@ logger = logging.getLogger("keras_preact.training")
 class DataParallelStepper(Stepper):
     """Epochs by ``model.fit`` on NumPy arrays under `keras.distribution.DataParallel`."""
 
-    switch_synchronized_bn = False  # JAX's SPMD step already sees the global batch
-
     def __init__(self, devices=None):
         if keras.backend.backend() != "jax":
             raise ValueError("keras.distribution.DataParallel is used here on the JAX backend. "
@@ -65,7 +63,7 @@ class DataParallelStepper(Stepper):
     def train_epochs(self, run, model, start_epoch):
         c, (x, y) = run.config, self.arrays["train"]
         step = start_epoch * run.spe
-        with self.scope():
+        with self.strategy.scope():
             for epoch in range(start_epoch, run.epochs):
                 steps_now = min(run.spe, run.total_steps - step)
                 order = np.random.default_rng([int(c.seed), epoch]).permutation(len(y))
@@ -81,7 +79,7 @@ class DataParallelStepper(Stepper):
         (x, y), batch = self.arrays["test"], run.config.batch_size
         n = len(y)
         padded = np.concatenate([x, np.zeros((-n % batch,) + x.shape[1:], x.dtype)])
-        with self.scope():
+        with self.strategy.scope():
             probs = np.asarray(model.predict(padded, batch_size=batch, verbose=0))[:n]
         # Keras' sparse categorical cross-entropy on probabilities clips at its epsilon.
         picked = np.clip(probs.astype("float64")[np.arange(n), y], 1e-7, 1.0 - 1e-7)

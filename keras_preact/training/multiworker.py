@@ -1,35 +1,205 @@
 """Multi-worker training on `MultiWorkerMirroredStrategy` with a custom loop (``model.fit``
-fails under it in Keras 3). Rank 0 alone reads and writes the workdir and broadcasts its state;
-each worker keeps its slice of every global batch (step ``s`` sees the single-process batch)."""
+fails under it in Keras 3): ``TF_CONFIG``'s cluster, its strategy and the loop. Rank 0 alone
+reads and writes the workdir and broadcasts its state; each worker keeps its slice of every
+global batch (step ``s`` sees the single-process batch)."""
 
+import collections
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
+import math
+import os
+import socket
+import time
 import zlib
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_preact import private_api
 from keras_preact.checks import shorten
 from keras_preact.layers.remat import model_pruning_off
 from keras_preact.training.config import RUNTIME_FIELDS
-from keras_preact.training.distribute import (make_multiworker_strategy, parse_tf_config,
-                                              resolve_timeouts)
 from keras_preact.training.run import Run, Stepper, as_config, optimizer_step
 
 logger = logging.getLogger("keras_preact.training")
 
+TF_CONFIG_ENV = "TF_CONFIG"
+CONNECT_TIMEOUT_ENV = "KERAS_PREACT_CONNECT_TIMEOUT_S"
+COLLECTIVE_TIMEOUT_ENV = "KERAS_PREACT_COLLECTIVE_TIMEOUT_S"
+#: Seconds without a worker's heartbeat before it is declared dead (the others abort).
+HEARTBEAT_TIMEOUT_S = 15.0
 #: Config fields that may differ between workers.
 WORKER_LOCAL_FIELDS = tuple(RUNTIME_FIELDS) + ("data_path",)
 
+_JOBS = ("chief", "worker")
 _STATUS_OK, _STATUS_WORKDIR_REFUSED, _STATUS_COMPLETE = 0, 1, 2
+_STRATEGY = {}
 _REDUCE_FNS = {}
 
 
 class ClusterError(RuntimeError):
     """A worker of the cluster failed or stopped responding during training."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterInfo:
+    """A validated ``TF_CONFIG``: `tasks` are ``(job, index, "host:port")`` in rank order
+    (the chief job first), `rank` is this process's (0: the chief), `raw` the dict."""
+
+    tasks: tuple
+    rank: int
+    raw: dict
+
+    num_workers = property(lambda self: len(self.tasks))
+    is_chief = property(lambda self: self.rank == 0)
+    task = property(lambda self: "{} {}".format(*self.tasks[self.rank][:2]))  # "worker 1"
+
+    @property
+    def leader(self):
+        """The coordination service leader (TensorFlow's rule: the chief job if any)."""
+        job, index, _ = self.tasks[0]
+        return f"/job:{job}/replica:0/task:{index}"
+
+
+def parse_tf_config(text=None):
+    """Parses and validates a ``TF_CONFIG`` (default: the environment variable) into a
+    `ClusterInfo`; ValueError naming what is wrong, with the value received."""
+    text = os.environ.get(TF_CONFIG_ENV) if text is None else text
+    if text is None or not str(text).strip():
+        raise ValueError(
+            f"strategy='multiworker' needs the {TF_CONFIG_ENV} environment variable, e.g. "
+            '{"cluster": {"worker": ["host0:12345", "host1:12345"]}, '
+            '"task": {"type": "worker", "index": 0}} on the first host. '
+            f"Received: {TF_CONFIG_ENV}={text!r}")
+    shown = f"{TF_CONFIG_ENV}={shorten(text)}"
+
+    def invalid(problem, received=shown):
+        return ValueError(f"{TF_CONFIG_ENV}{problem}. Received: {received}")
+
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise invalid(f" is not valid JSON ({err})") from None
+    if not (isinstance(raw, dict) and isinstance(raw.get("cluster"), dict)
+            and isinstance(raw.get("task"), dict)):
+        raise invalid(' must be a JSON object with a "cluster" object and a "task" object')
+    cluster, task = raw["cluster"], raw["task"]
+    if unknown := sorted(set(cluster) - set(_JOBS)):
+        raise invalid(f": jobs {unknown} are not supported by MultiWorkerMirroredStrategy (no "
+                      f"parameter servers or evaluators). Valid jobs: {list(_JOBS)}")
+    tasks, seen = [], {}
+    for job in _JOBS:
+        addresses = cluster.get(job, [])
+        if not isinstance(addresses, list) or not addresses and job in cluster:
+            raise invalid(f': cluster["{job}"] must be a non-empty list of "host:port" strings')
+        if job == "chief" and len(addresses) > 1:
+            raise invalid(': cluster["chief"] holds at most one address',
+                          f"{len(addresses)} ({addresses})")
+        for index, address in enumerate(addresses):
+            host, _, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
+            if not (host and port.isdigit() and 0 < int(port) < 65536):
+                raise invalid(f': cluster["{job}"][{index}] must be "host:port" with a port in '
+                              "1..65535", f"{address!r} in {shown}")
+            if address in seen:
+                raise invalid(f": the address {address!r} is listed twice ({seen[address]} and "
+                              f"{job} {index}); every task needs its own port")
+            seen[address] = f"{job} {index}"
+            tasks.append((job, index, address))
+    task_type, task_index = task.get("type"), task.get("index")
+    if task_type not in _JOBS or task_type not in cluster:
+        raise invalid(f': task["type"] must be one of the cluster\'s jobs '
+                      f"{[j for j in _JOBS if j in cluster]}", f"type={task_type!r}")
+    count = len(cluster[task_type])
+    if type(task_index) is not int or not 0 <= task_index < count:
+        raise invalid(f': task["index"] must be an int in [0, {count - 1}] for job {task_type!r}',
+                      f"index={task_index!r}")
+    rank = [t[:2] for t in tasks].index((task_type, task_index))
+    return ClusterInfo(tuple(tasks), rank, raw)
+
+
+def resolve_timeouts(connect_timeout=None, collective_timeout=None):
+    """``(connect_timeout, collective_timeout)`` in seconds: each argument, else its variable
+    (`CONNECT_TIMEOUT_ENV`, `COLLECTIVE_TIMEOUT_ENV`), else 300 and 600; ValueError if bad."""
+    out = []
+    for value, name, default in ((connect_timeout, CONNECT_TIMEOUT_ENV, 300.0),
+                                 (collective_timeout, COLLECTIVE_TIMEOUT_ENV, 600.0)):
+        text = os.environ.get(name)
+        if value is None and text:
+            with contextlib.suppress(ValueError):
+                value = float(text)
+            if not isinstance(value, float) or not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a number of seconds > 0. "
+                                 f"Received: {name}={text!r}")
+        out.append(default if value is None else value)
+    return tuple(out)
+
+
+def wait_for_peers(addresses, timeout):
+    """Waits up to `timeout` s for every ``host:port`` to accept; returns those that never did."""
+    deadline = time.monotonic() + timeout
+    pending = list(addresses)
+    while True:
+        for address in list(pending):
+            host, _, port = address.rpartition(":")
+            with contextlib.suppress(OSError):
+                socket.create_connection((host.strip("[]"), int(port)), timeout=2.0).close()
+                pending.remove(address)
+        if not pending or time.monotonic() >= deadline:
+            return pending
+        time.sleep(0.5)
+
+
+def make_multiworker_strategy(cluster, connect_timeout, collective_timeout):
+    """The process's `MultiWorkerMirroredStrategy` for `cluster` (one per process:
+    TensorFlow's rule). The chief waits at most `connect_timeout` s for the others to listen;
+    they register within 2 * `connect_timeout` + 10 s; collectives time out after
+    `collective_timeout` s. ValueError if a worker cannot be reached in time, or this process
+    already joined another cluster."""
+    key = json.dumps(cluster.raw, sort_keys=True)
+    if _STRATEGY:
+        if key in _STRATEGY:
+            return _STRATEGY[key]
+        raise ValueError(
+            "This process already joined another multi-worker cluster; TensorFlow sets up its "
+            "collective runtime once per process. Run each training in a fresh process. "
+            f"Received: {TF_CONFIG_ENV}={shorten(key)}")
+    peers = [address for i, (_, _, address) in enumerate(cluster.tasks) if i != cluster.rank]
+    if cluster.is_chief and peers:
+        logger.info("Chief %s: waiting up to %.0f s for %d worker(s) to start.",
+                    cluster.tasks[0][2], connect_timeout, len(peers))
+        if missing := wait_for_peers(peers, connect_timeout):
+            raise ValueError(
+                f"Cannot reach worker(s) {missing} within {connect_timeout:.0f} s: nothing accepts "
+                f"connections there. Start every worker listed in {TF_CONFIG_ENV}['cluster'] with "
+                "the same command and its own task, or fix the address(es). Received: "
+                f"{TF_CONFIG_ENV}={shorten(key)}")
+    # Before the strategy configures it without timeouts (a chief would wait for a missing
+    # worker forever); the chief may first spend `connect_timeout`, so the others wait longer.
+    configured = private_api.configure_coordination_service(
+        leader=cluster.leader,
+        job_counts=dict(collections.Counter(job for job, _, _ in cluster.tasks)),
+        register_timeout_ms=int((2 * connect_timeout + 10.0) * 1000),
+        heartbeat_timeout_ms=int(HEARTBEAT_TIMEOUT_S * 1000))
+    if configured is None:
+        logger.warning("TensorFlow's coordination config is not importable: registration and "
+                       "heartbeat use TensorFlow's defaults.")
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout)
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
+                                                             communication_options=options)
+    except tf.errors.OpError as err:
+        raise ValueError(
+            f"Worker {cluster.task} ({cluster.tasks[cluster.rank][2]}) could not join the cluster: "
+            f"the chief at {cluster.tasks[0][2]} did not accept it in time ({type(err).__name__}: "
+            f"{shorten(err, 200)}). Is the chief running with the same {TF_CONFIG_ENV}['cluster']?"
+        ) from None
+    _STRATEGY[key] = strategy
+    return strategy
 
 
 def _on_every_replica(strategy, fn):
@@ -97,15 +267,14 @@ class MultiWorkerStepper(Stepper):
 
     def __init__(self, cluster, *, connect_timeout, collective_timeout):
         self.cluster, self.is_chief = cluster, cluster.is_chief
-        self.timeouts = dict(zip(("connect_timeout", "collective_timeout"),
-                                 resolve_timeouts(connect_timeout, collective_timeout)))
-        self.task = f"{cluster.task_type} {cluster.task_index}"
+        self.timeouts = resolve_timeouts(connect_timeout, collective_timeout)
+        self.task = cluster.task
         self.labels = {"task": self.task, "is_chief": cluster.is_chief,
                        "num_workers": cluster.num_workers, "weights_digest": None}
         self.schedule_labels = {"num_workers": cluster.num_workers}
 
     def start(self, run):
-        super().start(run, lambda: make_multiworker_strategy(self.cluster, **self.timeouts))
+        super().start(run, lambda: make_multiworker_strategy(self.cluster, *self.timeouts))
 
     def agree(self, run, state, refused):
         """The start-of-run exchange: status, resume epoch, rank and a CRC per config field."""

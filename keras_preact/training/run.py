@@ -27,8 +27,6 @@ from keras_preact.weights.local import first_difference, load_weights_file, save
 logger = logging.getLogger("keras_preact.training")
 
 CONFIG_FORMAT = 1
-#: Fewer steps an epoch get a warning: the epoch's checkpoint and evaluation outweigh them.
-FEW_STEPS_PER_EPOCH = 10
 
 
 def as_config(config):
@@ -42,9 +40,8 @@ def as_config(config):
 
 
 def build_model(config, info):
-    """The config's model for a dataset described by `info` (`dataset_info`): ``classes``
-    and ``input_shape`` default to the dataset's, the precision sets the dtype policy.
-    ValueError for an unknown model or invalid model arguments."""
+    """The config's model for the dataset `info` (`dataset_info`) describes, whose ``classes``
+    and ``input_shape`` are the defaults; ValueError for an unknown model or bad arguments."""
     kwargs = dict(config.model_kwargs)
     architecture = kwargs.pop("architecture", None)
     # The factories take `name` and `weights` beside the model's own arguments.
@@ -69,8 +66,7 @@ def build_model(config, info):
 
 
 def check_classes(config, info):
-    """ValueError unless the model's `classes` and input channels (default: the dataset's)
-    fit the dataset."""
+    """ValueError unless the model's `classes` and input channels fit the dataset."""
     kwargs = {**config.model_kwargs.get("architecture", {}), **config.model_kwargs}
     classes = kwargs.get("classes", info["classes"])
     shape = kwargs.get("input_shape")
@@ -86,8 +82,7 @@ def check_classes(config, info):
 
 
 def weights_fingerprint(model):
-    """``[[name, shape], ...]`` of the model's variables in creation order: the order
-    weights files load by, so a checkpoint loads only into a model of its fingerprint."""
+    """``[[name, shape], ...]`` of the model's variables in the order weights files load by."""
     return [[v.name, [int(d) for d in v.shape]] for v in model.weights]
 
 
@@ -115,8 +110,7 @@ class Stepper:
     is_chief = True  # the process that reads and writes the workdir
     collective = False  # True: its processes must agree before training (`agree`)
     replicas = 1
-    strategy = None  # a tf.distribute strategy or Keras distribution (its scope())
-    switch_synchronized_bn = True  # `synchronized_bn` switches the layers' flag
+    strategy = None  # a tf.distribute strategy or Keras distribution: its scope() holds variables
     labels = {}  # entries of every result dict (the worker's name, ...)
     schedule_labels = {}  # entries of the schedule record (the number of workers)
 
@@ -134,10 +128,6 @@ class Stepper:
         self.strategy = make_strategy() if make_strategy else distribute.make_strategy(c.strategy)
         self.replicas = self.strategy.num_replicas_in_sync
         distribute.check_global_batch(c.batch_size, self.replicas)
-
-    def scope(self):
-        """Where the model and optimizer variables are created."""
-        return contextlib.nullcontext() if self.strategy is None else self.strategy.scope()
 
     def load_data(self, run):
         """Returns ``(num_train, num_test)``; keeps the data `train_epochs` reads."""
@@ -161,7 +151,7 @@ class Stepper:
 
     def restore(self, run, model, optimizer, state):
         """Loads the checkpoint to resume from, or the pretrained weights of a fresh run."""
-        with self.scope():
+        with self.strategy.scope():
             if state is not None:
                 run.load_checkpoint(model, optimizer, state)
             elif run.config.weights is not None:
@@ -318,15 +308,17 @@ class Run:
         return bool(state and state.get("complete") and not self.extends and (
             not self.owns_files or os.path.exists(self.workdir.final_model_path)))
 
-    def _results(self, accuracy, loss, history, epochs, steps, num_replicas, **more):
-        return {"test_accuracy": accuracy, "test_loss": loss, "history": history,
-                "epochs": epochs, "steps": steps, "num_replicas": num_replicas,
-                "model_path": self.workdir.final_model_path if self.owns_files else None,
-                "workdir": self.workdir.path if self.owns_files else None,
-                **self.stepper.labels, **more}
+    def results(self, metrics, **more):
+        """The result dict of `metrics` (``metrics.json``'s entries; NaN results if unknown)."""
+        nan, files = float("nan"), self.owns_files
+        return {"test_accuracy": metrics.get("test_accuracy", nan),
+                "test_loss": metrics.get("test_loss", nan), "history": metrics.get("epochs", []),
+                "num_replicas": metrics.get("num_replicas", self.stepper.replicas),
+                "model_path": self.workdir.final_model_path if files else None,
+                "workdir": self.workdir.path if files else None, **self.stepper.labels, **more}
 
     def stored_results(self, state):
-        metrics, nan = {}, float("nan")  # NaN on the workers without files
+        metrics = {}  # the workers without files know no results
         if self.owns_files and not os.path.isfile(path := self.workdir.file(METRICS_JSON)):
             logger.warning("The run in %s is complete but its %s is gone: its test results "
                            "are unknown (`keras-preact evaluate --workdir %s` measures them).",
@@ -334,10 +326,8 @@ class Run:
         elif self.owns_files:
             metrics = read_json(path)
             logger.info("The run in %s is complete; returning its results.", self.workdir.path)
-        return self._results(metrics.get("test_accuracy", nan), metrics.get("test_loss", nan),
-                             metrics.get("epochs", []), state.get("epoch"), state.get("step"),
-                             metrics.get("num_replicas", self.stepper.replicas),
-                             resumed_from_epoch=None, train_time_s=0.0)
+        return self.results(metrics, epochs=state.get("epoch"), steps=state.get("step"),
+                            resumed_from_epoch=None, train_time_s=0.0)
 
     def _plan(self):
         """Steps per epoch and the schedule for the training split's size."""
@@ -349,7 +339,7 @@ class Run:
         if dropped:  # whole batches only: say so rather than lose images silently
             logger.warning("Training drops the last %d of %d training images each epoch "
                            "(batch %d).", dropped, n, c.batch_size)
-        if self.spe < FEW_STEPS_PER_EPOCH:
+        if self.spe < 10:
             logger.warning("An epoch is only %d step(s) (%d training images at batch %d): its "
                            "checkpoint and evaluation cost more than its training; a smaller "
                            "batch size gives more steps.", self.spe, n, c.batch_size)
@@ -364,10 +354,11 @@ class Run:
         c = self.config
         os.environ.setdefault("PYTHONHASHSEED", str(c.seed))
         keras.utils.set_random_seed(int(c.seed))
-        with scope or self.stepper.scope():
+        with scope or self.stepper.strategy.scope():
             model = build_model(c, self.info)
-            if c.synchronized_bn and self.stepper.switch_synchronized_bn:
-                # On the built layers: the saved model config keeps no training setting.
+            if c.synchronized_bn and keras.backend.backend() == "tensorflow":
+                # On the built layers: the saved model config keeps no training setting. (JAX's
+                # SPMD BatchNorm sees the global batch already.)
                 distribute.set_synchronized_batch_norm(model, True)
             if c.freeze:  # before compiling: the optimizer holds only the trainable part
                 finetune.freeze(model, list(c.freeze))
@@ -439,6 +430,6 @@ class Run:
             atomic_save(self.workdir.final_model_path, model.save)
             self.write_reports(final)
             self.workdir.write_state({**self.workdir.read_state(), "complete": True})
-        return self._results(final["test_accuracy"], final["test_loss"], self.history,
-                             self.history[-1]["epoch"] if self.history else 0,
-                             optimizer_step(model.optimizer), self.stepper.replicas, **extra)
+        return self.results({**final, "epochs": self.history},
+                            epochs=self.history[-1]["epoch"] if self.history else 0,
+                            steps=optimizer_step(model.optimizer), **extra)

@@ -11,7 +11,6 @@
 """
 
 import contextlib
-import glob
 import os
 import shutil
 from pathlib import Path
@@ -76,7 +75,7 @@ class Workdir:
         finally:
             lock.release()
             if new_lock and not os.path.exists(self.config_path):  # no run: leave it as found
-                _remove_quietly(self.file(LOCK_FILE))
+                Path(self.file(LOCK_FILE)).unlink(missing_ok=True)
                 if created:
                     with contextlib.suppress(OSError):  # not empty, or another run began there
                         os.rmdir(self.path)
@@ -86,10 +85,6 @@ class Workdir:
 
     def checkpoint_path(self, epoch):
         return self.file(CHECKPOINT_DIR, f"ckpt-{epoch:05d}.weights.h5")
-
-    def checkpoint_files(self):
-        folder = glob.escape(self.file(CHECKPOINT_DIR))
-        return sorted(glob.glob(os.path.join(folder, "ckpt-*.weights.h5")))
 
     def read_config(self):
         """The stored config dict, or None when the workdir holds no run."""
@@ -113,10 +108,10 @@ class Workdir:
 
     def prune_checkpoints(self, keep, current):
         """Deletes all but the newest `keep` checkpoints (never `current`)."""
-        files = self.checkpoint_files()
+        files = sorted(Path(self.file(CHECKPOINT_DIR)).glob("ckpt-*.weights.h5"))
         for path in files[: max(0, len(files) - keep)]:
-            if os.path.basename(path) != current:
-                _remove_quietly(path)
+            if path.name != current:
+                path.unlink(missing_ok=True)
 
     def write_reports(self, metrics, history, *, title):
         """Writes `metrics` (``metrics.json``) and `history` (``metrics.csv``, the curve)."""
@@ -133,24 +128,19 @@ class Workdir:
 
     def discard_run(self):
         """Removes the files of a run that failed before its first checkpoint."""
-        for path in map(self.file, RUN_FILES):
-            if os.path.isdir(path):
+        for path in map(Path, map(self.file, RUN_FILES)):
+            if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             else:
-                _remove_quietly(path)
+                path.unlink(missing_ok=True)
 
     def remove_stale_temporaries(self):
         """Deletes the ``.tmp-*`` files a killed writer left behind; returns their paths."""
         removed = [path for folder in (self.path, self.file(CHECKPOINT_DIR))
-                   for path in glob.glob(os.path.join(glob.escape(folder), ".tmp-*"))]
+                   for path in Path(folder).glob(".tmp-*")]
         for path in removed:
-            _remove_quietly(path)
-        return removed
-
-
-def _remove_quietly(path):
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(path)
+            path.unlink(missing_ok=True)
+        return [str(path) for path in removed]
 
 
 def plot_training_curve(history, *, title=""):

@@ -54,9 +54,6 @@ class Budget:
             raise ValueError("The budget limit must be a finite number > 0. "
                              f"Received: limit={self.limit!r}")
 
-    def to_dict(self):
-        return dataclasses.asdict(self)
-
 
 def valid_blocks(depth, blocks):
     """The concrete blocks ("basic", "bottleneck") among `blocks` that fit `depth`."""
@@ -152,7 +149,7 @@ def search_space_spec(*, dataset="digits", depths=DEFAULT_DEPTHS, blocks=("auto"
     return {"dataset": dataset, "depths": list(depths), "blocks": list(blocks), "units": units,
             **floats, "epochs": epochs, "batch_size": batch_size,
             "validation_fraction": float(validation_fraction), "seed": seed,
-            "budget": budget.to_dict() if budget is not None else None,
+            "budget": dataclasses.asdict(budget) if budget is not None else None,
             "data_dir": data_dir, "data_source": data_source, "data_path": data_path}
 
 

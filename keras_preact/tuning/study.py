@@ -8,6 +8,7 @@ import inspect
 import json
 import logging
 import os
+import pathlib
 import shutil
 import time
 
@@ -191,8 +192,7 @@ def _discard_study(workdir, *, remove_folder=False):
     for name in (PROJECT, BEST_DIR):
         shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
     for name in (STUDY_FILE, RESULTS_CSV, RESULTS_PNG):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(workdir, name))
+        pathlib.Path(workdir, name).unlink(missing_ok=True)
     if remove_folder:
         with contextlib.suppress(OSError):  # not empty
             os.rmdir(workdir)
@@ -257,8 +257,8 @@ def write_results(kt_tuner, hypermodel, workdir, *, export=True):
     csv_path = os.path.join(workdir, RESULTS_CSV)
     write_csv_rows(csv_path, rows, CSV_COLUMNS)
     png_path = os.path.join(workdir, RESULTS_PNG)
-    budget = hypermodel.budget.to_dict() if hypermodel.budget else None
-    atomic_write_bytes(png_path, plot_results(rows, budget=budget, title=hypermodel.dataset))
+    atomic_write_bytes(png_path, plot_results(rows, budget=hypermodel.spec["budget"],
+                                              title=hypermodel.dataset))
     out = {"rows": rows, "best": best_row(rows), "csv": csv_path, "png": png_path}
     row = out["best"]
     if export and row is not None:
