@@ -268,7 +268,7 @@ class MultiWorkerStepper(Stepper):
     def __init__(self, cluster, *, connect_timeout, collective_timeout):
         self.cluster, self.is_chief = cluster, cluster.is_chief
         self.timeouts = resolve_timeouts(connect_timeout, collective_timeout)
-        self.task = cluster.task
+        self.task = cluster.task  # "worker 1"
         self.labels = {"task": self.task, "is_chief": cluster.is_chief,
                        "num_workers": cluster.num_workers, "weights_digest": None}
         self.schedule_labels = {"num_workers": cluster.num_workers}
