@@ -1,4 +1,4 @@
-"""Weights files written by keras-preact keep loading bit-identically.
+"""Weights files written by keras-preact keep loading and computing what they did.
 
 `tests/golden/*.weights.h5.gz` are small `PreActResNet.save_weights` files (gzipped)
 of the configs in `CASES`, with random values in every variable (moving statistics
@@ -6,7 +6,9 @@ too), and `*.npz` their outputs on a fixed input: inference and, except for the
 dropout unit, a training-mode call (batch statistics). They were made once with
 ``python -m tests.test_golden_weights`` (TensorFlow backend, float32); regenerate
 only on purpose, as a change here means files written before no longer load or
-compute something else.
+compute something else. Outputs are compared to float32 rounding: oneDNN picks other
+kernels on other CPUs (AVX-512, AMX), which round in another order; a misplaced or
+missing variable changes them by orders of magnitude more.
 """
 
 import gzip
@@ -70,14 +72,16 @@ def _outputs(model, config):
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_golden_weights_load_bit_identically(name, tmp_path):
+def test_golden_weights_load_and_compute_as_recorded(name, tmp_path):
     config, extra = CASES[name]
     expected = np.load(os.path.join(GOLDEN, f"{name}.npz"))
     for kwargs in ({}, extra) if extra else ({},):
         got = _outputs(_load(name, dict(config, **kwargs), str(tmp_path)), config)
         assert sorted(got) == sorted(expected.files)
         for key, value in got.items():
-            np.testing.assert_array_equal(value, expected[key], err_msg=f"{name} {key} {kwargs}")
+            scale = float(np.abs(expected[key]).max())
+            np.testing.assert_allclose(value, expected[key], rtol=1e-5, atol=1e-6 * scale,
+                                       err_msg=f"{name} {key} {kwargs}")
 
 
 def _make():
