@@ -5,9 +5,9 @@ arguments, which `load_weights_file` compares. `.keras` files must hold no Lambd
 
 import contextlib
 import io
+import itertools
 import json
 import os
-import tempfile
 import zipfile
 
 import h5py
@@ -16,6 +16,7 @@ import keras
 from keras_preact import private_api
 from keras_preact.architecture import (DEFAULTS, HEAD_LAYER, HEAD_PATH, STEM_KERNEL_PATH,
                                        WEIGHTS_ARGUMENTS, WEIGHTS_ARGUMENTS_IF_SET)
+from keras_preact.checks import shorten
 from keras_preact.files import atomic_write_bytes, user_path
 
 WEIGHTS_SUFFIX, KERAS_SUFFIX = ".weights.h5", ".keras"
@@ -37,10 +38,9 @@ def open_hdf5(path, mode="r"):
     try:
         file = h5py.File(path, mode)
     except OSError as err:
-        detail = " ".join(str(err).split())[:300]
-        raise ValueError(f"The weights file {path} cannot be read ({detail}): it is damaged or "
-                         "incomplete (an interrupted copy or download?); copy or fetch it "
-                         "again.") from None
+        raise ValueError(f"The weights file {path} cannot be read ({shorten(err)}): it is "
+                         "damaged or incomplete (an interrupted copy or download?); copy or "
+                         "fetch it again.") from None
     with file:
         yield file
 
@@ -106,17 +106,12 @@ def model_architecture(model):
     return architecture_record(config) if set(WEIGHTS_ARGUMENTS) <= set(config) else None
 
 
-def architecture_record(config):
-    """The architecture arguments of a `PreActResNet` config, as files record them."""
-    return {**{k: _jsonable(config.get(k)) for k in WEIGHTS_ARGUMENTS},
-            **_optional_architecture(config, only_set=True)}
-
-
-def _optional_architecture(arch, *, only_set=False):
-    """The `OPTIONAL_ARCHITECTURE_KEYS` of a config, defaults filled in (or left out)."""
-    out = {}
+def architecture_record(config, *, only_set=True):
+    """The architecture arguments of a `PreActResNet` config as files record them: the
+    `OPTIONAL_ARCHITECTURE_KEYS` only when not at their default, unless `only_set` is False."""
+    out = {k: _jsonable(config.get(k)) for k in WEIGHTS_ARGUMENTS}
     for key, default in OPTIONAL_ARCHITECTURE_KEYS.items():
-        value = arch.get(key, default)
+        value = config.get(key, default)
         if key == "stem" and value != "imagenet_preact":
             value = default
         if not only_set or value != default:
@@ -139,7 +134,6 @@ def save_weights_file(model, path):
     if not path.endswith(WEIGHTS_SUFFIX):
         raise ValueError(f"A weights file name must end in '{WEIGHTS_SUFFIX}'. "
                          f"Received: path={path!r}")
-
     if not model.built:
         raise ValueError("The model is not built: call it on data or `build()` it first.")
     # Written in memory, then to disk: HDF5 crashes the process on a full disk.
@@ -151,9 +145,9 @@ def save_weights_file(model, path):
 
 
 def record_model(model, path):
-    """Writes `model`'s variables (path and shape) in creation order into the
-    `.weights.h5` at `path` (or in a file object), and for a `PreActResNet` its architecture arguments and its
-    preprocessing, input shape and data format, as root attributes."""
+    """Records, as root attributes of the `.weights.h5` at `path` (or file object), `model`'s
+    variables (path and shape) in creation order and, for a `PreActResNet`, its architecture
+    arguments, preprocessing, input shape and data format."""
     with open_hdf5(path, "a") as f:
         f.attrs[LAYOUT_ATTR] = json.dumps(model_layout(model))
         arch = model_architecture(model)
@@ -174,11 +168,6 @@ def read_recorded(path):
     return layout, arch, defaults
 
 
-def read_recorded_layout(path):
-    """The (layout, architecture) of `read_recorded`."""
-    return read_recorded(path)[:2]
-
-
 def _h5_datasets(path):
     """Dataset name -> shape, without the optimizer's state (in training checkpoints)."""
     names = []
@@ -190,11 +179,8 @@ def _h5_datasets(path):
 
 def first_difference(expected, found):
     """``(index, expected, found)`` where two lists first differ (None past a list's end)."""
-    for i, (a, b) in enumerate(zip(expected, found)):
-        if a != b:
-            return i, a, b
-    n = min(len(expected), len(found))
-    return n, expected[n] if n < len(expected) else None, found[n] if n < len(found) else None
+    pairs = enumerate(itertools.zip_longest(expected, found))
+    return next((i, a, b) for i, (a, b) in pairs if a != b)
 
 
 def _mismatch(model, path, detail):
@@ -220,9 +206,7 @@ def compare_layouts(model, stored_layout, stored_arch, *, source, trunk_only=Fal
     arch = model_architecture(model)
     if arch is None or stored_arch is None:
         return
-    stored = {**{k: stored_arch.get(k) for k in WEIGHTS_ARGUMENTS},
-              **_optional_architecture(stored_arch)}
-    own = {**arch, **_optional_architecture(arch)}
+    stored, own = (architecture_record(a, only_set=False) for a in (stored_arch, arch))
     diff = {k: (stored[k], own[k]) for k in own if stored[k] != own[k]}
     if diff:
         raise _mismatch(model, source, "architecture arguments differ (file, model): "
@@ -233,14 +217,13 @@ def check_weights_file_layout(model, path):
     """Raises ValueError unless the `.weights.h5` at `path` fits `model` exactly. Returns
     how: "recorded" (a file of `save_weights_file`, by variable paths) or "structure"
     (another Keras file, by its variables and shapes against what `model` writes)."""
-    layout, arch = read_recorded_layout(path)
+    layout, arch, _ = read_recorded(path)
     if layout is not None:
         compare_layouts(model, layout, arch, source=path)
         return "recorded"
-    with tempfile.TemporaryDirectory() as tmp:
-        own = os.path.join(tmp, "own" + WEIGHTS_SUFFIX)
-        model.save_weights(own)
-        expected = _h5_datasets(own)
+    own = io.BytesIO()  # what `model.save_weights` would write
+    private_api.write_weights_h5(model, own)
+    expected = _h5_datasets(own)
     found = _h5_datasets(path)
     if not _has_head(model):
         found = {k: v for k, v in found.items()
@@ -258,8 +241,6 @@ def check_weights_file_layout(model, path):
 def load_weights_file(model, path):
     """Loads `path` into `model` after `check_weights_file_layout` (nothing loads on error)."""
     check_weights_file_layout(model, path)
-    with open_hdf5(path):  # readable to its end (a truncated file fails here, named)
-        pass
     try:
         model.load_weights(path)
     except ValueError as err:
