@@ -23,12 +23,7 @@ def configure_coordination_service(*, leader, job_counts, register_timeout_ms,
                                    heartbeat_timeout_ms):
     """Configures TensorFlow's coordination service with timeouts, before a multi-worker
     strategy configures it without them (a chief would wait for a missing worker forever).
-
-    Args:
-        leader: the service leader's task, e.g. "/job:worker/replica:0/task:0".
-        job_counts: dict job name -> number of tasks.
-        register_timeout_ms, heartbeat_timeout_ms: int.
-
+    `leader` is a task ("/job:worker/replica:0/task:0"), `job_counts` maps job name -> tasks.
     Returns True when configured, False if it already was, None without an importable config."""
     from tensorflow.python.eager import context
     try:
@@ -49,11 +44,9 @@ def configure_coordination_service(*, leader, job_counts, register_timeout_ms,
     return True
 
 
-
 def write_weights_h5(model, fileobj):
-    """Writes `model`'s weights into `fileobj` (an `io.BytesIO`) as `model.save_weights`
-    writes a `.weights.h5`, which takes only a path: HDF5 writing to a full disk leaves
-    handles it cannot close and crashes the process at exit."""
+    """Writes `model`'s weights into `fileobj` (an `io.BytesIO`) as `model.save_weights` would
+    (it takes only a path, and HDF5 writing to a full disk crashes the process at exit)."""
     from keras.src.saving import saving_lib
     store = saving_lib.H5IOStore(fileobj, mode="w")
     saving_lib._save_state(model, weights_store=store, assets_store=None, inner_path="",
