@@ -28,11 +28,8 @@ def configure_coordination_service(*, leader, job_counts, register_timeout_ms,
     from tensorflow.python.eager import context
     try:
         from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-    except ImportError:  # the module moved between TensorFlow releases
-        try:
-            from tsl.protobuf import coordination_config_pb2
-        except ImportError:
-            return None
+    except ImportError:  # the module moves between TensorFlow releases
+        return None
     if context.context().coordination_service is not None:
         return False
     context.context().configure_coordination_service(
