@@ -25,16 +25,15 @@ LAYOUT_ATTR, ARCHITECTURE_ATTR, DEFAULTS_ATTR = (
     "keras_preact_layout", "keras_preact_architecture", "keras_preact_defaults")
 #: Architecture keys older files record under another name.
 RENAMED_KEYS = {"first_unit_shared_preact": "first_shared_preact"}
-#: The arguments recorded only when not at their default (older files lack them), with it;
-#: ``stem`` only as "imagenet_preact" (the other stems have other variables).
+#: Arguments recorded only when not at this default (older files lack them); ``stem`` only
+#: as "imagenet_preact" (the other stems have other variables).
 OPTIONAL_ARCHITECTURE_KEYS = {**{k: DEFAULTS[k] for k in WEIGHTS_ARGUMENTS_IF_SET}, "stem": None}
 PRESET_WEIGHTS = "model.weights.h5"  # the weights of a preset folder (`weights.presets`)
 
 
 @contextlib.contextmanager
 def open_hdf5(path, mode="r"):
-    """The h5py file at `path`; ValueError naming it when it is damaged or truncated (h5py's
-    own error names no file)."""
+    """The h5py file at `path`; ValueError naming it when it is damaged or truncated."""
     try:
         file = h5py.File(path, mode)
     except OSError as err:
@@ -58,8 +57,8 @@ def preset_weights(path):
 
 
 def resolve_weights_argument(weights):
-    """A factory's `weights` argument (None, a path to an existing Keras `.weights.h5`
-    file or a preset folder) as None or the file's absolute path; ValueError for another value."""
+    """A factory's `weights` (None, a `.weights.h5` path or a preset folder) as None or the
+    file's absolute path; ValueError for another value or a missing or non-HDF5 file."""
     if weights is None:
         return None
     path = preset_weights(os.fspath(weights) if isinstance(weights, (str, os.PathLike)) else "")
@@ -76,9 +75,9 @@ def resolve_weights_argument(weights):
 
 
 def inspect_weights_file(path):
-    """The stem and head shapes of a keras-preact `.weights.h5` file: dict with
-    "in_channels", "stem_filters", "kernel_size" and "classes" (None without a head);
-    ValueError if the file does not hold a keras-preact model's weights."""
+    """The stem and head shapes of a keras-preact `.weights.h5` file: "in_channels",
+    "stem_filters", "kernel_size" and "classes" (None without a head); ValueError for
+    another file."""
     with open_hdf5(path) as f:
         stem = f.get(STEM_KERNEL_PATH)
         if stem is None or len(stem.shape) != 4:
@@ -97,8 +96,7 @@ def model_layout(model):
 
 
 def model_architecture(model):
-    """The architecture arguments of a `PreActResNet` (told apart by its config: weights/
-    never imports models/), or None for other models."""
+    """The `architecture_record` of a `PreActResNet` (told apart by its config), else None."""
     try:
         config = model.get_config() or {}
     except NotImplementedError:
@@ -214,9 +212,9 @@ def compare_layouts(model, stored_layout, stored_arch, *, source, trunk_only=Fal
 
 
 def check_weights_file_layout(model, path):
-    """Raises ValueError unless the `.weights.h5` at `path` fits `model` exactly. Returns
-    how: "recorded" (a file of `save_weights_file`, by variable paths) or "structure"
-    (another Keras file, by its variables and shapes against what `model` writes)."""
+    """Raises ValueError unless the `.weights.h5` at `path` fits `model` exactly. Returns how
+    it was checked: "recorded" (a file of `save_weights_file`: by variable paths) or
+    "structure" (another Keras file: by its datasets and shapes)."""
     layout, arch, _ = read_recorded(path)
     if layout is not None:
         compare_layouts(model, layout, arch, source=path)
@@ -248,9 +246,8 @@ def load_weights_file(model, path):
 
 
 def read_keras_file_config(path, *, allow_lambda=False):
-    """The model config stored in a `.keras` file, read without building anything;
-    ValueError if the file is missing, not a whole `.keras` archive or (unless
-    `allow_lambda`) holds a Lambda layer."""
+    """The model config of a `.keras` file, built into nothing; ValueError for a missing or
+    damaged file, or (unless `allow_lambda`) one holding a Lambda layer."""
     if os.path.isdir(path):
         model = os.path.join(path, "model.keras")
         hint = f": give its model.keras ({model})" if os.path.isfile(model) else ""
@@ -307,8 +304,8 @@ def config_info(config):
 
 
 def load_keras_file(path, *, compile=False, safe_mode=True):
-    """Loads a `.keras` model file, checked first (`read_keras_file_config`): with
-    `safe_mode` Lambda layers are refused; ValueError naming a file that cannot be loaded."""
+    """Loads a `.keras` model file checked by `read_keras_file_config` (with `safe_mode`,
+    Lambda layers are refused); ValueError naming a file that cannot be loaded."""
     path = user_path(path)
     read_keras_file_config(path, allow_lambda=not safe_mode)
     try:
