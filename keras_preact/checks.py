@@ -64,16 +64,6 @@ def warn_deprecated(old, new, where):
                   f"release; use `{new}`.", FutureWarning, stacklevel=3)
 
 
-def deprecated_alias(old, new, where):
-    """A read-only property `old` that returns attribute `new`, warning."""
-
-    def get(self):
-        warn_deprecated(old, new, where)
-        return getattr(self, new)
-
-    return property(get, doc=f"Deprecated alias of `{new}`.")
-
-
 def pop_deprecated(kwargs, old, new, where):
     """Pops the deprecated argument `old` from `kwargs` (None when absent), warning."""
     if old in kwargs:

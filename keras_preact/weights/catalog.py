@@ -9,7 +9,7 @@ import numbers
 from importlib import resources
 from typing import Optional
 
-from keras_preact.checks import deprecated_alias, is_int, pop_deprecated
+from keras_preact.checks import is_int, pop_deprecated, warn_deprecated
 from keras_preact.files import atomic_write_text
 from keras_preact.layers.preprocessing import resolve_preprocessing
 from keras_preact.weights.converters import CONVERTERS
@@ -76,7 +76,11 @@ class WeightsEntry:
     manifest: Optional[str] = None
     manifest_source: Optional[str] = None
 
-    input_size = deprecated_alias("input_size", "input_shape", "WeightsEntry")
+    @property
+    def input_size(self):
+        """Deprecated alias of `input_shape`."""
+        warn_deprecated("input_size", "input_shape", "WeightsEntry")
+        return self.input_shape
 
     @property
     def key(self):
