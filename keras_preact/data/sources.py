@@ -157,23 +157,21 @@ def _fingerprint(*paths):
 
 
 def _cached(key, cache, read):
-    if cache:
-        with _cache_lock:
-            if key in _cache:
-                _cache.move_to_end(key)
-                return _cache[key]
+    with _cache_lock:
+        if cache and key in _cache:
+            _cache.move_to_end(key)
+            return _cache[key]
     images, labels, meta = read()
     images = np.ascontiguousarray(images, dtype=np.uint8)
     labels = np.ascontiguousarray(labels, dtype=np.int64)
     logger.info("Loaded %s: %d images of shape %s", key[:3], len(images), images.shape[1:])
-    if not cache:
-        return images, labels, meta
-    for array in (images, labels):  # read-only: a caller cannot corrupt the next one's
-        array.setflags(write=False)
-    with _cache_lock:
-        _cache[key] = (images, labels, meta)
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
+    if cache:
+        for array in (images, labels):  # read-only: a caller cannot corrupt the next one's
+            array.setflags(write=False)
+        with _cache_lock:
+            _cache[key] = (images, labels, meta)
+            while len(_cache) > _CACHE_SIZE:
+                _cache.popitem(last=False)
     return images, labels, meta
 
 
