@@ -1,6 +1,6 @@
 """Checks of the values users pass (arguments, environment variables), each with a one-line
-message naming the value received and what is valid. Imports nothing of the package (and
-not Keras: the command line checks the environment before Keras starts)."""
+message naming the value received and what is valid. Imports neither the package nor Keras
+(the command line checks the environment before Keras starts)."""
 
 import contextlib
 import difflib
@@ -48,8 +48,8 @@ def check_choice(name, value, valid):
 
 
 def check_known_arguments(given, valid, *, where):
-    """ValueError, with the closest valid name, for the first name of the kwargs dict
-    `given` not in `valid`; `where` names the receiver (e.g. "preact_resnet20")."""
+    """ValueError, with the closest valid name, for the first key of `given` not in `valid`;
+    `where` names the receiver (e.g. "preact_resnet20")."""
     valid = sorted(valid)
     for name in sorted(set(given) - set(valid)):
         close = difflib.get_close_matches(name, valid, n=1)
@@ -64,16 +64,6 @@ def warn_deprecated(old, new, where):
                   f"release; use `{new}`.", FutureWarning, stacklevel=3)
 
 
-def deprecated_alias(old, new, where):
-    """A read-only property `old` that returns attribute `new`, warning."""
-
-    def get(self):
-        warn_deprecated(old, new, where)
-        return getattr(self, new)
-
-    return property(get, doc=f"Deprecated alias of `{new}`.")
-
-
 def pop_deprecated(kwargs, old, new, where):
     """Pops the deprecated argument `old` from `kwargs` (None when absent), warning."""
     if old in kwargs:
@@ -82,8 +72,7 @@ def pop_deprecated(kwargs, old, new, where):
 
 
 def env_flag(name, default=False):
-    """The on/off environment variable `name` (unset: `default`); ValueError for a value
-    that is neither an on nor an off spelling."""
+    """The on/off environment variable `name` (unset: `default`); ValueError for another value."""
     text = os.environ.get(name)
     if text is None:
         return default
@@ -101,9 +90,8 @@ def shorten(text, limit=300):
 
 
 def check_environment():
-    """ValueError for an environment variable Keras or TensorFlow would misread without a
-    word: KERAS_BACKEND (a backend Keras knows, installed), TF_ENABLE_ONEDNN_OPTS (on/off),
-    TF_CPP_MIN_LOG_LEVEL (0 to 3)."""
+    """ValueError for an environment variable Keras or TensorFlow would silently misread:
+    KERAS_BACKEND, TF_ENABLE_ONEDNN_OPTS, TF_CPP_MIN_LOG_LEVEL."""
     backend, source = os.environ.get("KERAS_BACKEND"), "KERAS_BACKEND"
     if backend is None:  # Keras' own file, as Keras reads it (an unreadable one it ignores)
         source = os.path.join(os.environ.get("KERAS_HOME") or os.path.expanduser(

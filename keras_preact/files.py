@@ -1,6 +1,5 @@
-"""Files written whole or not at all (a crash half-way leaves the previous file or none,
-never a truncated one: JSON, CSV, PNG, bytes), JSON read back, file hashes and the paths
-users type: the package's one helper for each."""
+"""Files written whole or not at all (a crash half-way leaves the previous file or none),
+JSON read back, file hashes and the paths users type: the package's one helper for each."""
 
 import contextlib
 import csv
@@ -17,8 +16,7 @@ NO_SPACE = os.strerror(errno.ENOSPC)  # "No space left on device"
 
 def user_path(path, name="path"):
     """The absolute path of a path a user typed, ``~`` expanded (also after ``--flag=``,
-    where the shell leaves it); TypeError naming argument `name` for a value that is not a
-    path."""
+    where the shell leaves it); TypeError naming argument `name` for a non-path."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"`{name}` must be a path (str or os.PathLike). Received: "
                         f"{name}={path!r} of type {type(path).__name__}")
@@ -31,10 +29,9 @@ def is_no_space(err):
 
 
 def atomic_save(path, save_fn):
-    """Calls ``save_fn(tmp)``, flushes `tmp` to disk and renames it to `path` (atomic on
-    POSIX and Windows); `tmp` is a free path beside `path`, with its suffix (Keras picks a
-    format from it). The folder of `path` is created. A full disk raises
-    ``OSError(ENOSPC)`` naming `path`, with `tmp` removed."""
+    """Calls ``save_fn(tmp)``, flushes `tmp` to disk and renames it to `path` (atomic); `tmp`
+    is a free path beside `path` with its suffix (Keras picks a format from it). Creates the
+    folder; a full disk raises ``OSError(ENOSPC)`` naming `path`, with `tmp` removed."""
     path = user_path(path)
     if os.path.isdir(path):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
@@ -67,7 +64,8 @@ def atomic_write_text(path, text):
 
 def atomic_write_json(path, value, *, indent=2):
     """Writes `value` as JSON (sorted keys, NumPy values as lists and numbers)."""
-    atomic_write_text(path, json.dumps(value, indent=indent, sort_keys=True, default=_plain) + "\n")
+    text = json.dumps(value, indent=indent, sort_keys=True, default=_plain)
+    atomic_write_text(path, text + "\n")
 
 
 def _plain(value):

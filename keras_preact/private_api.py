@@ -23,21 +23,13 @@ def configure_coordination_service(*, leader, job_counts, register_timeout_ms,
                                    heartbeat_timeout_ms):
     """Configures TensorFlow's coordination service with timeouts, before a multi-worker
     strategy configures it without them (a chief would wait for a missing worker forever).
-
-    Args:
-        leader: the service leader's task, e.g. "/job:worker/replica:0/task:0".
-        job_counts: dict job name -> number of tasks.
-        register_timeout_ms, heartbeat_timeout_ms: int.
-
+    `leader` is a task ("/job:worker/replica:0/task:0"), `job_counts` maps job name -> tasks.
     Returns True when configured, False if it already was, None without an importable config."""
     from tensorflow.python.eager import context
     try:
         from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-    except ImportError:  # the module moved between TensorFlow releases
-        try:
-            from tsl.protobuf import coordination_config_pb2
-        except ImportError:
-            return None
+    except ImportError:  # the module moves between TensorFlow releases
+        return None
     if context.context().coordination_service is not None:
         return False
     context.context().configure_coordination_service(
@@ -49,11 +41,9 @@ def configure_coordination_service(*, leader, job_counts, register_timeout_ms,
     return True
 
 
-
 def write_weights_h5(model, fileobj):
-    """Writes `model`'s weights into `fileobj` (an `io.BytesIO`) as `model.save_weights`
-    writes a `.weights.h5`, which takes only a path: HDF5 writing to a full disk leaves
-    handles it cannot close and crashes the process at exit."""
+    """Writes `model`'s weights into `fileobj` (an `io.BytesIO`) as `model.save_weights` would
+    (it takes only a path, and HDF5 writing to a full disk crashes the process at exit)."""
     from keras.src.saving import saving_lib
     store = saving_lib.H5IOStore(fileobj, mode="w")
     saving_lib._save_state(model, weights_store=store, assets_store=None, inner_path="",

@@ -205,7 +205,7 @@ def test_reordered_layers_with_equal_shapes_are_detected(tmp_path):
 def test_recorded_variable_layout_is_frozen(tmp_path):
     model = kp.preact_resnet20()
     path = W.save_weights_file(model, str(tmp_path / "r20.weights.h5"))
-    layout, architecture = local.read_recorded_layout(path)
+    layout, architecture, _ = local.read_recorded(path)
     with open(GOLDEN) as f:
         golden = json.load(f)
     assert layout == golden["layout"]

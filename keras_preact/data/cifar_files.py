@@ -9,6 +9,7 @@ import zlib
 
 import numpy as np
 
+from keras_preact.data.registry import DATASETS
 from keras_preact.data.safe_pickle import safe_load_pickle
 from keras_preact.files import user_path
 
@@ -30,7 +31,6 @@ LAYOUTS = {
         "python": _spec("cifar-100-python", "cifar-100-python.tar.gz", ["train"], "test"),
         "binary": _spec("cifar-100-binary", "cifar-100-binary.tar.gz", ["train.bin"],
                         "test.bin")}}
-_NUM_CLASSES = {"cifar10": 10, "cifar100": 100}
 # Python layout: the labels' key (CIFAR-100: the 100 fine classes, as the paper's results).
 _LABEL_KEY = {"cifar10": b"labels", "cifar100": b"fine_labels"}
 # Binary layout: number of label bytes before the pixels and which one is used.
@@ -95,29 +95,26 @@ def read_cifar(name, split, location):
 
 
 def _read_tar(name, split, archive, layout):
-    """`split`'s files, in one pass over the archive stream: ``(layout, {name: bytes})``."""
-    layouts = LAYOUTS[name]
-    candidates = [layout] if layout else list(layouts)
-    wanted = {f"{layouts[lay]['dir']}/{f}" for lay in candidates for f in layouts[lay][split]}
-    found, seen_layouts = {}, set()
+    """`split`'s files, in one pass over the archive stream: ``(layout, {name: bytes})``;
+    without a `layout`, the python one if the archive holds both."""
+    specs = {k: v for k, v in LAYOUTS[name].items() if layout in (None, k)}
+    wanted = {(spec["dir"], f) for spec in specs.values() for f in spec[split]}
+    found, tops = {}, set()
     try:
         with tarfile.open(archive, mode="r|*") as tar:
             for member in tar:
-                member_name = member.name.removeprefix("./")
-                top = member_name.split("/", 1)[0]
-                seen_layouts.update(lay for lay in candidates if top == layouts[lay]["dir"])
-                if member_name in wanted and member.isfile():
-                    found[member_name] = tar.extractfile(member).read()
+                top, _, file = member.name.removeprefix("./").partition("/")
+                tops.add(top)
+                if (top, file) in wanted and member.isfile():
+                    found[(top, file)] = tar.extractfile(member).read()
     except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
         raise ValueError(f"The archive {archive!r} is truncated or corrupt "
                          f"({type(err).__name__}: {err}).") from None
+    layout = next((k for k, spec in specs.items() if spec["dir"] in tops), None)
     if layout is None:
-        if not seen_layouts:
-            raise ValueError(f"The archive {archive!r} holds no {name} folder (expected "
-                             f"{' or '.join(spec['dir'] + '/' for spec in layouts.values())}).")
-        layout = "python" if "python" in seen_layouts else "binary"  # python if both
-    top = layouts[layout]["dir"] + "/"
-    return layout, {m.removeprefix(top): data for m, data in found.items() if m.startswith(top)}
+        raise ValueError(f"The archive {archive!r} holds no {name} folder (expected "
+                         f"{' or '.join(spec['dir'] + '/' for spec in specs.values())}).")
+    return layout, {f: data for (top, f), data in found.items() if top == specs[layout]["dir"]}
 
 
 def _parse_pickle_batch(name, source, data):
@@ -157,7 +154,7 @@ def _parse_binary_batch(name, source, data):
 
 def _to_nhwc(name, source, pixels, labels):
     """Checks the labels' range; each pixel row is the R, G, B planes, each row-major."""
-    num_classes = _NUM_CLASSES[name]
+    num_classes = DATASETS[name]["classes"]
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(f"In {source!r}, labels range over [{labels.min()}, {labels.max()}]; "
                          f"{name} has classes 0..{num_classes - 1}.")

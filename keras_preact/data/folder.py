@@ -2,14 +2,15 @@
 (20% of every class held out as "test"), read with `keras.utils.image_dataset_from_directory`."""
 
 import os
+import warnings
 
 import numpy as np
 
 from keras_preact.data.registry import stratified_split
+from keras_preact.files import user_path
 
 #: The image files `keras.utils.image_dataset_from_directory` reads.
 IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
-from keras_preact.files import user_path
 
 
 def folder_layout(path):
@@ -67,8 +68,6 @@ def _read_directory(directory, class_names, image_size):
 
 def _undecodable(directory):
     """The first image file under `directory` that Pillow cannot decode (quoted), or None."""
-    import warnings
-
     from PIL import Image
     for root, _, names in sorted(os.walk(directory)):
         for path in (os.path.join(root, n) for n in sorted(names)):

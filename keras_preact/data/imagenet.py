@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_preact.checks import check_bool, check_choice, check_int
-from keras_preact.data.folder import class_folders
+from keras_preact.data.folder import IMAGE_SUFFIXES, class_folders
 from keras_preact.data.pipeline import ALG, stateless_key
 from keras_preact.data.registry import MAX_SEED
 from keras_preact.files import user_path
@@ -19,7 +19,6 @@ RESIZE_SIZE = 256
 #: Random-resized-crop area and aspect ratio ranges (Szegedy et al. 2015).
 CROP_SCALE = (0.08, 1.0)
 CROP_RATIO = (3.0 / 4.0, 4.0 / 3.0)
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 SOURCES = ("folder", "tfds")
 TFDS_SPLITS = {"train": "train", "val": "validation", "test": "validation"}
 _STREAM_ORDER, _STREAM_AUGMENT = 2, 3
@@ -105,11 +104,11 @@ def list_image_folder(root, split):
     for label, name in enumerate(class_names):
         class_dir = os.path.join(split_dir, name)
         if os.path.isdir(class_dir):
-            files = sorted(f for f in os.listdir(class_dir) if f.lower().endswith(IMAGE_EXTENSIONS))
+            files = sorted(f for f in os.listdir(class_dir) if f.lower().endswith(IMAGE_SUFFIXES))
             paths.extend(os.path.join(class_dir, f) for f in files)
             labels.extend([label] * len(files))
     if not paths:
-        raise ValueError(f"No images ({', '.join(IMAGE_EXTENSIONS)}) under {split_dir!r}.")
+        raise ValueError(f"No images ({', '.join(IMAGE_SUFFIXES)}) under {split_dir!r}.")
     return paths, np.asarray(labels, np.int32), class_names
 
 

@@ -1,9 +1,8 @@
 """The dataset registry (names, shapes, sizes, classes, statistics in [0, 1] units,
-augmentation) and the NumPy helpers the sources share; no TensorFlow, no dataset file read."""
+augmentation) and the NumPy helpers the sources share; reads no dataset file."""
 
 import numpy as np
 
-from keras_preact.checks import is_int
 from keras_preact.layers.preprocessing import PRESETS
 from keras_preact.zoo_catalog import load_json
 

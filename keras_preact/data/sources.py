@@ -1,5 +1,5 @@
-"""Loads a registered dataset into uint8 arrays, choosing and checking the source, and
-describes it (`dataset_info`). No TensorFlow at import time: TFDS and folders import it."""
+"""Loads a registered dataset into uint8 arrays from a checked source, and describes it
+(`dataset_info`). No TensorFlow at import time: TFDS and folders import it."""
 
 import collections
 import functools
@@ -19,8 +19,7 @@ logger = logging.getLogger(__name__)
 
 SOURCES = ("auto", "tfds", "archive")
 
-# Decoded splits, newest last. Bounded: a CIFAR split is ~150 MB of uint8.
-_CACHE_SIZE = 4
+_CACHE_SIZE = 4  # decoded splits, newest last: a CIFAR split is ~150 MB of uint8
 _cache = collections.OrderedDict()
 _cache_lock = threading.Lock()
 
@@ -79,7 +78,7 @@ def load_arrays_with_meta(name, split, *, data_dir=None, source="auto", path=Non
 
 
 def _load_cifar(name, split, data_dir, source, path, download, cache):
-    """Reads the original files where `path` / `data_dir` hold them, else TFDS."""
+    """Reads the original files where `path` or `data_dir` holds them, else TFDS."""
     if source == "tfds" and path is not None:
         raise ValueError("`path` names original CIFAR files; with source='tfds' use "
                          f"`data_dir`. Received: source='tfds', path={path!r}")
@@ -128,7 +127,7 @@ def _read_tfds(name, split, data_dir, download):
                          f"({str(err).splitlines()[0]}). Prepare it there (e.g. `tfds build {name} "
                          "--data_dir ...` on a machine with network, or download=True), or use "
                          "source='archive' with the original CIFAR files.") from None
-    # Batched reads: batch_size=-1 needs split metadata mocked or partial builders lack.
+    # Batched: batch_size=-1 needs split metadata that mocked or partial builders lack.
     batches = list(tfds.as_numpy(ds.batch(4096)))
     if not batches:
         raise ValueError(f"The TFDS dataset {name!r} split {split!r} in data_dir={data_dir!r} "
@@ -158,23 +157,21 @@ def _fingerprint(*paths):
 
 
 def _cached(key, cache, read):
-    if cache:
-        with _cache_lock:
-            if key in _cache:
-                _cache.move_to_end(key)
-                return _cache[key]
+    with _cache_lock:
+        if cache and key in _cache:
+            _cache.move_to_end(key)
+            return _cache[key]
     images, labels, meta = read()
     images = np.ascontiguousarray(images, dtype=np.uint8)
     labels = np.ascontiguousarray(labels, dtype=np.int64)
     logger.info("Loaded %s: %d images of shape %s", key[:3], len(images), images.shape[1:])
-    if not cache:
-        return images, labels, meta
-    for array in (images, labels):  # read-only: a caller cannot corrupt the next one's
-        array.setflags(write=False)
-    with _cache_lock:
-        _cache[key] = (images, labels, meta)
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
+    if cache:
+        for array in (images, labels):  # read-only: a caller cannot corrupt the next one's
+            array.setflags(write=False)
+        with _cache_lock:
+            _cache[key] = (images, labels, meta)
+            while len(_cache) > _CACHE_SIZE:
+                _cache.popitem(last=False)
     return images, labels, meta
 
 
@@ -184,8 +181,7 @@ def _digits_stats():
 
 
 class DatasetInfo(dict):
-    """`dataset_info`'s dict; the keys "num_classes" and "image_shape" are deprecated
-    aliases of "classes" and "input_shape"."""
+    """`dataset_info`'s dict, with the deprecated keys "num_classes" and "image_shape"."""
 
     _RENAMED = {"num_classes": "classes", "image_shape": "input_shape"}
 
@@ -198,8 +194,8 @@ class DatasetInfo(dict):
 
 def dataset_info(name, *, path=None, image_size=None):
     """What a registered dataset is: classes, shapes, sizes, statistics, augmentation.
-    `path` and `image_size` are those of a "folder" dataset (see `load_arrays`); another
-    dataset's files (a `path` to CIFAR's archive) do not change what it is.
+    `path` and `image_size` are those of a "folder" dataset (see `load_arrays`), ignored
+    for the others.
 
     Returns:
         dict with "name", "description", "classes", "input_shape", "num_train",

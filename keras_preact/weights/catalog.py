@@ -1,5 +1,5 @@
 """The pretrained-weights catalog: typed entries parsed from ``zoo/weights/*.json``, each
-``{"_source": str, "defaults": {...}, "entries": {"<model>.<tag>": {...}}}``. An entry is the
+``{"_source": str, "defaults": {...}, "entries": {"<model>.<tag>": {...}}}``: an entry is the
 manifest's ``defaults`` updated by its own fields; one entry per model is its ``default``."""
 
 import dataclasses
@@ -9,7 +9,7 @@ import numbers
 from importlib import resources
 from typing import Optional
 
-from keras_preact.checks import deprecated_alias, is_int, pop_deprecated
+from keras_preact.checks import is_int, pop_deprecated, warn_deprecated
 from keras_preact.files import atomic_write_text
 from keras_preact.layers.preprocessing import resolve_preprocessing
 from keras_preact.weights.converters import CONVERTERS
@@ -17,11 +17,11 @@ from keras_preact.zoo_catalog import load_json
 
 HASH_LENGTHS = {"sha1": 40, "md5": 32, "sha256": 64}
 URL_SCHEMES = ("https://", "http://", "file://")
-#: The fields every catalog entry has (`classes` may come from `architecture`).
+#: The fields of every catalog entry (`classes` may come from `architecture`).
 REQUIRED_FIELDS = ("model", "tag", "default", "url", "hash", "converter", "architecture",
                    "dataset", "classes", "class_names", "preprocessing", "input_shape",
                    "metrics", "license", "params", "converter_max_abs_diff")
-#: The fields `fetch_weights` needs: entry dicts passed to it may leave the others out.
+#: The fields `fetch_weights` needs of an entry dict.
 FETCH_FIELDS = ("model", "tag", "url", "hash", "converter")
 
 
@@ -76,7 +76,11 @@ class WeightsEntry:
     manifest: Optional[str] = None
     manifest_source: Optional[str] = None
 
-    input_size = deprecated_alias("input_size", "input_shape", "WeightsEntry")
+    @property
+    def input_size(self):
+        """Deprecated alias of `input_shape`."""
+        warn_deprecated("input_size", "input_shape", "WeightsEntry")
+        return self.input_shape
 
     @property
     def key(self):
@@ -97,10 +101,10 @@ def _class_list(value):
     """The names a list or a ``zoo/classes/`` name gives; None for a bad value."""
     if isinstance(value, list) and all(isinstance(n, str) for n in value):
         return tuple(value)
-    name = f"classes/{value}.json"
-    if not _is_name(value) or not resources.files("keras_preact.zoo").joinpath(name).is_file():
+    try:
+        return tuple(load_json(f"classes/{value}.json")) if _is_name(value) else None
+    except ValueError:
         return None
-    return tuple(load_json(name))
 
 
 def _preprocessing(value):
@@ -110,8 +114,8 @@ def _preprocessing(value):
         return False
 
 
-#: field -> (check, what is valid). The checks return a false value for a bad value; the
-#: fields that default to None may also be None.
+#: field -> (check, what is valid); a check is false for a bad value. Fields that default
+#: to None may be None.
 _CHECKS = {
     **dict.fromkeys(("model", "tag"), (_is_name, "a non-empty name without dots")),
     **dict.fromkeys(("archive_member", "dataset", "license", "upstream_name"),
@@ -137,9 +141,9 @@ _NULLABLE = {f.name for f in dataclasses.fields(WeightsEntry) if f.default is No
 
 
 def validate_entry(entry, *, key=None, strict=True, manifest=None, manifest_source=None):
-    """Parses one catalog entry (a dict, the manifest's defaults merged in) into a
-    `WeightsEntry`; `key` ("model.tag") must agree with it. `strict` requires every
-    `REQUIRED_FIELDS`, else only `FETCH_FIELDS`. ValueError for the first bad field."""
+    """Parses one catalog entry dict (its manifest's defaults merged in) into a `WeightsEntry`;
+    `key` ("model.tag") must agree with it. `strict` requires all `REQUIRED_FIELDS`, else
+    only `FETCH_FIELDS`. ValueError for the first bad field."""
     if not isinstance(entry, dict):
         raise ValueError(f"A weights entry must be a dict. Received: {entry!r}")
     fields = dict(entry)
@@ -182,8 +186,8 @@ def validate_entry(entry, *, key=None, strict=True, manifest=None, manifest_sour
 
 
 def parse_hash(value, *, what="the weights"):
-    """A `Hash` from ``{"algorithm", "value"}``, ``"algorithm:hex"`` or a `Hash`
-    (ValueError for an unknown algorithm or a value that is not hex of its length)."""
+    """A `Hash` from ``{"algorithm", "value"}``, ``"algorithm:hex"`` or a `Hash`; ValueError
+    for an unknown algorithm or a value that is not hex of its length."""
     if isinstance(value, Hash):
         return value
     if isinstance(value, str) and ":" in value:
@@ -214,10 +218,10 @@ def record_max_diffs(manifest_path, doc, diffs):
 def load_catalog():
     """All catalog entries: dict "model.tag" -> `WeightsEntry`. ValueError for a
     malformed manifest or entry, a key defined twice, or a model without one default."""
-    folder = resources.files("keras_preact.zoo").joinpath("weights")
-    refs = sorted(folder.iterdir(), key=lambda f: f.name) if folder.is_dir() else []
+    refs = [f for f in resources.files("keras_preact.zoo").joinpath("weights").iterdir()
+            if f.name.endswith(".json")]
     catalog = {}
-    for ref in (f for f in refs if f.name.endswith(".json")):
+    for ref in sorted(refs, key=lambda f: f.name):
         try:
             doc = json.loads(ref.read_text(encoding="utf-8"))
         except json.JSONDecodeError as err:
@@ -270,9 +274,8 @@ def looks_like_tag(weights):
 
 
 def resolve_tag(model, weights):
-    """The `WeightsEntry` that `weights` (a tag, "DEFAULT" or a "model.tag" key)
-    names for the factory of `model`; ValueError for an unknown tag (listing the
-    valid ones) or another model's key."""
+    """The `WeightsEntry` that `weights` (a tag, "DEFAULT" or a "model.tag" key) names for
+    `model`; ValueError for an unknown tag (listing the valid ones) or another model's key."""
     entry_model, dot, tag = weights.rpartition(".")
     if dot and entry_model != model:
         raise ValueError(f"The weights {weights!r} are for {entry_model!r}, not {model!r}. "

@@ -1,6 +1,6 @@
-"""Verified download and cache of pretrained weights: `keras.utils.get_file` plus a lock per
-entry, the publisher's hash, the conversion and a sidecar ``<name>.weights.h5.json`` with the
-cached file's SHA-256, checked on every use. ``$KERAS_PREACT_WEIGHTS_DIR`` (converted or
+"""Verified download and cache of pretrained weights: `keras.utils.get_file` under a lock per
+entry, the publisher's hash, the conversion, and a sidecar ``<name>.weights.h5.json`` holding
+the cached file's SHA-256, checked on every use. ``$KERAS_PREACT_WEIGHTS_DIR`` (converted or
 published files) is looked at first; offline, nothing else is."""
 
 import json
@@ -63,11 +63,10 @@ def cached_paths(entry, cache=None):
     return path, path + SIDECAR_SUFFIX
 
 
-def verify_cached(path, sidecar):
-    """Checks a cached file against the SHA-256 in its sidecar; returns the sidecar.
+def verify_cached(path):
+    """The sidecar of a cached file, checked against the file's SHA-256:
     WeightsIntegrityError if the file was altered, FileNotFoundError if one is missing."""
-    with open(sidecar) as f:
-        record = json.load(f)
+    record = json.loads(pathlib.Path(path + SIDECAR_SUFFIX).read_text())
     actual = file_hash(path, "sha256")
     if actual != record.get("sha256"):
         raise WeightsIntegrityError(
@@ -81,7 +80,7 @@ def _lookup_cache(entry, cache):
     path, sidecar = cached_paths(entry, cache)
     if not (os.path.isfile(path) and os.path.isfile(sidecar)):
         return None
-    if verify_cached(path, sidecar).get("source") != entry.source_record():
+    if verify_cached(path).get("source") != entry.source_record():
         logger.info("The cached %s was made from another source; fetching it again.", path)
         return None
     return path
@@ -109,8 +108,7 @@ def fetch_weights(key_or_entry, *, build, cache_dir=None, offline=None, progress
         entry = validate_entry(key_or_entry, strict=False)
     else:
         entry = key_or_entry if isinstance(key_or_entry, WeightsEntry) else get_entry(key_or_entry)
-    if offline is None:
-        offline = env_flag("KERAS_PREACT_OFFLINE")
+    offline = env_flag("KERAS_PREACT_OFFLINE") if offline is None else bool(offline)
     cache = resolve_cache_dir(cache_dir)
     if (found := _lookup_cache(entry, cache)) is not None:
         return found
@@ -125,14 +123,12 @@ def fetch_weights(key_or_entry, *, build, cache_dir=None, offline=None, progress
         # Another process may have finished while this one waited for the lock.
         if (found := _lookup_cache(entry, cache)) is not None:
             return found
-        work = tempfile.mkdtemp(prefix=entry.key + ".", dir=os.path.join(cache, TMP_FOLDER))
-        try:
+        with tempfile.TemporaryDirectory(prefix=entry.key + ".", dir=os.path.join(
+                cache, TMP_FOLDER), ignore_cleanup_errors=True) as work:
             source, converted = _local_or_download(
-                entry, work, offline=bool(offline),
+                entry, work, offline=offline,
                 progress=progress and getattr(sys.stdout, "isatty", bool)())
             return _commit(entry, cache, *_convert(entry, source, work, build, converted=converted))
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 def _local_or_download(entry, work, *, offline, progress):
@@ -143,8 +139,8 @@ def _local_or_download(entry, work, *, offline, progress):
         raise ValueError(f"KERAS_PREACT_WEIGHTS_DIR must be a folder of weights files; {folder} "
                          f"{what}. Received: KERAS_PREACT_WEIGHTS_DIR={folder!r}")
     published_name = _url_filename(entry.url)
-    if folder and os.path.isfile(os.path.join(folder, entry.key + ".weights.h5")):
-        return os.path.join(folder, entry.key + ".weights.h5"), True
+    if folder and os.path.isfile(converted := os.path.join(folder, entry.key + ".weights.h5")):
+        return converted, True
     if folder and os.path.isfile(local := os.path.join(folder, published_name)):
         source = _extract_member(entry, local, work, origin=local)
         _verify_publisher_hash(entry, source, delete=False)
@@ -165,7 +161,6 @@ def _url_filename(url):
 
 
 def _download(url, work, *, progress):
-    """Downloads `url` into `work` (`get_file` removes a partial file on errors)."""
     logger.info("Downloading %s", url)
     interactive = keras.config.is_interactive_logging_enabled()
     if not progress:
@@ -204,11 +199,7 @@ def _extract_member(entry, published, work, *, origin):
         if member not in names:
             raise ValueError(f"The archive {origin} has no member {member!r} (it holds "
                              f"{names[:10]}). Nothing was cached.")
-        target = os.path.join(work, "member", os.path.basename(member))
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        with archive.open(member) as src, open(target, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-    return target
+        return archive.extract(member, os.path.join(work, "member"))
 
 
 def _verify_publisher_hash(entry, path, *, delete):
@@ -259,11 +250,10 @@ def _commit(entry, cache, tmp, facts):
 
 
 def cached_entries(cache=None):
-    """The cache's files: list of dicts with key, path, size and recorded sha256 (None
-    without a readable record)."""
+    """The cache's files: dicts with key, path, size and sha256 (None without a record)."""
     folder = pathlib.Path(resolve_cache_dir(cache))
     out = []
-    for path in sorted(folder.glob("*.weights.h5")) if folder.is_dir() else []:
+    for path in sorted(folder.glob("*.weights.h5")):
         try:
             record = json.loads(pathlib.Path(f"{path}{SIDECAR_SUFFIX}").read_text())
         except (OSError, ValueError):
@@ -301,7 +291,7 @@ def verify_cache(keys=None, cache=None):
     for row in rows:
         if os.path.isfile(row["path"]):
             try:
-                record = verify_cached(row["path"], row["path"] + SIDECAR_SUFFIX)
+                record = verify_cached(row["path"])
                 row.update(status="ok", sha256=record["sha256"])
             except FileNotFoundError:
                 row["status"] = "no record"

@@ -85,10 +85,9 @@ def plan_weights(request):
             "entry": None, "path": None}
     if weights is None:
         return plan
-    entry = url_entry(request.model, weights)
-    if entry is not None:
-        plan.update(kind="url", classes=request.classes, entry=entry)
-        return plan  # classes are checked once the verified file is there
+    if (entry := url_entry(request.model, weights)) is not None:
+        # The classes are checked once the verified file is there.
+        return {**plan, "kind": "url", "classes": request.classes, "entry": entry}
     if not isinstance(weights, (str, os.PathLike)):
         raise _bad("`weights` has an unsupported type.", weights)
     weights = os.fspath(weights)
@@ -107,8 +106,7 @@ def plan_weights(request):
         if not os.path.isfile(path):
             raise _bad("The .keras file does not exist.", weights)
         plan.update(kind="keras", path=path)
-        info = local.keras_file_info(path)
-        if info is not None:
+        if (info := local.keras_file_info(path)) is not None:
             _apply(plan, request, info, info["architecture"])
         return plan
     if not path.endswith(local.WEIGHTS_SUFFIX):

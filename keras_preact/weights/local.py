@@ -5,9 +5,9 @@ arguments, which `load_weights_file` compares. `.keras` files must hold no Lambd
 
 import contextlib
 import io
+import itertools
 import json
 import os
-import tempfile
 import zipfile
 
 import h5py
@@ -16,6 +16,7 @@ import keras
 from keras_preact import private_api
 from keras_preact.architecture import (DEFAULTS, HEAD_LAYER, HEAD_PATH, STEM_KERNEL_PATH,
                                        WEIGHTS_ARGUMENTS, WEIGHTS_ARGUMENTS_IF_SET)
+from keras_preact.checks import shorten
 from keras_preact.files import atomic_write_bytes, user_path
 
 WEIGHTS_SUFFIX, KERAS_SUFFIX = ".weights.h5", ".keras"
@@ -24,23 +25,21 @@ LAYOUT_ATTR, ARCHITECTURE_ATTR, DEFAULTS_ATTR = (
     "keras_preact_layout", "keras_preact_architecture", "keras_preact_defaults")
 #: Architecture keys older files record under another name.
 RENAMED_KEYS = {"first_unit_shared_preact": "first_shared_preact"}
-#: The arguments recorded only when not at their default (older files lack them), with it;
-#: ``stem`` only as "imagenet_preact" (the other stems have other variables).
+#: Arguments recorded only when not at this default (older files lack them); ``stem`` only
+#: as "imagenet_preact" (the other stems have other variables).
 OPTIONAL_ARCHITECTURE_KEYS = {**{k: DEFAULTS[k] for k in WEIGHTS_ARGUMENTS_IF_SET}, "stem": None}
 PRESET_WEIGHTS = "model.weights.h5"  # the weights of a preset folder (`weights.presets`)
 
 
 @contextlib.contextmanager
 def open_hdf5(path, mode="r"):
-    """The h5py file at `path`; ValueError naming it when it is damaged or truncated (h5py's
-    own error names no file)."""
+    """The h5py file at `path`; ValueError naming it when it is damaged or truncated."""
     try:
         file = h5py.File(path, mode)
     except OSError as err:
-        detail = " ".join(str(err).split())[:300]
-        raise ValueError(f"The weights file {path} cannot be read ({detail}): it is damaged or "
-                         "incomplete (an interrupted copy or download?); copy or fetch it "
-                         "again.") from None
+        raise ValueError(f"The weights file {path} cannot be read ({shorten(err)}): it is "
+                         "damaged or incomplete (an interrupted copy or download?); copy or "
+                         "fetch it again.") from None
     with file:
         yield file
 
@@ -58,8 +57,8 @@ def preset_weights(path):
 
 
 def resolve_weights_argument(weights):
-    """A factory's `weights` argument (None, a path to an existing Keras `.weights.h5`
-    file or a preset folder) as None or the file's absolute path; ValueError for another value."""
+    """A factory's `weights` (None, a `.weights.h5` path or a preset folder) as None or the
+    file's absolute path; ValueError for another value or a missing or non-HDF5 file."""
     if weights is None:
         return None
     path = preset_weights(os.fspath(weights) if isinstance(weights, (str, os.PathLike)) else "")
@@ -76,9 +75,9 @@ def resolve_weights_argument(weights):
 
 
 def inspect_weights_file(path):
-    """The stem and head shapes of a keras-preact `.weights.h5` file: dict with
-    "in_channels", "stem_filters", "kernel_size" and "classes" (None without a head);
-    ValueError if the file does not hold a keras-preact model's weights."""
+    """The stem and head shapes of a keras-preact `.weights.h5` file: "in_channels",
+    "stem_filters", "kernel_size" and "classes" (None without a head); ValueError for
+    another file."""
     with open_hdf5(path) as f:
         stem = f.get(STEM_KERNEL_PATH)
         if stem is None or len(stem.shape) != 4:
@@ -97,8 +96,7 @@ def model_layout(model):
 
 
 def model_architecture(model):
-    """The architecture arguments of a `PreActResNet` (told apart by its config: weights/
-    never imports models/), or None for other models."""
+    """The `architecture_record` of a `PreActResNet` (told apart by its config), else None."""
     try:
         config = model.get_config() or {}
     except NotImplementedError:
@@ -106,17 +104,12 @@ def model_architecture(model):
     return architecture_record(config) if set(WEIGHTS_ARGUMENTS) <= set(config) else None
 
 
-def architecture_record(config):
-    """The architecture arguments of a `PreActResNet` config, as files record them."""
-    return {**{k: _jsonable(config.get(k)) for k in WEIGHTS_ARGUMENTS},
-            **_optional_architecture(config, only_set=True)}
-
-
-def _optional_architecture(arch, *, only_set=False):
-    """The `OPTIONAL_ARCHITECTURE_KEYS` of a config, defaults filled in (or left out)."""
-    out = {}
+def architecture_record(config, *, only_set=True):
+    """The architecture arguments of a `PreActResNet` config as files record them: the
+    `OPTIONAL_ARCHITECTURE_KEYS` only when not at their default, unless `only_set` is False."""
+    out = {k: _jsonable(config.get(k)) for k in WEIGHTS_ARGUMENTS}
     for key, default in OPTIONAL_ARCHITECTURE_KEYS.items():
-        value = arch.get(key, default)
+        value = config.get(key, default)
         if key == "stem" and value != "imagenet_preact":
             value = default
         if not only_set or value != default:
@@ -139,7 +132,6 @@ def save_weights_file(model, path):
     if not path.endswith(WEIGHTS_SUFFIX):
         raise ValueError(f"A weights file name must end in '{WEIGHTS_SUFFIX}'. "
                          f"Received: path={path!r}")
-
     if not model.built:
         raise ValueError("The model is not built: call it on data or `build()` it first.")
     # Written in memory, then to disk: HDF5 crashes the process on a full disk.
@@ -151,9 +143,9 @@ def save_weights_file(model, path):
 
 
 def record_model(model, path):
-    """Writes `model`'s variables (path and shape) in creation order into the
-    `.weights.h5` at `path` (or in a file object), and for a `PreActResNet` its architecture arguments and its
-    preprocessing, input shape and data format, as root attributes."""
+    """Records, as root attributes of the `.weights.h5` at `path` (or file object), `model`'s
+    variables (path and shape) in creation order and, for a `PreActResNet`, its architecture
+    arguments, preprocessing, input shape and data format."""
     with open_hdf5(path, "a") as f:
         f.attrs[LAYOUT_ATTR] = json.dumps(model_layout(model))
         arch = model_architecture(model)
@@ -174,11 +166,6 @@ def read_recorded(path):
     return layout, arch, defaults
 
 
-def read_recorded_layout(path):
-    """The (layout, architecture) of `read_recorded`."""
-    return read_recorded(path)[:2]
-
-
 def _h5_datasets(path):
     """Dataset name -> shape, without the optimizer's state (in training checkpoints)."""
     names = []
@@ -190,11 +177,8 @@ def _h5_datasets(path):
 
 def first_difference(expected, found):
     """``(index, expected, found)`` where two lists first differ (None past a list's end)."""
-    for i, (a, b) in enumerate(zip(expected, found)):
-        if a != b:
-            return i, a, b
-    n = min(len(expected), len(found))
-    return n, expected[n] if n < len(expected) else None, found[n] if n < len(found) else None
+    pairs = enumerate(itertools.zip_longest(expected, found))
+    return next((i, a, b) for i, (a, b) in pairs if a != b)
 
 
 def _mismatch(model, path, detail):
@@ -220,9 +204,7 @@ def compare_layouts(model, stored_layout, stored_arch, *, source, trunk_only=Fal
     arch = model_architecture(model)
     if arch is None or stored_arch is None:
         return
-    stored = {**{k: stored_arch.get(k) for k in WEIGHTS_ARGUMENTS},
-              **_optional_architecture(stored_arch)}
-    own = {**arch, **_optional_architecture(arch)}
+    stored, own = (architecture_record(a, only_set=False) for a in (stored_arch, arch))
     diff = {k: (stored[k], own[k]) for k in own if stored[k] != own[k]}
     if diff:
         raise _mismatch(model, source, "architecture arguments differ (file, model): "
@@ -230,17 +212,16 @@ def compare_layouts(model, stored_layout, stored_arch, *, source, trunk_only=Fal
 
 
 def check_weights_file_layout(model, path):
-    """Raises ValueError unless the `.weights.h5` at `path` fits `model` exactly. Returns
-    how: "recorded" (a file of `save_weights_file`, by variable paths) or "structure"
-    (another Keras file, by its variables and shapes against what `model` writes)."""
-    layout, arch = read_recorded_layout(path)
+    """Raises ValueError unless the `.weights.h5` at `path` fits `model` exactly. Returns how
+    it was checked: "recorded" (a file of `save_weights_file`: by variable paths) or
+    "structure" (another Keras file: by its datasets and shapes)."""
+    layout, arch, _ = read_recorded(path)
     if layout is not None:
         compare_layouts(model, layout, arch, source=path)
         return "recorded"
-    with tempfile.TemporaryDirectory() as tmp:
-        own = os.path.join(tmp, "own" + WEIGHTS_SUFFIX)
-        model.save_weights(own)
-        expected = _h5_datasets(own)
+    own = io.BytesIO()  # what `model.save_weights` would write
+    private_api.write_weights_h5(model, own)
+    expected = _h5_datasets(own)
     found = _h5_datasets(path)
     if not _has_head(model):
         found = {k: v for k, v in found.items()
@@ -258,8 +239,6 @@ def check_weights_file_layout(model, path):
 def load_weights_file(model, path):
     """Loads `path` into `model` after `check_weights_file_layout` (nothing loads on error)."""
     check_weights_file_layout(model, path)
-    with open_hdf5(path):  # readable to its end (a truncated file fails here, named)
-        pass
     try:
         model.load_weights(path)
     except ValueError as err:
@@ -267,9 +246,8 @@ def load_weights_file(model, path):
 
 
 def read_keras_file_config(path, *, allow_lambda=False):
-    """The model config stored in a `.keras` file, read without building anything;
-    ValueError if the file is missing, not a whole `.keras` archive or (unless
-    `allow_lambda`) holds a Lambda layer."""
+    """The model config of a `.keras` file, built into nothing; ValueError for a missing or
+    damaged file, or (unless `allow_lambda`) one holding a Lambda layer."""
     if os.path.isdir(path):
         model = os.path.join(path, "model.keras")
         hint = f": give its model.keras ({model})" if os.path.isfile(model) else ""
@@ -326,8 +304,8 @@ def config_info(config):
 
 
 def load_keras_file(path, *, compile=False, safe_mode=True):
-    """Loads a `.keras` model file, checked first (`read_keras_file_config`): with
-    `safe_mode` Lambda layers are refused; ValueError naming a file that cannot be loaded."""
+    """Loads a `.keras` model file checked by `read_keras_file_config` (with `safe_mode`,
+    Lambda layers are refused); ValueError naming a file that cannot be loaded."""
     path = user_path(path)
     read_keras_file_config(path, allow_lambda=not safe_mode)
     try:

@@ -5,13 +5,12 @@ writes them; folders of keras-preact 0.1.0 (``config.json`` holding a `PreActRes
 too. A factory's ``weights=`` takes such a folder; `from_preset` rebuilds the model."""
 
 import importlib
-import json
 import os
 
 import keras
 
 from keras_preact.architecture import HEAD_LAYER, HEAD_PATH
-from keras_preact.files import user_path
+from keras_preact.files import read_json, user_path
 from keras_preact.weights import local
 
 CONFIG_FILE, TASK_FILE, TASK_WEIGHTS = "config.json", "task.json", "task.weights.h5"
@@ -38,11 +37,6 @@ def preset_file(preset, name):
     return hub.model_download(handle, name)
 
 
-def _read(path):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
 def model_config(preset):
     """The serialized `PreActResNet` a preset holds (a backbone with its classifier, if any);
     ValueError for a folder that is not a preset of a keras-preact model."""
@@ -50,7 +44,7 @@ def model_config(preset):
     if not os.path.isfile(config_path):
         raise ValueError(f"Not a preset: {config_path!r} does not exist. Received: "
                          f"preset={preset!r}")
-    config = _read(config_path)
+    config = read_json(config_path)
     if config.get("registered_name") == MODEL_CLASS:
         return config
     if config.get("registered_name") != BACKBONE_CLASS:
@@ -69,20 +63,17 @@ def model_config(preset):
 
 def _task(preset):
     """The classifier's config of a preset's ``task.json``, or None without one."""
-    if str(preset).startswith(tuple(REMOTE)):
-        try:
-            path = preset_file(preset, TASK_FILE)
-        except Exception:  # noqa: BLE001 - each hub library has its own "not found"
-            return None
-    else:
+    try:
         path = preset_file(preset, TASK_FILE)
-    return _read(path)["config"] if os.path.isfile(path) else None
+    except Exception:  # noqa: BLE001 - each hub library has its own "not found"
+        return None
+    return read_json(path)["config"] if os.path.isfile(path) else None
 
 
 def load_preset_weights(model, preset):
     """Loads a preset's weights into `model` (its architecture; with or without a head)."""
     path = preset_file(preset, local.PRESET_WEIGHTS)
-    if _read(preset_file(preset, CONFIG_FILE)).get("registered_name") == MODEL_CLASS:
+    if read_json(preset_file(preset, CONFIG_FILE)).get("registered_name") == MODEL_CLASS:
         local.load_weights_file(model, path)
         return model
     # The backbone's file, through a model without a head; then the classifier's kernel.

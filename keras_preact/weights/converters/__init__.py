@@ -36,37 +36,41 @@ def require_preact_resnet(model, converter):
                          f"Received: {type(model).__name__}")
 
 
-def match_arrays(assignments, arrays, *, source, rows, key_name=str):
-    """Pairs each variable with its source arrays, checking the shapes; assigns nothing.
+def assign_arrays(model, assignments, arrays, *, what, noun, source, layout="",
+                  key_name=str):
+    """Assigns `arrays` (key -> numpy array) to `model`'s variables, all or nothing.
 
     `assignments` yields ``(variable, [(key, transform or None), ...], stacked)`` (a stacked
-    variable takes one key per row); `arrays` maps key -> numpy array; `source`, `rows` and
-    `key_name` word the shape mismatches. Returns (plan for `assign_all`, missing keys,
-    unused keys, problems: [] or the message on shape mismatches)."""
+    variable takes one key per unit). ValueError, with nothing assigned, for missing,
+    unused or mismatched arrays: it names `what` (the file's kind), `noun` (an array's),
+    `layout` (the model's, optional) and `source`. Returns ``{"converted_tensors": n}``."""
     used, missing, mismatched, plan = set(), [], [], []
     for var, sources, stacked in assignments:
         keys = [k for k, _ in sources]
         used.update(k for k in keys if k in arrays)
-        absent = [k for k in keys if k not in arrays]
-        if absent:
+        if absent := [k for k in keys if k not in arrays]:
             missing += absent
             continue
         values = [arrays[k] if t is None else t(arrays[k]) for k, t in sources]
         value = np.stack(values) if stacked else values[0]
         if tuple(value.shape) != tuple(var.shape):
-            mismatched.append((keys, tuple(value.shape), var))
+            mismatched.append(f"{key_name(keys[0])}: file {tuple(value.shape)}, "
+                              f"model {tuple(var.shape)} ({var.path})")
         else:
             plan.append((var, value))
-    examples = []
-    for keys, shape, var in mismatched[:3]:
-        more = f" (+{len(keys) - 1} {rows})" if len(keys) > 1 else ""
-        examples.append(f"{key_name(keys[0])}{more}: {source} {shape}, "
-                        f"model {tuple(var.shape)} ({var.path})")
-    problems = [f"{len(mismatched)} shape mismatches, e.g. {examples}"] if mismatched else []
-    return plan, missing, [k for k in arrays if k not in used], problems
-
-
-def assign_all(plan):
-    """Assigns a `match_arrays` plan."""
+    unused = [k for k in arrays if k not in used]
+    problems = [f"{len(keys)} {text}, e.g. {[key_name(k) for k in keys[:5]]}"
+                for keys, text in ((missing, f"{noun}s missing from the file"),
+                                   (unused, f"unexpected {noun}s (no place in the model)"))
+                if keys]
+    if mismatched:
+        problems.append(f"{len(mismatched)} shape mismatches, e.g. {mismatched[:3]}")
+    if problems:
+        head = f"classes {model.classes}" if model.include_top else "no head"
+        raise ValueError(
+            f"The {what} does not match the architecture of {model.name!r} ({layout}depth "
+            f"{model.depth}, {model.block} units, stages {list(model.stage_blocks)}, {head}): "
+            + "; ".join(problems) + f". Nothing was loaded. Received: {source}")
     for var, value in plan:
         var.assign(value.astype(var.dtype))
+    return {"converted_tensors": len(arrays)}

@@ -6,7 +6,7 @@ import h5py
 import numpy as np
 
 from keras_preact.architecture import HEAD_LAYER, STEM_CONV_LAYER
-from keras_preact.weights.converters import assign_all, match_arrays, require_preact_resnet
+from keras_preact.weights.converters import assign_arrays, require_preact_resnet
 
 #: `PreActResNet` arguments of keras.applications' ResNetV2 layout (`preact_resnet50/101/152`).
 KERAS_LAYOUT = {"stem": "imagenet_preact", "stage_strides": [2, 2, 2, 1],
@@ -81,24 +81,25 @@ def check_layout(model):
 
 
 def _unit_targets(layer_prefix, variables):
-    """Yields (variable, (keras layer, weight name)) for the variables of one unit."""
+    """Yields (variable, ((keras layer, weight name), None)) for the variables of one unit."""
     for name, var in variables.items():
         head, _, field = name.partition("_")
         if name.startswith("preact_bn_"):
-            yield var, (f"{layer_prefix}_preact_bn", name[len("preact_bn_"):])
+            layer, field = f"{layer_prefix}_preact_bn", name[len("preact_bn_"):]
         elif head == "shortcut":
-            yield var, (f"{layer_prefix}_0_conv", field)
+            layer = f"{layer_prefix}_0_conv"
         elif head.startswith("bn"):
-            yield var, (f"{layer_prefix}_{int(head[2:]) - 1}_bn", field)
+            layer = f"{layer_prefix}_{int(head[2:]) - 1}_bn"
         else:  # the full pre-activation unit has only conv{i} variables left
-            yield var, (f"{layer_prefix}_{int(head[4:])}_conv", field)
+            layer = f"{layer_prefix}_{int(head[4:])}_conv"
+        yield var, ((layer, field), None)
 
 
 def assignments(model):
-    """Yields `match_arrays` assignments: (variable, [(keras layer, weight name)], stacked)."""
+    """Yields `assign_arrays` assignments, keyed by (keras layer, weight name)."""
     for ours, theirs, fields in _OUTER_LAYERS[:None if model.include_top else -1]:
         for field in fields:
-            yield getattr(model.get_layer(ours), field), [(theirs, field)], False
+            yield getattr(model.get_layer(ours), field), [((theirs, field), None)], False
     for s in range(1, len(model.stage_blocks) + 1):
         stage = model.get_layer(f"stage{s}")
         prefix = f"conv{s + 1}_block"
@@ -120,28 +121,9 @@ def load_weights(model, weights, *, source="weights"):
     model is not in the layout or does not match the file one to one."""
     check_layout(model)
     arrays = {(layer, field): v for layer, fields in weights.items() for field, v in fields.items()}
-    targets = [(var, [(k, None) for k in keys], stacked)
-               for var, keys, stacked in assignments(model)]
-    plan, missing, unexpected, problems = match_arrays(targets, arrays, source="file",
-                                                       rows="blocks", key_name="/".join)
-    for keys, what in ((missing, "weights missing from the file"),
-                       (unexpected, "weights of the file have no place in the model")):
-        layers = list(dict.fromkeys(layer for layer, _ in keys))
-        if keys:
-            more = f" and {len(layers) - 5} more" if len(layers) > 5 else ""
-            problems.append(f"{len(keys)} {what}, in the layers {layers[:5]}{more}")
-    if problems:
-        expected_layers = len({layer for _, sources, _ in targets for (layer, _), _ in sources})
-        upstream = UPSTREAM_NAMES.get(model.depth, f"depth {model.depth}")
-        head = f"{model.classes} classes" if model.include_top else "no head (include_top=False)"
-        raise ValueError(
-            f"The keras.applications weights file does not match the architecture of "
-            f"{model.name!r} ({upstream} layout, stages {list(model.stage_blocks)}, {head}): "
-            f"the file has {len(weights)} layers with weights, the model expects "
-            f"{expected_layers}; " + "; ".join(problems)
-            + f". Nothing was loaded. Received: {source}")
-    assign_all(plan)
-    return {"converted_tensors": len(arrays)}
+    layout = f"{UPSTREAM_NAMES.get(model.depth, 'ResNetV2')} layout, "
+    return assign_arrays(model, assignments(model), arrays, what="keras.applications weights "
+                         "file", noun="weight", source=source, layout=layout, key_name="/".join)
 
 
 def convert(source_path, model, entry):

@@ -7,7 +7,7 @@ import numpy as np
 
 from keras_preact.architecture import HEAD_LAYER, STEM_CONV_LAYER
 from keras_preact.layers.functional import BN_FIELDS
-from keras_preact.weights.converters import assign_all, match_arrays, require_preact_resnet
+from keras_preact.weights.converters import assign_arrays, require_preact_resnet
 
 _BN_FIELDS = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean",
               "running_var": "moving_variance"}
@@ -65,7 +65,7 @@ def _batchnorm(layer, prefix):
 
 
 def _assignments(model):
-    """Yields `match_arrays` assignments: (variable, [(torch key, transform), ...], stacked)."""
+    """Yields `assign_arrays` assignments: (variable, [(torch key, transform), ...], stacked)."""
     stem = model.get_layer(STEM_CONV_LAYER)
     if getattr(model, "stem", "cifar") == "imagenet":
         # PreResInitBlock: 7x7/2 conv, BN, ReLU, 3x3/2 max pool.
@@ -100,19 +100,8 @@ def load_state_dict(model, state, *, source="checkpoint"):
                  "BatchNorm and max pooling)")
         raise ValueError(f"The checkpoint is {kinds[imagenet_checkpoint]}, but {model.name!r} is "
                          f"{kinds[imagenet_model]}. Received: {source}")
-    plan, missing, unexpected, problems = match_arrays(_assignments(model), state,
-                                                       source="checkpoint", rows="units")
-    for keys, what in ((missing, "tensors missing"), (sorted(unexpected), "unexpected tensors")):
-        if keys:
-            problems.append(f"{len(keys)} {what}, e.g. {keys[:3]}")
-    if problems:
-        raise ValueError(
-            f"The checkpoint does not match the architecture of {model.name!r} "
-            f"(depth {model.depth}, {model.block} units, stages {list(model.stage_blocks)}, "
-            f"classes {model.classes if model.include_top else None}): "
-            + "; ".join(problems) + f". Received: {source}")
-    assign_all(plan)
-    return {"converted_tensors": len(state)}
+    return assign_arrays(model, _assignments(model), state, what="checkpoint", noun="tensor",
+                         source=source)
 
 
 def convert(source_path, model, entry):
