@@ -1,23 +1,21 @@
 """Build, save and load times of the zoo's models, and of a naive reference.
 
 Each measurement runs in a fresh process at Python's default recursion limit, with JAX's
-persistent compilation cache off; with several backends each model is measured on each in
-turn. `--naive` also times a one-Keras-layer-per-op functional ResNet-1001, at the default
-recursion limit, then with it raised. Prints a table and writes JSON.
+persistent compilation cache off, on each of ``--backends`` in turn. ``--naive`` also times
+a functional ResNet-1001 of one Keras layer per op, at the default recursion limit, then
+with it raised. Prints a table and writes JSON.
 
     python benchmarks/build_save_load.py [--models preact_resnet1001 ... | all] [--naive]
         [--backends tensorflow jax torch] [--out benchmarks/results/build_save_load.json]
 """
 
-import argparse
-import json
 import os
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import launch, machine, print_table, results_path, write_report  # noqa: E402
+from benchmarks import launch, machine, now, parser, print_table, write_report  # noqa: E402
 
 
 def _timed(fn, *args):
@@ -87,9 +85,9 @@ def naive_case(limit):
         model = naive_resnet1001()
         result.update(build_s=time.perf_counter() - t0, keras_layers=len(model.layers))
         with tempfile.TemporaryDirectory() as d:
-            step, t0 = "save/load", time.perf_counter()
-            model.save(os.path.join(d, "naive.keras"))
-            keras.saving.load_model(os.path.join(d, "naive.keras"))
+            step, t0, path = "save/load", time.perf_counter(), os.path.join(d, "naive.keras")
+            model.save(path)
+            keras.saving.load_model(path)
             result["save_load_s"] = time.perf_counter() - t0
     except RecursionError:
         result.setdefault("build_s", time.perf_counter() - t0)
@@ -98,29 +96,23 @@ def naive_case(limit):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["preact_resnet164", "preact_resnet1001"])
-    parser.add_argument("--backends", nargs="+", default=["tensorflow"],
-                        choices=("tensorflow", "jax", "torch"))
-    parser.add_argument("--naive", action="store_true")
-    parser.add_argument("--out", default=results_path("build_save_load"))
-    parser.add_argument("--case", help=argparse.SUPPRESS)  # a child: one model
-    parser.add_argument("--naive-case", type=int, help=argparse.SUPPRESS)  # a child: a limit
-    args = parser.parse_args(argv)
-    if args.case or args.naive_case is not None:
-        print(json.dumps(case(args.case) if args.case else naive_case(args.naive_case)))
-        return 0
+    p = parser(__doc__)
+    p.add_argument("--models", nargs="+", default=["preact_resnet164", "preact_resnet1001"])
+    p.add_argument("--backends", nargs="+", default=["tensorflow"],
+                   choices=("tensorflow", "jax", "torch"))
+    p.add_argument("--naive", action="store_true")
+    args = p.parse_args(argv)
     if args.models == ["all"]:
         import keras_preact as kp
 
         args.models = kp.list_models()
 
-    def child(*flags, backend="tensorflow"):
-        return launch("build_save_load", *flags, check=True, env={
+    def child(fn, arg, backend="tensorflow"):
+        return launch(fn, arg, check=True, env={
             "KERAS_BACKEND": backend, "JAX_ENABLE_COMPILATION_CACHE": "false"})
 
-    rows = [child("--case", name, backend=b) for name in args.models for b in args.backends]
-    naive = [child("--naive-case", limit) for limit in (0, 20000)] if args.naive else []
+    rows = [child(case, name, b) for name in args.models for b in args.backends]
+    naive = [child(naive_case, limit) for limit in (0, 20000)] if args.naive else []
     print_table(rows, [("model", "model", "s"), ("backend", "backend", "s"),
                        ("build s", "build_s", ".2f"), ("save s", "save_s", ".2f"),
                        ("load s", "load_s", ".2f"), ("save+load", "save_load_s", ".2f"),
@@ -129,8 +121,8 @@ def main(argv=None):
         print_table(naive, [("naive ResNet-1001, recursion limit", "recursion_limit", "d"),
                             ("build s", "build_s", ".2f"), ("save+load s", "save_load_s", ".2f"),
                             ("layers", "keras_layers", "d")])
-    write_report({"machine": machine(), "models": rows, "naive_reference": naive,
-                  "time": time.strftime("%Y-%m-%d %H:%M:%S")}, args.out)
+    write_report({"machine": machine(), "started": now(), "models": rows,
+                  "naive_reference": naive}, args.out, "build_save_load")
     return 0
 
 

@@ -1,26 +1,23 @@
 """The benchmark harness: training throughput, peak memory and the PyTorch reference.
 
-Every case runs in a fresh process (`keras_step.py`, `torch_reference.py`), so each peak
-memory figure is one case's; rates are the steady rates of the timed steps on both sides.
-Ratios compare cases of one invocation, Keras and PyTorch alternating so that a shared
-machine's drift hits both. Suites (docs/performance.md describes every figure): ``cpu``
-(``--parts`` speed, pipeline, scaling and memory; ``--bf16``; ``--max-isa avx2`` caps both
-sides' kernels at AVX2), ``jax`` (the JAX backend on the CPU), ``gpu`` (the JAX backend
-in each of ``--precisions``, and the paper's ResNet-1001 schedule in hours; nothing is
-installed at run time) and ``quick`` (a smoke run). Prints a table and writes JSON.
+Every case runs in a fresh process (`keras_step.py`, `torch_reference.py`); rates are the
+steady rates of the timed steps, Keras and PyTorch alternating round by round. Suites
+(docs/performance.md describes every figure): ``cpu`` (``--parts``; ``--bf16``; ``--max-isa
+avx2`` caps both sides' kernels at AVX2), ``jax`` (the JAX backend on the CPU), ``gpu`` (the
+JAX backend in each of ``--precisions``, and the paper's ResNet-1001 schedule in hours;
+installs nothing) and ``quick`` (a smoke run). Prints a table and writes JSON.
 
     python benchmarks/run.py --suite cpu [--pairs 3] [--out benchmarks/results/cpu.json]
 """
 
-import argparse
 import json
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import check_counts, launch, machine, median, print_table  # noqa: E402
-from benchmarks import results_path, take_turns, write_report  # noqa: E402
+from benchmarks import count, launch, machine, median, parser, print_table  # noqa: E402
+from benchmarks import take_turns, write_report  # noqa: E402
 
 #: The unoptimised path: TensorFlow's default kernels on an AVX2 CPU, none of ours.
 UNOPTIMISED_ENV = {"TF_ENABLE_ONEDNN_OPTS": "0", "KERAS_PREACT_FAST_CONV_GRAD": "0",
@@ -96,7 +93,7 @@ def part_speed(args, report):
                       ("keras-preact bf16", "ratio_bf16_over_torch_fp32")):
         if side in ratios:
             report[key] = ratios[side]
-    peak = report["matmul_gflops"] = launch("run", "--probe", "matmul").get("gflops")
+    peak = report["matmul_gflops"] = launch(probe_matmul).get("gflops")
     if peak:
         flop_per_image = 2 * 3 * 253.1e6  # ResNet-110's multiply-adds x 2 FLOP x 3 (fwd + bwd)
         report["train_gflop_per_image"] = flop_per_image / 1e9
@@ -106,7 +103,7 @@ def part_speed(args, report):
 
 
 def part_pipeline(args, report):
-    rate = report["pipeline_images_per_s"] = launch("run", "--probe", "pipeline").get("images_per_s")
+    rate = report["pipeline_images_per_s"] = launch(probe_pipeline).get("images_per_s")
     train = _median_rate(report["rows"], "keras-preact")
     if rate and train:
         report["pipeline_over_training"] = rate / train
@@ -181,9 +178,12 @@ def scaling_summary(scaling):
     return out
 
 
+PARTS = {"speed": part_speed, "pipeline": part_pipeline, "scaling": part_scaling,
+         "memory": part_memory}
+
+
 def suite_cpu(args, report):
-    for name, part in (("speed", part_speed), ("pipeline", part_pipeline),
-                       ("scaling", part_scaling), ("memory", part_memory)):
+    for name, part in PARTS.items():
         if name in args.parts:
             part(args, report)
 
@@ -281,15 +281,18 @@ COUNTS = (("--pairs", 3, "alternating rounds against the PyTorch reference"),
                                "taking turns in one process"))
 
 
+SUITES = {"cpu": suite_cpu, "jax": suite_jax, "gpu": suite_gpu, "quick": suite_quick}
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--suite", choices=("cpu", "jax", "gpu", "quick"), default="cpu")
+    p = parser(__doc__)
+    p.add_argument("--suite", choices=tuple(SUITES), default="cpu")
     for flag, default, help in COUNTS:
-        p.add_argument(flag, type=int, default=default, help=help)
+        p.add_argument(flag, type=count, default=default, help=help)
     p.add_argument("--bf16", action="store_true",
                    help="cpu speed rounds: also keras-preact in mixed_bfloat16")
-    p.add_argument("--parts", nargs="*", default=["speed", "pipeline", "scaling", "memory"],
-                   choices=("speed", "pipeline", "scaling", "memory"), help="cpu suite parts to run")
+    p.add_argument("--parts", nargs="*", default=list(PARTS), choices=tuple(PARTS),
+                   help="cpu suite parts to run")
     p.add_argument("--scaling-models", nargs="*",
                    default=["preact_resnet20", "preact_resnet56", "preact_resnet110",
                             "preact_resnet1202", "preact_resnet164", "preact_resnet1001"])
@@ -302,21 +305,14 @@ def main(argv=None):
                    default=["preact_resnet110", "preact_resnet164", "preact_resnet1001"])
     p.add_argument("--precisions", nargs="+", default=["fp32", "mixed_bfloat16", "mixed_float16"],
                    choices=("fp32", "mixed_bfloat16", "mixed_float16"), help="gpu suite")
-    p.add_argument("--out", default=None)
-    p.add_argument("--probe", choices=("matmul", "pipeline"), help=argparse.SUPPRESS)  # a child
     args = p.parse_args(argv)
-    if args.probe:
-        print(json.dumps({"matmul": probe_matmul, "pipeline": probe_pipeline}[args.probe]()))
-        return 0
-    check_counts(p, args, *(flag[2:].replace("-", "_") for flag, _, _ in COUNTS))
     CASE_ENV.clear()
     CASE_ENV.update(ISA_ENVS[args.max_isa])
     report = {"suite": args.suite, "machine": machine(max_isa=args.max_isa),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "rows": []}
-    {"cpu": suite_cpu, "jax": suite_jax, "gpu": suite_gpu,
-     "quick": suite_quick}[args.suite](args, report)
+    SUITES[args.suite](args, report)
     show(report)
-    write_report(report, args.out or results_path(args.suite))
+    write_report(report, args.out, args.suite)
     failed = [r["case"] for r in report["rows"] if "error" in r]
     if failed:
         print(f"{len(failed)} case(s) failed: {', '.join(failed)}", file=sys.stderr)

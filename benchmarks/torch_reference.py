@@ -20,25 +20,20 @@ import torch.nn.functional as F
 
 
 class Unit(nn.Module):
-    """A full pre-activation unit (basic or bottleneck; stride on the 3x3 conv)."""
+    """A full pre-activation unit (basic or bottleneck; stride on the 3x3 conv). The
+    shortcut takes the pre-activated input where it projects, and in the first unit."""
 
-    def __init__(self, cin, cout, stride, bottleneck, share_identity_preact):
+    def __init__(self, cin, cout, stride, bottleneck, first):
         super().__init__()
-        self.bottleneck = bottleneck
-        mid = cout // 4 if bottleneck else cout
-        if bottleneck:
-            shapes = [(cin, mid, 1, 1), (mid, mid, 3, stride), (mid, cout, 1, 1)]
-        else:
-            shapes = [(cin, cout, 3, stride), (cout, cout, 3, 1)]
-        self.bns = nn.ModuleList(nn.BatchNorm2d(c_in) for c_in, _, _, _ in shapes)
-        self.convs = nn.ModuleList(
-            nn.Conv2d(c_in, c_out, k, stride=s, padding=k // 2, bias=False)
-            for c_in, c_out, k, s in shapes
-        )
-        self.projection = None
-        if stride != 1 or cin != cout:
-            self.projection = nn.Conv2d(cin, cout, 1, stride=stride, bias=False)
-        self.share = self.projection is not None or share_identity_preact
+        mid = cout // 4
+        shapes = ([(cin, mid, 1, 1), (mid, mid, 3, stride), (mid, cout, 1, 1)] if bottleneck
+                  else [(cin, cout, 3, stride), (cout, cout, 3, 1)])
+        self.bns = nn.ModuleList(nn.BatchNorm2d(c) for c, _, _, _ in shapes)
+        self.convs = nn.ModuleList(nn.Conv2d(c_in, c_out, k, stride=s, padding=k // 2, bias=False)
+                                   for c_in, c_out, k, s in shapes)
+        project = stride != 1 or cin != cout
+        self.projection = nn.Conv2d(cin, cout, 1, stride=stride, bias=False) if project else None
+        self.share = project or first
 
     def forward(self, x):
         a = F.relu(self.bns[0](x))
@@ -46,9 +41,7 @@ class Unit(nn.Module):
         for bn, conv in zip(self.bns[1:], self.convs[1:]):
             r = conv(F.relu(bn(r)))
         s = a if self.share else x
-        if self.projection is not None:
-            s = self.projection(s)
-        return s + r
+        return (self.projection(s) if self.projection else s) + r
 
 
 class PreActResNet(nn.Module):
@@ -113,8 +106,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args(argv)
-    print(json.dumps(run(args.depth, args.batch, args.steps, args.warmup, args.threads)))
+    print(json.dumps(run(**vars(p.parse_args(argv)))))
     return 0
 
 
