@@ -1,9 +1,9 @@
 """What the benchmark scripts share: the child-process launcher, turn-taking, the table
 printer, the argument parser and report writer, and the machine's description. Every case
-runs in a fresh process (`launch`), so the peak resident memory a case reports is its own."""
+runs in a fresh process (`launch`), so the peak resident memory a case reports is its own.
+A script prints a table and writes a JSON report (``--out``, or benchmarks/results/)."""
 
 import argparse
-import inspect
 import json
 import os
 import platform
@@ -20,11 +20,11 @@ REPO = os.path.dirname(HERE)
 
 def launch(target, *args, env=None, path=REPO, check=False, timeout=3600):
     """Runs ``benchmarks/<target>.py args``, or ``target(*args)`` for a function of a
-    benchmarks module, in a fresh process with `path` first on its import path; returns
+    benchmarks script, in a fresh process with `path` first on its import path; returns
     the last JSON object it printed (a function's result). A failed child gives
     ``{"error": ..., "args": ...}``, or with `check` a RuntimeError holding its stderr."""
     if callable(target):
-        module = os.path.splitext(os.path.basename(inspect.getfile(target)))[0]
+        module = os.path.basename(target.__code__.co_filename)[:-3]
         command = ["-c", f"import json, sys; from benchmarks.{module} import {target.__name__} "
                    "as f; print(json.dumps(f(*json.loads(sys.argv[1]))))", json.dumps(args)]
     else:
@@ -78,8 +78,8 @@ def parser(doc):
 
 
 def write_report(report, path, name=None):
-    """Writes `report` as JSON to `path` (through a temporary file; no `path`:
-    ``benchmarks/results/<name>.json``) and says so."""
+    """Writes `report` as JSON to `path` (no `path`: benchmarks/results/<name>.json), through
+    a temporary file, and says so."""
     path = path or os.path.join(HERE, "results", name + ".json")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
@@ -88,24 +88,21 @@ def write_report(report, path, name=None):
     print(f"wrote {path}")
 
 
-def cpu_info():
-    """The CPU's model name and the vector features that decide which kernels run (oneDNN's
-    AVX-512 and AMX paths, bfloat16's speed), from /proc/cpuinfo where there is one."""
+def machine(**extra):
+    """The platform, core count, Python version and CPU a report was measured on: the CPU's
+    model and the vector features that decide which kernels run (oneDNN's AVX-512 and AMX
+    paths, bfloat16's speed), from /proc/cpuinfo where there is one."""
     fields = {}
     if os.path.exists("/proc/cpuinfo"):
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for key, _, value in (line.partition(":") for line in f):
                 fields.setdefault(key.strip(), value.strip())  # the first CPU's
     flags = set(fields.get("flags", "").split())
-    return {"model": fields.get("model name") or platform.processor() or platform.machine(),
-            "features": [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16",
-                                     "amx_bf16", "amx_tile") if f in flags]}
-
-
-def machine(**extra):
-    """The platform, core count, Python version and CPU a report was measured on."""
+    cpu = {"model": fields.get("model name") or platform.processor() or platform.machine(),
+           "features": [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16",
+                                    "amx_bf16", "amx_tile") if f in flags]}
     return {"platform": platform.platform(), "cpus": os.cpu_count(),
-            "python": platform.python_version(), "cpu": cpu_info(), **extra}
+            "python": platform.python_version(), "cpu": cpu, **extra}
 
 
 def now():

@@ -3,7 +3,7 @@
 Each measurement runs in a fresh process at Python's default recursion limit, with JAX's
 persistent compilation cache off, on each of ``--backends`` in turn. ``--naive`` also times
 a functional ResNet-1001 of one Keras layer per op, at the default recursion limit, then
-with it raised. Prints a table and writes JSON.
+with it raised.
 
     python benchmarks/build_save_load.py [--models preact_resnet1001 ... | all] [--naive]
         [--backends tensorflow jax torch] [--out benchmarks/results/build_save_load.json]
@@ -56,19 +56,19 @@ def naive_resnet1001():
     def bn_relu(x):
         return layers.Activation("relu")(layers.BatchNormalization()(x))
 
-    def unit(x, filters, stride, project):
-        a = bn_relu(x)
-        shortcut = layers.Conv2D(filters, 1, strides=stride, use_bias=False)(a) if project else x
-        r = layers.Conv2D(filters // 4, 1, use_bias=False)(a)
-        r = layers.Conv2D(filters // 4, 3, strides=stride, padding="same", use_bias=False)(bn_relu(r))
-        r = layers.Conv2D(filters, 1, use_bias=False)(bn_relu(r))
-        return layers.Add()([shortcut, r])
+    def conv(x, filters, kernel, stride=1):
+        return layers.Conv2D(filters, kernel, strides=stride, padding="same", use_bias=False)(x)
 
     inputs = keras.Input((32, 32, 3))
-    x = layers.Conv2D(16, 3, padding="same", use_bias=False)(inputs)
+    x = conv(inputs, 16, 3)
     for stage, filters in enumerate((64, 128, 256)):
         for i in range(111):
-            x = unit(x, filters, 2 if (i == 0 and stage > 0) else 1, i == 0)
+            stride = 2 if i == 0 and stage > 0 else 1
+            a = bn_relu(x)
+            shortcut = conv(a, filters, 1, stride) if i == 0 else x
+            r = bn_relu(conv(a, filters // 4, 1))
+            r = bn_relu(conv(r, filters // 4, 3, stride))
+            x = layers.Add()([shortcut, conv(r, filters, 1)])
     x = layers.GlobalAveragePooling2D()(bn_relu(x))
     return keras.Model(inputs, layers.Dense(10)(x))
 

@@ -3,8 +3,8 @@
 Each entry of `zoo/weights/keras_applications.json` or `zoo/weights/pytorchcv_*.json` is
 converted from the publisher's own model with random weights (`tests/references.py`), and
 the outputs on random inputs (logits, or the ``_notop`` networks' feature maps) and every
-parameter count are compared. Prints a table, writes JSON, and with ``--write`` records each
-entry's ``converter_max_abs_diff`` in its manifest. pytorchcv needs ``pip install
+parameter count are compared; ``--write`` records each entry's ``converter_max_abs_diff`` in
+its manifest. pytorchcv needs ``pip install
 torch==2.13.0`` then ``pip install --no-deps pytorchcv==0.0.74``.
 
     python benchmarks/conversion.py keras_applications|pytorchcv [--only KEY ...] [--write]
@@ -28,7 +28,6 @@ BOUND = 1e-4  # the largest allowed output difference
 def keras_applications(key, entry, model, seed, batch_size):
     """keras.applications' network converted from its legacy `.h5` file into `model`:
     (inputs, the network's outputs, {what is counted: counts that must agree})."""
-    import keras_preact as kp
     from keras_preact.weights.converters import keras_applications as conv
     from tests.references import keras_reference, save_legacy_h5
 
@@ -40,7 +39,7 @@ def keras_applications(key, entry, model, seed, batch_size):
     x = np.random.RandomState(seed).uniform(-1, 1, (batch_size, *entry["input_shape"]))
     x = x.astype("float32")
     return x, np.asarray(net(x, training=False)), {
-        "params": {"keras-preact": kp.count_params(model), "catalog": entry["params"]},
+        "params": {"catalog": entry["params"]},
         "count_params": {"keras.applications": int(net.count_params()),
                          "keras-preact": int(model.count_params()),
                          "catalog": entry.get("params_keras_count_params")}}
@@ -48,7 +47,6 @@ def keras_applications(key, entry, model, seed, batch_size):
 
 def pytorchcv(key, entry, model, seed, batch_size):
     """pytorchcv's model converted from its state dict into `model` (as above)."""
-    import keras_preact as kp
     from keras_preact.weights.converters import pytorchcv as conv
     from tests.references import pytorchcv_reference, reference_logits, state_dict_arrays
 
@@ -56,8 +54,7 @@ def pytorchcv(key, entry, model, seed, batch_size):
     conv.load_state_dict(model, state_dict_arrays(net), source=key)
     x = np.random.RandomState(seed).randn(batch_size, *entry["input_shape"]).astype("float32")
     return x, reference_logits(net, x), {
-        "params": {"keras-preact": kp.count_params(model),
-                   "pytorchcv": int(sum(p.numel() for p in net.parameters())),
+        "params": {"pytorchcv": int(sum(p.numel() for p in net.parameters())),
                    "catalog": entry["params"]}}
 
 
@@ -71,7 +68,8 @@ def measure(source, key, entry, *, seed=0, batch_size=2):
     t0 = time.time()
     print(f"checking {key}", flush=True)
     model = kp.get_model(entry["model"], **entry["architecture"], classifier_activation=None)
-    x, ref, counts = globals()[source](key, entry, model, seed, batch_size)  # the source's own
+    x, ref, counts = globals()[source](key, entry, model, seed, batch_size)  # by its name
+    counts["params"]["keras-preact"] = kp.count_params(model)
     diff = float(np.abs(np.asarray(model(x, training=False)) - ref).max())
     keras.utils.clear_session()
     return {"key": key, "max_abs_diff": diff, "output_scale": float(np.abs(ref).max()),
@@ -84,7 +82,6 @@ def main(argv=None):
     p = parser(__doc__)
     p.add_argument("source", choices=("keras_applications", "pytorchcv"))
     p.add_argument("--only", nargs="*", default=None, help="catalog keys to check")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--write", action="store_true", help="record the figures in the manifests")
     args = p.parse_args(argv)
     docs, owner = {}, {}
@@ -96,11 +93,11 @@ def main(argv=None):
     unknown = [k for k in keys if k not in owner]
     if unknown:
         p.error(f"not {args.source} catalog keys: {unknown}")
-    rows = [measure(args.source, key, docs[owner[key]]["entries"][key], seed=args.seed)
-            for key in keys]
+    rows = [measure(args.source, key, docs[owner[key]]["entries"][key]) for key in keys]
     print_table(rows, [("key", "key", "s"), ("max |diff|", "max_abs_diff", ".2e"),
-                       ("outputs up to", "output_scale", ".1f"), ("params", "trainable_params", ","),
-                       ("counts agree", "ok", ""), ("s", "seconds", "")])
+                       ("outputs up to", "output_scale", ".1f"),
+                       ("params", "trainable_params", ","), ("counts agree", "ok", ""),
+                       ("s", "seconds", "")])
     write_report(rows, args.out, args.source + "_conversion")
     if args.write:
         from keras_preact.weights import catalog

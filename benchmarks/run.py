@@ -5,7 +5,7 @@ steady rates of the timed steps, Keras and PyTorch alternating round by round. S
 (docs/performance.md describes every figure): ``cpu`` (``--parts``; ``--bf16``; ``--max-isa
 avx2`` caps both sides' kernels at AVX2), ``jax`` (the JAX backend on the CPU), ``gpu`` (the
 JAX backend in each of ``--precisions``, and the paper's ResNet-1001 schedule in hours;
-installs nothing) and ``quick`` (a smoke run). Prints a table and writes JSON.
+installs nothing) and ``quick`` (a smoke run).
 
     python benchmarks/run.py --suite cpu [--pairs 3] [--out benchmarks/results/cpu.json]
 """
@@ -16,19 +16,18 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import count, launch, machine, median, parser, print_table  # noqa: E402
+from benchmarks import count, launch, machine, median, now, parser, print_table  # noqa: E402
 from benchmarks import take_turns, write_report  # noqa: E402
 
 #: The unoptimised path: TensorFlow's default kernels on an AVX2 CPU, none of ours.
 UNOPTIMISED_ENV = {"TF_ENABLE_ONEDNN_OPTS": "0", "KERAS_PREACT_FAST_CONV_GRAD": "0",
                    "KERAS_PREACT_FUSED_BN": "0"}
-#: The paper's ResNet-1001 schedule: 64k iterations of 128 images.
-PAPER_1001_IMAGES = 64000 * 128
 #: --max-isa: caps on the vector instructions of oneDNN (TensorFlow, PyTorch) and ATen, to
 #: measure on an AVX-512 CPU what an AVX2-only CPU runs (TensorFlow's Eigen is unaffected).
 ISA_ENVS = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2",
                                    "ATEN_CPU_CAPABILITY": "avx2"}}
-BOTTLENECK_MODELS = {"preact_resnet164", "preact_resnet272", "preact_resnet542", "preact_resnet1001"}
+BOTTLENECK_MODELS = {"preact_resnet164", "preact_resnet272", "preact_resnet542",
+                     "preact_resnet1001"}
 TORCH = "PyTorch ref"
 #: Environment settings of every training case (--max-isa).
 CASE_ENV = {}
@@ -44,17 +43,17 @@ def keras_case(model, batch, steps, *, backend="tensorflow", threads=2, precisio
                   env={**CASE_ENV, "KERAS_BACKEND": backend, **(env or {})})
 
 
-def torch_case(depth, batch, steps, *, threads=2):
+def torch_case(depth, batch, steps):
     return launch("torch_reference", "--depth", depth, "--batch", batch, "--steps", steps,
-                  "--threads", threads, env=CASE_ENV)
+                  "--threads", 2, env=CASE_ENV)
 
 
 def _rate(row):
     return row.get("images_per_s")
 
 
-def _hours(row):  # the paper's ResNet-1001 schedule at the row's rate
-    return PAPER_1001_IMAGES / _rate(row) / 3600
+def _hours(row):  # the paper's ResNet-1001 schedule (64k iterations of 128 images)
+    return 64000 * 128 / _rate(row) / 3600
 
 
 def rounds(rows, prefix, sides, pairs):
@@ -98,7 +97,8 @@ def part_speed(args, report):
         flop_per_image = 2 * 3 * 253.1e6  # ResNet-110's multiply-adds x 2 FLOP x 3 (fwd + bwd)
         report["train_gflop_per_image"] = flop_per_image / 1e9
         report["fraction_of_matmul_peak"] = {
-            label: (rate := _median_rate(report["rows"], side)) and rate * flop_per_image / peak / 1e9
+            label: (rate := _median_rate(report["rows"], side))
+            and rate * flop_per_image / peak / 1e9
             for label, side in (("keras-preact", "keras-preact"), ("torch", TORCH))}
 
 
@@ -115,24 +115,23 @@ def turns(rows, models, batch, reps, label):
     r = launch("step_ab", "--models", *models, "--batch", batch, "--reps", reps, env=CASE_ENV)
     if "error" in r:
         rows.append({"case": f"{' '.join(models)} b{batch} ({label})", **r})
-    for row in r.get("rows", []):
-        rows.append({"case": f"{row['model']} b{batch} ({label})", "images_per_s": row["images_per_s"],
-                     "s_per_step": row["median_s_per_step"], "peak_rss_mb": None, "macs": row["macs"]})
+    rows += [{"case": f"{row['model']} b{batch} ({label})", "images_per_s": row["images_per_s"],
+              "s_per_step": row["median_s_per_step"], "peak_rss_mb": None, "macs": row["macs"]}
+             for row in r.get("rows", [])]
     return r.get("rows", [])
 
 
 def part_scaling(args, report):
     """Per-image time against MACs. One process per block family: its models take turns
     step by step, so a slow spell of a shared machine hits every model alike."""
-    scaling = []
+    scaling = report["cost_scaling"] = []
     for family in ("basic", "bottleneck"):
         models = [m for m in args.scaling_models
                   if (m in BOTTLENECK_MODELS) == (family == "bottleneck")]
-        for row in turns(report["rows"], models, args.scaling_batch, args.scaling_steps,
-                         "scaling") if models else []:
-            scaling.append({"model": row["model"], "family": family,
-                            "s_per_image": row["ms_per_image"] / 1e3, "macs": row["macs"]})
-    report["cost_scaling"] = scaling
+        rows = models and turns(report["rows"], models, args.scaling_batch,
+                                args.scaling_steps, "scaling")
+        scaling += [{"model": r["model"], "family": family, "s_per_image": r["ms_per_image"] / 1e3,
+                     "macs": r["macs"]} for r in rows]
     report["cost_scaling_summary"] = scaling_summary(scaling)
 
 
@@ -173,8 +172,9 @@ def scaling_summary(scaling):
         out[family + "_ps_per_mac"] = median([v * 1e12 for v in per_mac])
         out[family + "_max_deviation_from_proportional"] = (
             (max(per_mac) - min(per_mac)) / (max(per_mac) + min(per_mac)))
-    if "basic_ps_per_mac" in out and "bottleneck_ps_per_mac" in out:
-        out["bottleneck_over_basic_ps_per_mac"] = out["bottleneck_ps_per_mac"] / out["basic_ps_per_mac"]
+    if "basic" in out and "bottleneck" in out:
+        out["bottleneck_over_basic_ps_per_mac"] = (out["bottleneck_ps_per_mac"]
+                                                   / out["basic_ps_per_mac"])
     return out
 
 
@@ -258,9 +258,7 @@ def probe_pipeline(batch=128, batches=200):
 
 
 def show(report):
-    cpu = report["machine"]["cpu"]
-    print(f"machine: {cpu['model']}, {report['machine']['cpus']} CPUs, features "
-          f"{' '.join(cpu['features']) or '?'}, kernels capped at: {report['machine']['max_isa']}")
+    print(f"machine: {report['machine']}")
     # img/s: the steady rate of the steps; call img/s: the whole fit call (keras_step.py)
     print_table(report["rows"], [
         ("case", "case", "s"), ("img/s", "images_per_s", ".1f"), ("s/step", "s_per_step", ".3f"),
@@ -308,8 +306,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     CASE_ENV.clear()
     CASE_ENV.update(ISA_ENVS[args.max_isa])
-    report = {"suite": args.suite, "machine": machine(max_isa=args.max_isa),
-              "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "rows": []}
+    report = {"suite": args.suite, "machine": machine(max_isa=args.max_isa), "started": now(),
+              "rows": []}
     SUITES[args.suite](args, report)
     show(report)
     write_report(report, args.out, args.suite)

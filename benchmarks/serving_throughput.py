@@ -4,10 +4,7 @@ A CIFAR zoo model with its preprocessing layer (random weights) is exported in e
 of `EXPORTS` (int8 calibrated on seeded random images) and served through
 ``keras_preact.export.load_export(folder).predict`` on uint8 images, beside Keras'
 ``predict_on_batch`` and `torch_reference.PreActResNet` in PyTorch eager. At each batch
-size the runners are warmed up, then the formats take turns for ``--repeats`` rounds over
-the same images. Rows: median images/s, median ratio to PyTorch's rate of the same round,
-cores kept busy by the format and meanwhile by other processes (``/proc/stat``), export
-size. Prints a table and writes JSON.
+size the runners are warmed up, then take turns for ``--repeats`` rounds (`measure`).
 
     python benchmarks/serving_throughput.py [--model preact_resnet110] [--batch-sizes 1 128]
         [--repeats 5] [--out benchmarks/results/serving_throughput.json]
@@ -91,11 +88,7 @@ def make_runners(model, exports, depth, classes):
 
     torch.manual_seed(0)
     reference = PreActResNet(depth, classes).eval()
-
-    def torch_run(x):
-        with torch.inference_mode():
-            return reference(x).numpy()
-
+    torch_run = torch.inference_mode()(lambda x: reference(x).numpy())
     runners = {REFERENCE: (lambda images: torch.from_numpy(np.ascontiguousarray(
                                images.transpose(0, 3, 1, 2), "float32")), torch_run),
                "Keras predict_on_batch": (lambda images: images.astype("float32"),

@@ -5,13 +5,14 @@ between two processes. Here every (model, variant) pair gets its own training st
 in one process (the kernel switches are read at trace time), and the steps take turns. A
 variant is comma-separated NAME=VALUE environment settings (the first is the reference;
 "" is no change; TF_ENABLE_ONEDNN_OPTS cannot vary within a process); a model may carry
-factory arguments as a JSON object after its name. Prints a table and one JSON line.
+factory arguments as a JSON object after its name. Prints its report as one JSON line.
 
     python benchmarks/step_ab.py --variants "" "KERAS_PREACT_FUSED_BN=0" [--batch 128] [--reps 10]
     python benchmarks/step_ab.py --models preact_resnet1001 'preact_resnet1001{"remat": true}' --batch 32
 """
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -53,16 +54,11 @@ def time_steps(args):
     x = tf.constant(rng.uniform(-1, 1, (args.batch, 32, 32, 3)).astype("float32"))
     y = tf.constant(rng.randint(0, 10, (args.batch,)))
 
-    def make_step(model, optimizer):
-        @tf.function
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply(grads, model.trainable_variables)
-            return loss
-
-        return step
+    def train_step(model, optimizer, x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+        return loss
 
     cases = []  # (model spec, variant text, step, MACs)
     for spec, name, kwargs in args.models:
@@ -71,7 +67,7 @@ def time_steps(args):
             optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
             optimizer.build(net.trainable_variables)
             with mock.patch.dict(os.environ, env):
-                step = make_step(net, optimizer)
+                step = tf.function(functools.partial(train_step, net, optimizer))
                 step(x, y).numpy()  # traced (and optimised) under this variant's switches
             cases.append((spec, text, step, kp.count_macs(net)))
     times = [[] for _ in cases]

@@ -2,10 +2,9 @@
 committed so that it cannot drift. The paper's CIFAR layout (basic units for 6n+2,
 bottleneck units for 9n+2, projection shortcuts fed by the shared pre-activation), He
 initialisation, SGD with momentum 0.9 and weight decay 1e-4, fp32, no ``torch.compile``.
+Prints one JSON line: images/s, seconds per step, peak resident memory.
 
     python benchmarks/torch_reference.py --depth 110 --batch 128 --steps 20 --threads 2
-
-prints one JSON line: images/s, seconds per step, peak resident memory.
 """
 
 import argparse

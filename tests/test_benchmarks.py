@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from benchmarks import cpu_info
 from benchmarks import launch
+from benchmarks import machine
 from benchmarks import run
 from benchmarks.keras_step import summary
 from tests.helpers import NO_TENSORFLOW, REPO
@@ -101,8 +101,8 @@ def test_scaling_summary_relative_to_the_shallowest_and_across_families():
     assert out["bottleneck_max_deviation_from_proportional"] == pytest.approx(0.0)
 
 
-def test_cpu_info_names_the_model_and_the_vector_features():
-    info = cpu_info()
+def test_machine_names_the_cpu_and_its_vector_features():
+    info = machine()["cpu"]
     assert isinstance(info["model"], str) and info["model"]
     if os.path.exists("/proc/cpuinfo"):
         with open("/proc/cpuinfo", encoding="utf-8") as f:
