@@ -78,20 +78,17 @@ def parser(doc):
 
 
 def write_report(report, path, name=None):
-    """Writes `report` as JSON to `path` (no `path`: benchmarks/results/<name>.json), through
-    a temporary file, and says so."""
+    """Writes `report` as JSON to `path` (no `path`: benchmarks/results/<name>.json)."""
     path = path or os.path.join(HERE, "results", name + ".json")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
+    with open(path, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1)
-    os.replace(path + ".tmp", path)
     print(f"wrote {path}")
 
 
 def machine(**extra):
-    """The platform, core count, Python version and CPU a report was measured on: the CPU's
-    model and the vector features that decide which kernels run (oneDNN's AVX-512 and AMX
-    paths, bfloat16's speed), from /proc/cpuinfo where there is one."""
+    """The platform, core count, Python version and CPU a report was measured on, with the
+    CPU features that decide which kernels run (oneDNN's AVX-512 and AMX paths, bfloat16)."""
     fields = {}
     if os.path.exists("/proc/cpuinfo"):
         with open("/proc/cpuinfo", encoding="utf-8") as f:

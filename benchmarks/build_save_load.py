@@ -79,19 +79,17 @@ def naive_case(limit):
     import keras
 
     sys.setrecursionlimit(limit or sys.getrecursionlimit())
-    result, step = {"recursion_limit": sys.getrecursionlimit(), "error": None}, "build"
-    t0 = time.perf_counter()
+    result = {"recursion_limit": sys.getrecursionlimit(), "error": "RecursionError in build"}
     try:
-        model = naive_resnet1001()
-        result.update(build_s=time.perf_counter() - t0, keras_layers=len(model.layers))
+        model, result["build_s"] = _timed(naive_resnet1001)
+        result.update(keras_layers=len(model.layers), error="RecursionError in save/load")
         with tempfile.TemporaryDirectory() as d:
-            step, t0, path = "save/load", time.perf_counter(), os.path.join(d, "naive.keras")
-            model.save(path)
-            keras.saving.load_model(path)
-            result["save_load_s"] = time.perf_counter() - t0
+            path = os.path.join(d, "naive.keras")
+            _, save_s = _timed(model.save, path)
+            _, load_s = _timed(keras.saving.load_model, path)
+        result.update(save_load_s=save_s + load_s, error=None)
     except RecursionError:
-        result.setdefault("build_s", time.perf_counter() - t0)
-        result["error"] = f"RecursionError in {step}"
+        pass  # "error" says where
     return result
 
 

@@ -1,7 +1,6 @@
-"""Where a JAX training step's time goes on a CPU: every convolution and BN-ReLU of
-ResNet-56's step, forward and backward, timed alone in XLA:CPU and in PyTorch and weighted
-by how often the step runs it, beside both frameworks' whole steps; each side in its own
-process, alternating round by round.
+"""Where a JAX training step's time goes on a CPU: ResNet-56's convolutions and BN-ReLUs,
+forward and backward, each timed alone in XLA:CPU and in PyTorch and weighted by how often
+the step runs it, beside both whole steps; each side in its own process, rounds alternating.
 
     python benchmarks/jax_ops.py [--rounds 2] [--out benchmarks/results/jax_ops.json]
 """

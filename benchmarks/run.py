@@ -56,12 +56,15 @@ def _hours(row):  # the paper's ResNet-1001 schedule (64k iterations of 128 imag
     return 64000 * 128 / _rate(row) / 3600
 
 
-def rounds(rows, prefix, sides, pairs):
-    """`sides` ({name: case}) taking turns for `pairs` rounds, appending rows named '<prefix>
-    <side> (round i)'. Every side but the PyTorch reference gets its ratio over the
-    reference's rate of the same round: {side: {"rounds": [ratios], "median": m}}."""
-    ratios = {side: [] for side in sides if side != TORCH}
-    for i, got in enumerate(take_turns(sides, pairs)):
+def rounds(args, rows, model, prefix, cases):
+    """`model` in `keras_case` with each of `cases` ({side: its keyword arguments}) and the
+    PyTorch reference taking turns for --pairs rounds, appending rows '<prefix> <side> (round
+    i)'; each side's ratios over the reference's rate: {side: {"rounds": [...], "median": m}}."""
+    sides = {side: lambda kw=kw: keras_case(model, args.batch, args.steps, **kw)
+             for side, kw in cases.items()}
+    sides[TORCH] = lambda: torch_case(int(model.rsplit("resnet", 1)[1]), args.batch, args.steps)
+    ratios = {side: [] for side in cases}
+    for i, got in enumerate(take_turns(sides, args.pairs)):
         for side in sides:
             row = {"case": f"{prefix} {side} (round {i + 1})", **got[side]}
             if side in ratios:
@@ -79,19 +82,13 @@ def _median_rate(rows, name):
 def part_speed(args, report):
     """ResNet-110: keras-preact as shipped, on the unoptimised path and (--bf16) in mixed
     bfloat16, against the PyTorch reference; and the fraction of the matmul peak."""
-    def case(**kw):
-        return lambda: keras_case("preact_resnet110", args.batch, args.steps, **kw)
-
-    sides = {"keras-preact": case(), "unoptimised": case(env=UNOPTIMISED_ENV),
-             TORCH: lambda: torch_case(110, args.batch, args.steps)}
+    cases = {"keras-preact": {}, "unoptimised": {"env": UNOPTIMISED_ENV}}
     if args.bf16:
-        sides["keras-preact bf16"] = case(precision="mixed_bfloat16")
-    ratios = rounds(report["rows"], f"ResNet-110 b{args.batch}", sides, args.pairs)
-    for side, key in (("keras-preact", "ratio_keras_over_torch"),
-                      ("unoptimised", "ratio_unoptimised_over_torch"),
-                      ("keras-preact bf16", "ratio_bf16_over_torch_fp32")):
-        if side in ratios:
-            report[key] = ratios[side]
+        cases["keras-preact bf16"] = {"precision": "mixed_bfloat16"}
+    ratios = rounds(args, report["rows"], "preact_resnet110", f"ResNet-110 b{args.batch}", cases)
+    keys = {"keras-preact": "ratio_keras_over_torch", "unoptimised": "ratio_unoptimised_over_torch",
+            "keras-preact bf16": "ratio_bf16_over_torch_fp32"}
+    report.update({keys[side]: r for side, r in ratios.items()})
     peak = report["matmul_gflops"] = launch(probe_matmul).get("gflops")
     if peak:
         flop_per_image = 2 * 3 * 253.1e6  # ResNet-110's multiply-adds x 2 FLOP x 3 (fwd + bwd)
@@ -152,8 +149,7 @@ def part_memory(args, report):
         "peak_rss_mb_b128_remat": mem["remat b128"].get("peak_rss_mb"),
         "remat_time_ratio": ab[1]["median_s_per_step"] / ab[0]["median_s_per_step"] if ab else None,
         f"peak_rss_mb_b{b}_plain": mem[f"plain b{b}"].get("peak_rss_mb"),
-        f"peak_rss_mb_b{b}_remat": mem[f"remat b{b}"].get("peak_rss_mb"),
-    }
+        f"peak_rss_mb_b{b}_remat": mem[f"remat b{b}"].get("peak_rss_mb")}
     if _rate(mem["remat b128"]):
         report["resnet1001_schedule_hours"] = {"cpu fp32 remat b128": _hours(mem["remat b128"])}
 
@@ -202,14 +198,10 @@ def suite_gpu(args, report):
 def suite_jax(args, report):
     """The JAX backend on this CPU against the PyTorch reference in alternating rounds, the
     stages looped and unrolled; ResNet-1001 at batch 128 with remat on JAX and TensorFlow."""
+    jax = {"backend": "jax", "threads": None, "warmup": 1}
     for model in args.jax_models:
-        def jax(**kw):
-            return lambda: keras_case(model, args.batch, args.steps, backend="jax", threads=None,
-                                      warmup=1, **kw)
-
-        sides = {"jax": jax(), "jax unrolled": jax(unrolled=True), TORCH: lambda: torch_case(
-            int(model.rsplit("resnet", 1)[1]), args.batch, args.steps)}
-        ratios = rounds(report["rows"], f"{model} b{args.batch}", sides, args.pairs)
+        ratios = rounds(args, report["rows"], model, f"{model} b{args.batch}",
+                        {"jax": jax, "jax unrolled": {**jax, "unrolled": True}})
         report.setdefault("ratio_jax_over_torch", {})[model] = ratios["jax"]
     for backend in ("jax", "tensorflow"):
         r = keras_case("preact_resnet1001", 128, args.steps_1001, backend=backend,
@@ -238,8 +230,7 @@ def probe_matmul(size=2048, repeats=20):
 
 
 def probe_pipeline(batch=128, batches=200):
-    """Images/s of the CIFAR training pipeline (pad, crop, flip, normalise, shuffle; a child
-    of `part_pipeline`)."""
+    """Images/s of the CIFAR training pipeline: pad, crop, flip, normalise, shuffle."""
     import numpy as np
 
     from keras_preact.data import dataset_from_arrays
@@ -257,26 +248,13 @@ def probe_pipeline(batch=128, batches=200):
     return {"images_per_s": batch * batches / (time.perf_counter() - t)}
 
 
-def show(report):
-    print(f"machine: {report['machine']}")
-    # img/s: the steady rate of the steps; call img/s: the whole fit call (keras_step.py)
-    print_table(report["rows"], [
-        ("case", "case", "s"), ("img/s", "images_per_s", ".1f"), ("s/step", "s_per_step", ".3f"),
-        ("call img/s", "call_images_per_s", ".1f"), ("peak MB", "peak_rss_mb", ".0f"),
-        ("device MB", "peak_device_mb", ".0f")])
-    for key, value in report.items():
-        if key not in ("suite", "machine", "started", "rows"):
-            print(f"{key}: {value}")
-
-
 #: The counts of the command line: (flag, default, help).
 COUNTS = (("--pairs", 3, "alternating rounds against the PyTorch reference"),
           ("--batch", 128, None), ("--steps", 10, "timed steps a case"),
           ("--scaling-batch", 32, None),
           ("--scaling-steps", 8, "timed steps of each scaling model (they take turns; medians)"),
           ("--batch-1001", 32, None), ("--steps-1001", 4, None),
-          ("--memory-reps", 6, "timed steps each of ResNet-1001 plain and remat at --batch-1001, "
-                               "taking turns in one process"))
+          ("--memory-reps", 6, "timed steps of ResNet-1001 plain and remat, in turns in a process"))
 
 
 SUITES = {"cpu": suite_cpu, "jax": suite_jax, "gpu": suite_gpu, "quick": suite_quick}
@@ -309,7 +287,15 @@ def main(argv=None):
     report = {"suite": args.suite, "machine": machine(max_isa=args.max_isa), "started": now(),
               "rows": []}
     SUITES[args.suite](args, report)
-    show(report)
+    print(f"machine: {report['machine']}")
+    # img/s: the steady rate of the steps; call img/s: the whole fit call (keras_step.py)
+    print_table(report["rows"], [
+        ("case", "case", "s"), ("img/s", "images_per_s", ".1f"), ("s/step", "s_per_step", ".3f"),
+        ("call img/s", "call_images_per_s", ".1f"), ("peak MB", "peak_rss_mb", ".0f"),
+        ("device MB", "peak_device_mb", ".0f")])
+    for key, value in report.items():
+        if key not in ("suite", "machine", "started", "rows"):
+            print(f"{key}: {value}")
     write_report(report, args.out, args.suite)
     failed = [r["case"] for r in report["rows"] if "error" in r]
     if failed:

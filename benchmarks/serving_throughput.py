@@ -32,24 +32,6 @@ PACKAGES = ("keras-preact", "tensorflow", "keras", "torch", "onnxruntime", "onnx
             "ai-edge-litert", "numpy")
 
 
-def _parse(argv):
-    p = parser(__doc__)
-    p.add_argument("--model", default="preact_resnet110", help="a CIFAR model of the zoo")
-    p.add_argument("--batch-sizes", type=count, nargs="+", default=[1, 128])
-    p.add_argument("--images", type=count, help="images per measurement, a multiple of every "
-                   "batch size (default: two batches, at least 64 images)")
-    p.add_argument("--repeats", type=count, default=5, help="rounds over all formats")
-    p.add_argument("--warmup", type=lambda text: count(text, 0), default=2,
-                   help="batches each runner runs untimed")
-    p.add_argument("--calibration-images", type=count, default=64,
-                   help="seeded random uint8 images calibrating the int8 exports")
-    args = p.parse_args(argv)
-    if args.images and any(args.images % b for b in args.batch_sizes):
-        p.error(f"--images must be a multiple of every batch size. Received: {args.images}")
-    args.images = {b: args.images or max(64, 2 * b) for b in args.batch_sizes}
-    return args
-
-
 def export_all(model, folder, calibration):
     """Each of `EXPORTS`, made in `folder`: {label: record}."""
     from keras_preact import export
@@ -99,8 +81,7 @@ def make_runners(model, exports, depth, classes):
 
 
 def _machine_busy_s():
-    """CPU seconds the whole machine has spent busy (stolen by the hypervisor included), or
-    None where ``/proc/stat`` cannot tell."""
+    """CPU seconds the whole machine has been busy (stolen ones included), or None."""
     try:
         with open("/proc/stat", encoding="ascii") as f:
             ticks = [int(v) for v in f.readline().split()[1:9]]
@@ -110,10 +91,9 @@ def _machine_busy_s():
 
 
 def measure(runners, images, batch, repeats, warmup, exports):
-    """Each runner timed over `images` in batches of `batch` after `warmup` untimed batches,
-    the runners taking turns for `repeats` rounds. A row each: median images/s, median ratio
-    to the reference's rate of the same round, cores kept busy by it and meanwhile by other
-    processes, and the export's size."""
+    """The runners over `images` in batches of `batch` after `warmup` untimed batches, taking
+    turns for `repeats` rounds: a row each with the median images/s and ratio to the same
+    round's reference, the cores busy in it and in other processes, the export's size."""
     batches = [images[i:i + batch] for i in range(0, len(images), batch)]
     inputs = {label: [prepare(b) for b in batches] for label, (prepare, _) in runners.items()}
     for label, (_, run) in runners.items():
@@ -144,7 +124,19 @@ def measure(runners, images, batch, repeats, warmup, exports):
 
 
 def main(argv=None):
-    args = _parse(argv)
+    p = parser(__doc__)
+    p.add_argument("--model", default="preact_resnet110", help="a CIFAR model of the zoo")
+    p.add_argument("--batch-sizes", type=count, nargs="+", default=[1, 128])
+    p.add_argument("--images", type=count, help="images per measurement, a multiple of every "
+                   "batch size (default: two batches, at least 64 images)")
+    p.add_argument("--repeats", type=count, default=5, help="rounds over all formats")
+    p.add_argument("--warmup", type=count, default=2, help="batches each runner runs untimed")
+    p.add_argument("--calibration-images", type=count, default=64,
+                   help="seeded random uint8 images calibrating the int8 exports")
+    args = p.parse_args(argv)
+    if args.images and any(args.images % b for b in args.batch_sizes):
+        p.error(f"--images must be a multiple of every batch size. Received: {args.images}")
+    args.images = {b: args.images or max(64, 2 * b) for b in args.batch_sizes}
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import numpy as np
 
@@ -160,7 +152,6 @@ def main(argv=None):
     calibration = rng.integers(0, 256, (args.calibration_images, *shape), dtype=np.uint8)
     installed = {d.metadata["Name"] for d in metadata.distributions()}
     report = {
-        "benchmark": "serving_throughput",
         "command": shlex.join(["python", "benchmarks/serving_throughput.py",
                                *(sys.argv[1:] if argv is None else argv)]),
         "machine": machine(), "started": now(),

@@ -76,14 +76,12 @@ def run(depth, batch, steps, warmup, threads, size=32):
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     x = torch.randn(batch, 3, size, size)
     y = torch.randint(0, 10, (batch,))
-    model.train()
 
     def step():
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
-        return loss
 
     for _ in range(warmup):
         step()
