@@ -105,12 +105,11 @@ def main(argv=None):
 
         args.models = kp.list_models()
 
-    def child(fn, arg, backend="tensorflow"):
-        return launch(fn, arg, check=True, env={
-            "KERAS_BACKEND": backend, "JAX_ENABLE_COMPILATION_CACHE": "false"})
-
-    rows = [child(case, name, b) for name in args.models for b in args.backends]
-    naive = [child(naive_case, limit) for limit in (0, 20000)] if args.naive else []
+    env = {"KERAS_BACKEND": "tensorflow", "JAX_ENABLE_COMPILATION_CACHE": "false"}
+    rows = [launch(case, name, check=True, env={**env, "KERAS_BACKEND": backend})
+            for name in args.models for backend in args.backends]
+    naive = [launch(naive_case, limit, check=True, env=env)
+             for limit in ((0, 20000) if args.naive else ())]
     print_table(rows, [("model", "model", "s"), ("backend", "backend", "s"),
                        ("build s", "build_s", ".2f"), ("save s", "save_s", ".2f"),
                        ("load s", "load_s", ".2f"), ("save+load", "save_load_s", ".2f"),

@@ -3,7 +3,7 @@ backend (KERAS_BACKEND), with NumPy data. Prints one JSON line. It imports nothi
 benchmarks/, so that `trees_ab.py` can run it over another source tree's keras_preact.
 
     KERAS_BACKEND=tensorflow python benchmarks/keras_step.py --model preact_resnet110 \
-        --batch 128 --steps 20 [--precision mixed_bfloat16] [--threads 2]
+        --batch 128 --steps 20 [--precision mixed_bfloat16] [--jit-compile] [--threads 2]
 
 ``images_per_s`` is the steady rate of the timed `fit` call's steps (first step's start to
 last step's end), what the PyTorch reference times too; ``call_images_per_s`` is the whole
@@ -66,6 +66,8 @@ def main(argv=None):
     p.add_argument("--steps", type=count, default=20)
     p.add_argument("--warmup", type=count, default=3)
     p.add_argument("--precision", default="fp32", choices=("fp32", "mixed_float16", "mixed_bfloat16"))
+    p.add_argument("--jit-compile", action="store_true",
+                   help="XLA on TensorFlow (JAX always compiles the step)")
     p.add_argument("--threads", type=count, help="TF intra-op threads (inter-op 1)")
     p.add_argument("--image-size", type=count, default=32)
     p.add_argument("--model-kwargs", type=json_object, default={},
@@ -95,7 +97,7 @@ def main(argv=None):
     model = kp.get_model(args.model, input_shape=(args.image_size, args.image_size, 3),
                          classifier_activation=None, **args.model_kwargs)
     build_s = time.perf_counter() - t0
-    jit = backend == "jax"  # JAX compiles the step; XLA made TensorFlow's slower on a CPU
+    jit = args.jit_compile or backend == "jax"
     model.compile(optimizer=CoupledSGD(learning_rate=0.1, momentum=0.9, l2=1e-4), jit_compile=jit,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.RandomState(0)

@@ -251,9 +251,8 @@ def probe_pipeline(batch=128, batches=200):
 #: The counts of the command line: (flag, default, help).
 COUNTS = (("--pairs", 3, "alternating rounds against the PyTorch reference"),
           ("--batch", 128, None), ("--steps", 10, "timed steps a case"),
-          ("--scaling-batch", 32, None),
+          ("--scaling-batch", 32, None), ("--batch-1001", 32, None), ("--steps-1001", 4, None),
           ("--scaling-steps", 8, "timed steps of each scaling model (they take turns; medians)"),
-          ("--batch-1001", 32, None), ("--steps-1001", 4, None),
           ("--memory-reps", 6, "timed steps of ResNet-1001 plain and remat, in turns in a process"))
 
 
