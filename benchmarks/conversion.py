@@ -4,8 +4,8 @@ Each entry of `zoo/weights/keras_applications.json` or `zoo/weights/pytorchcv_*.
 converted from the publisher's own model with random weights (`tests/references.py`), and
 the outputs on random inputs (logits, or the ``_notop`` networks' feature maps) and every
 parameter count are compared; ``--write`` records each entry's ``converter_max_abs_diff`` in
-its manifest. pytorchcv needs ``pip install
-torch==2.13.0`` then ``pip install --no-deps pytorchcv==0.0.74``.
+its manifest. pytorchcv needs ``pip install torch==2.13.0`` then ``pip install --no-deps
+pytorchcv==0.0.74``.
 
     python benchmarks/conversion.py keras_applications|pytorchcv [--only KEY ...] [--write]
 """
@@ -68,7 +68,7 @@ def measure(source, key, entry, *, seed=0, batch_size=2):
     t0 = time.time()
     print(f"checking {key}", flush=True)
     model = kp.get_model(entry["model"], **entry["architecture"], classifier_activation=None)
-    x, ref, counts = globals()[source](key, entry, model, seed, batch_size)  # by its name
+    x, ref, counts = globals()[source](key, entry, model, seed, batch_size)  # a function above
     counts["params"]["keras-preact"] = kp.count_params(model)
     diff = float(np.abs(np.asarray(model(x, training=False)) - ref).max())
     keras.utils.clear_session()
