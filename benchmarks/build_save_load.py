@@ -1,23 +1,21 @@
 """Build, save and load times of the zoo's models, and of a naive reference.
 
 Each measurement runs in a fresh process at Python's default recursion limit, with JAX's
-persistent compilation cache off; with several backends each model is measured on each in
-turn. `--naive` also times a one-Keras-layer-per-op functional ResNet-1001, at the default
-recursion limit, then with it raised. Prints a table and writes JSON.
+persistent compilation cache off, on each of ``--backends`` in turn. ``--naive`` also times
+a functional ResNet-1001 of one Keras layer per op, at the default recursion limit, then
+with it raised.
 
     python benchmarks/build_save_load.py [--models preact_resnet1001 ... | all] [--naive]
         [--backends tensorflow jax torch] [--out benchmarks/results/build_save_load.json]
 """
 
-import argparse
-import json
 import os
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import launch, machine, print_table, results_path, write_report  # noqa: E402
+from benchmarks import launch, machine, now, parser, print_table, write_report  # noqa: E402
 
 
 def _timed(fn, *args):
@@ -58,19 +56,19 @@ def naive_resnet1001():
     def bn_relu(x):
         return layers.Activation("relu")(layers.BatchNormalization()(x))
 
-    def unit(x, filters, stride, project):
-        a = bn_relu(x)
-        shortcut = layers.Conv2D(filters, 1, strides=stride, use_bias=False)(a) if project else x
-        r = layers.Conv2D(filters // 4, 1, use_bias=False)(a)
-        r = layers.Conv2D(filters // 4, 3, strides=stride, padding="same", use_bias=False)(bn_relu(r))
-        r = layers.Conv2D(filters, 1, use_bias=False)(bn_relu(r))
-        return layers.Add()([shortcut, r])
+    def conv(x, filters, kernel, stride=1):
+        return layers.Conv2D(filters, kernel, strides=stride, padding="same", use_bias=False)(x)
 
     inputs = keras.Input((32, 32, 3))
-    x = layers.Conv2D(16, 3, padding="same", use_bias=False)(inputs)
+    x = conv(inputs, 16, 3)
     for stage, filters in enumerate((64, 128, 256)):
         for i in range(111):
-            x = unit(x, filters, 2 if (i == 0 and stage > 0) else 1, i == 0)
+            stride = 2 if i == 0 and stage > 0 else 1
+            a = bn_relu(x)
+            shortcut = conv(a, filters, 1, stride) if i == 0 else x
+            r = bn_relu(conv(a, filters // 4, 1))
+            r = bn_relu(conv(r, filters // 4, 3, stride))
+            x = layers.Add()([shortcut, conv(r, filters, 1)])
     x = layers.GlobalAveragePooling2D()(bn_relu(x))
     return keras.Model(inputs, layers.Dense(10)(x))
 
@@ -81,46 +79,37 @@ def naive_case(limit):
     import keras
 
     sys.setrecursionlimit(limit or sys.getrecursionlimit())
-    result, step = {"recursion_limit": sys.getrecursionlimit(), "error": None}, "build"
-    t0 = time.perf_counter()
+    result = {"recursion_limit": sys.getrecursionlimit(), "error": "RecursionError in build"}
     try:
-        model = naive_resnet1001()
-        result.update(build_s=time.perf_counter() - t0, keras_layers=len(model.layers))
+        model, result["build_s"] = _timed(naive_resnet1001)
+        result.update(keras_layers=len(model.layers), error="RecursionError in save/load")
         with tempfile.TemporaryDirectory() as d:
-            step, t0 = "save/load", time.perf_counter()
-            model.save(os.path.join(d, "naive.keras"))
-            keras.saving.load_model(os.path.join(d, "naive.keras"))
-            result["save_load_s"] = time.perf_counter() - t0
+            path = os.path.join(d, "naive.keras")
+            _, save_s = _timed(model.save, path)
+            _, load_s = _timed(keras.saving.load_model, path)
+        result.update(save_load_s=save_s + load_s, error=None)
     except RecursionError:
-        result.setdefault("build_s", time.perf_counter() - t0)
-        result["error"] = f"RecursionError in {step}"
+        pass  # "error" says where
     return result
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["preact_resnet164", "preact_resnet1001"])
-    parser.add_argument("--backends", nargs="+", default=["tensorflow"],
-                        choices=("tensorflow", "jax", "torch"))
-    parser.add_argument("--naive", action="store_true")
-    parser.add_argument("--out", default=results_path("build_save_load"))
-    parser.add_argument("--case", help=argparse.SUPPRESS)  # a child: one model
-    parser.add_argument("--naive-case", type=int, help=argparse.SUPPRESS)  # a child: a limit
-    args = parser.parse_args(argv)
-    if args.case or args.naive_case is not None:
-        print(json.dumps(case(args.case) if args.case else naive_case(args.naive_case)))
-        return 0
+    p = parser(__doc__)
+    p.add_argument("--models", nargs="+", default=["preact_resnet164", "preact_resnet1001"])
+    p.add_argument("--backends", nargs="+", default=["tensorflow"],
+                   choices=("tensorflow", "jax", "torch"))
+    p.add_argument("--naive", action="store_true")
+    args = p.parse_args(argv)
     if args.models == ["all"]:
         import keras_preact as kp
 
         args.models = kp.list_models()
 
-    def child(*flags, backend="tensorflow"):
-        return launch("build_save_load", *flags, check=True, env={
-            "KERAS_BACKEND": backend, "JAX_ENABLE_COMPILATION_CACHE": "false"})
-
-    rows = [child("--case", name, backend=b) for name in args.models for b in args.backends]
-    naive = [child("--naive-case", limit) for limit in (0, 20000)] if args.naive else []
+    env = {"KERAS_BACKEND": "tensorflow", "JAX_ENABLE_COMPILATION_CACHE": "false"}
+    rows = [launch(case, name, check=True, env={**env, "KERAS_BACKEND": backend})
+            for name in args.models for backend in args.backends]
+    naive = [launch(naive_case, limit, check=True, env=env)
+             for limit in ((0, 20000) if args.naive else ())]
     print_table(rows, [("model", "model", "s"), ("backend", "backend", "s"),
                        ("build s", "build_s", ".2f"), ("save s", "save_s", ".2f"),
                        ("load s", "load_s", ".2f"), ("save+load", "save_load_s", ".2f"),
@@ -129,8 +118,8 @@ def main(argv=None):
         print_table(naive, [("naive ResNet-1001, recursion limit", "recursion_limit", "d"),
                             ("build s", "build_s", ".2f"), ("save+load s", "save_load_s", ".2f"),
                             ("layers", "keras_layers", "d")])
-    write_report({"machine": machine(), "models": rows, "naive_reference": naive,
-                  "time": time.strftime("%Y-%m-%d %H:%M:%S")}, args.out)
+    write_report({"machine": machine(), "started": now(), "models": rows,
+                  "naive_reference": naive}, args.out, "build_save_load")
     return 0
 
 

@@ -1,18 +1,15 @@
 """Checks a catalog converter on every entry it converts and records the figure.
 
-For each entry of `zoo/weights/keras_applications.json` or `zoo/weights/pytorchcv_*.json`,
-the publisher's own model with random weights (`tests/references.py`: keras.applications'
-ResNetV2 written as its legacy `.h5` file, or pytorchcv's model and its state dict) is
-converted by the catalog's converter into the entry's architecture, and the outputs are
-compared on random inputs (logits, or the ``_notop`` networks' feature maps); every
-parameter count must agree too. Prints a table, writes JSON, and with ``--write`` records
-each entry's ``converter_max_abs_diff`` in its manifest. pytorchcv needs ``pip install
-torch==2.13.0`` then ``pip install --no-deps pytorchcv==0.0.74``.
+Each entry of `zoo/weights/keras_applications.json` or `zoo/weights/pytorchcv_*.json` is
+converted from the publisher's own model with random weights (`tests/references.py`), and
+the outputs on random inputs (logits, or the ``_notop`` networks' feature maps) and every
+parameter count are compared; ``--write`` records each entry's ``converter_max_abs_diff`` in
+its manifest. pytorchcv needs ``pip install torch==2.13.0`` then ``pip install --no-deps
+pytorchcv==0.0.74``.
 
     python benchmarks/conversion.py keras_applications|pytorchcv [--only KEY ...] [--write]
 """
 
-import argparse
 import glob
 import json
 import os
@@ -23,7 +20,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import REPO, print_table, results_path, write_report  # noqa: E402
+from benchmarks import REPO, parser, print_table, write_report  # noqa: E402
 
 BOUND = 1e-4  # the largest allowed output difference
 
@@ -31,10 +28,8 @@ BOUND = 1e-4  # the largest allowed output difference
 def keras_applications(key, entry, model, seed, batch_size):
     """keras.applications' network converted from its legacy `.h5` file into `model`:
     (inputs, the network's outputs, {what is counted: counts that must agree})."""
-    import keras_preact as kp
     from keras_preact.weights.converters import keras_applications as conv
-    from tests.references import keras_reference
-    from tests.references import save_legacy_h5
+    from tests.references import keras_reference, save_legacy_h5
 
     net = keras_reference(int(entry["model"][len("preact_resnet"):]), seed=seed,
                           include_top=entry["architecture"].get("include_top", True))
@@ -44,7 +39,7 @@ def keras_applications(key, entry, model, seed, batch_size):
     x = np.random.RandomState(seed).uniform(-1, 1, (batch_size, *entry["input_shape"]))
     x = x.astype("float32")
     return x, np.asarray(net(x, training=False)), {
-        "params": {"keras-preact": kp.count_params(model), "catalog": entry["params"]},
+        "params": {"catalog": entry["params"]},
         "count_params": {"keras.applications": int(net.count_params()),
                          "keras-preact": int(model.count_params()),
                          "catalog": entry.get("params_keras_count_params")}}
@@ -52,18 +47,14 @@ def keras_applications(key, entry, model, seed, batch_size):
 
 def pytorchcv(key, entry, model, seed, batch_size):
     """pytorchcv's model converted from its state dict into `model` (as above)."""
-    import keras_preact as kp
     from keras_preact.weights.converters import pytorchcv as conv
-    from tests.references import pytorchcv_reference
-    from tests.references import reference_logits
-    from tests.references import state_dict_arrays
+    from tests.references import pytorchcv_reference, reference_logits, state_dict_arrays
 
     net = pytorchcv_reference(entry["upstream_name"], seed=seed)
     conv.load_state_dict(model, state_dict_arrays(net), source=key)
     x = np.random.RandomState(seed).randn(batch_size, *entry["input_shape"]).astype("float32")
     return x, reference_logits(net, x), {
-        "params": {"keras-preact": kp.count_params(model),
-                   "pytorchcv": int(sum(p.numel() for p in net.parameters())),
+        "params": {"pytorchcv": int(sum(p.numel() for p in net.parameters())),
                    "catalog": entry["params"]}}
 
 
@@ -75,9 +66,10 @@ def measure(source, key, entry, *, seed=0, batch_size=2):
     import keras_preact as kp
 
     t0 = time.time()
+    print(f"checking {key}", flush=True)
     model = kp.get_model(entry["model"], **entry["architecture"], classifier_activation=None)
-    x, ref, counts = {"keras_applications": keras_applications,
-                      "pytorchcv": pytorchcv}[source](key, entry, model, seed, batch_size)
+    x, ref, counts = globals()[source](key, entry, model, seed, batch_size)  # a function above
+    counts["params"]["keras-preact"] = kp.count_params(model)
     diff = float(np.abs(np.asarray(model(x, training=False)) - ref).max())
     keras.utils.clear_session()
     return {"key": key, "max_abs_diff": diff, "output_scale": float(np.abs(ref).max()),
@@ -87,14 +79,11 @@ def measure(source, key, entry, *, seed=0, batch_size=2):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source", choices=("keras_applications", "pytorchcv"))
-    parser.add_argument("--only", nargs="*", default=None, help="catalog keys to check")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--write", action="store_true", help="record the figures in the manifests")
-    parser.add_argument("--out", default=None,
-                        help="default: benchmarks/results/<source>_conversion.json")
-    args = parser.parse_args(argv)
+    p = parser(__doc__)
+    p.add_argument("source", choices=("keras_applications", "pytorchcv"))
+    p.add_argument("--only", nargs="*", default=None, help="catalog keys to check")
+    p.add_argument("--write", action="store_true", help="record the figures in the manifests")
+    args = p.parse_args(argv)
     docs, owner = {}, {}
     for path in sorted(glob.glob(os.path.join(REPO, "zoo", "weights", args.source + "*.json"))):
         with open(path, encoding="utf-8") as f:
@@ -103,15 +92,13 @@ def main(argv=None):
     keys = args.only or list(owner)
     unknown = [k for k in keys if k not in owner]
     if unknown:
-        parser.error(f"not {args.source} catalog keys: {unknown}")
-    rows = []
-    for key in keys:
-        print(f"checking {key}", flush=True)
-        rows.append(measure(args.source, key, docs[owner[key]]["entries"][key], seed=args.seed))
+        p.error(f"not {args.source} catalog keys: {unknown}")
+    rows = [measure(args.source, key, docs[owner[key]]["entries"][key]) for key in keys]
     print_table(rows, [("key", "key", "s"), ("max |diff|", "max_abs_diff", ".2e"),
-                       ("outputs up to", "output_scale", ".1f"), ("params", "trainable_params", ","),
-                       ("counts agree", "ok", ""), ("s", "seconds", "")])
-    write_report(rows, args.out or results_path(args.source + "_conversion"))
+                       ("outputs up to", "output_scale", ".1f"),
+                       ("params", "trainable_params", ","), ("counts agree", "ok", ""),
+                       ("s", "seconds", "")])
+    write_report(rows, args.out, args.source + "_conversion")
     if args.write:
         from keras_preact.weights import catalog
 

@@ -1,19 +1,16 @@
-"""Where a JAX training step's time goes on a CPU: every convolution and BN-ReLU of
-ResNet-56's step, forward and backward, timed alone in XLA:CPU and in PyTorch and weighted
-by how often the step runs it, beside both frameworks' whole steps; each side in its own
-process, alternating round by round. Prints a table, writes JSON.
+"""Where a JAX training step's time goes on a CPU: ResNet-56's convolutions and BN-ReLUs,
+forward and backward, each timed alone in XLA:CPU and in PyTorch and weighted by how often
+the step runs it, beside both whole steps; each side in its own process, rounds alternating.
 
     python benchmarks/jax_ops.py [--rounds 2] [--out benchmarks/results/jax_ops.json]
 """
 
-import argparse
-import json
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import check_counts, launch, print_table, results_path, take_turns  # noqa: E402
+from benchmarks import count, launch, machine, now, parser, print_table, take_turns  # noqa: E402
 from benchmarks import write_report  # noqa: E402
 
 #: ResNet-56's convolutions: (count, input size, in channels, out channels, kernel, stride).
@@ -33,9 +30,10 @@ def _time(fn, reps):
     return (time.perf_counter() - start) / reps
 
 
-def op_times(conv, bn_relu, reps, batch):
-    """Every op shape's forward and backward step (made by `conv` or `bn_relu`) timed alone,
-    times how often the training step runs it, summed."""
+def op_times(side, reps, batch, threads):
+    """Every op shape's forward and backward step in `side` ("jax" or "torch") timed alone,
+    times how often the training step runs it, summed (a child process)."""
+    conv, bn_relu = jax_steps() if side == "jax" else torch_steps(threads)
     return {"conv": sum(n * _time(conv(batch, *shape), reps) for n, *shape in CONVS),
             "bn_relu": sum(n * _time(bn_relu(batch, *shape), reps) for n, *shape in BN_RELUS)}
 
@@ -93,26 +91,19 @@ def torch_steps(threads):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--steps", type=int, default=8, help="whole training steps timed a round")
-    p.add_argument("--threads", type=int, default=2, help="PyTorch's threads")
-    p.add_argument("--side", choices=("jax", "torch"), help=argparse.SUPPRESS)  # a child
-    p.add_argument("--out", default=results_path("jax_ops"))
+    p = parser(__doc__)
+    p.add_argument("--rounds", type=count, default=2)
+    p.add_argument("--reps", type=count, default=10)
+    p.add_argument("--batch", type=count, default=128)
+    p.add_argument("--steps", type=count, default=8, help="whole training steps timed a round")
+    p.add_argument("--threads", type=count, default=2, help="PyTorch's threads")
     args = p.parse_args(argv)
-    check_counts(p, args, "rounds", "reps", "batch", "steps", "threads")
-    if args.side:
-        steps = jax_steps() if args.side == "jax" else torch_steps(args.threads)
-        print(json.dumps(op_times(*steps, args.reps, args.batch)))
-        return 0
     steps = {"jax": ("keras_step", "--model", "preact_resnet56", "--warmup", 1),
              "torch": ("torch_reference", "--depth", 56, "--threads", args.threads)}
 
     def side(name):  # its ops, then its whole step
-        ops = launch("jax_ops", "--side", name, "--reps", args.reps, "--batch", args.batch,
-                     "--threads", args.threads, check=True, env={"JAX_PLATFORMS": "cpu"})
+        ops = launch(op_times, name, args.reps, args.batch, args.threads, check=True,
+                     env={"JAX_PLATFORMS": "cpu"})
         return {**ops, "step": launch(*steps[name], "--batch", args.batch, "--steps", args.steps,
                                       check=True, env={"KERAS_BACKEND": "jax"})["s_per_step"]}
 
@@ -122,8 +113,7 @@ def main(argv=None):
     print_table(rows, [("round", "round", "d"), ("side", "side", "s"), ("conv s", "conv", ".3f"),
                        ("BN-ReLU s", "bn_relu", ".3f"), ("step s", "step", ".3f")])
     write_report({"model": "preact_resnet56", "batch": args.batch, "threads_torch": args.threads,
-                  "cpus": os.cpu_count(), "rounds": rounds,
-                  "time": time.strftime("%Y-%m-%d %H:%M:%S")}, args.out)
+                  "machine": machine(), "started": now(), "rounds": rounds}, args.out, "jax_ops")
     return 0
 
 

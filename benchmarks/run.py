@@ -1,37 +1,33 @@
 """The benchmark harness: training throughput, peak memory and the PyTorch reference.
 
-Every case runs in a fresh process (`keras_step.py`, `torch_reference.py`), so each peak
-memory figure is one case's; rates are the steady rates of the timed steps on both sides.
-Ratios compare cases of one invocation, Keras and PyTorch alternating so that a shared
-machine's drift hits both. Suites (docs/performance.md describes every figure): ``cpu``
-(``--parts`` speed, pipeline, scaling and memory; ``--bf16``; ``--max-isa avx2`` caps both
-sides' kernels at AVX2), ``jax`` (the JAX backend on the CPU), ``gpu`` (the JAX backend
-in each of ``--precisions``, and the paper's ResNet-1001 schedule in hours; nothing is
-installed at run time) and ``quick`` (a smoke run). Prints a table and writes JSON.
+Every case runs in a fresh process (`keras_step.py`, `torch_reference.py`); rates are the
+steady rates of the timed steps, Keras and PyTorch alternating round by round. Suites
+(docs/performance.md describes every figure): ``cpu`` (``--parts``; ``--bf16``; ``--max-isa
+avx2`` caps both sides' kernels at AVX2), ``jax`` (the JAX backend on the CPU), ``gpu`` (the
+JAX backend in each of ``--precisions``, and the paper's ResNet-1001 schedule in hours;
+installs nothing) and ``quick`` (a smoke run).
 
     python benchmarks/run.py --suite cpu [--pairs 3] [--out benchmarks/results/cpu.json]
 """
 
-import argparse
 import json
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import check_counts, launch, machine, median, print_table  # noqa: E402
-from benchmarks import results_path, take_turns, write_report  # noqa: E402
+from benchmarks import count, launch, machine, median, now, parser, print_table  # noqa: E402
+from benchmarks import take_turns, write_report  # noqa: E402
 
 #: The unoptimised path: TensorFlow's default kernels on an AVX2 CPU, none of ours.
 UNOPTIMISED_ENV = {"TF_ENABLE_ONEDNN_OPTS": "0", "KERAS_PREACT_FAST_CONV_GRAD": "0",
                    "KERAS_PREACT_FUSED_BN": "0"}
-#: The paper's ResNet-1001 schedule: 64k iterations of 128 images.
-PAPER_1001_IMAGES = 64000 * 128
 #: --max-isa: caps on the vector instructions of oneDNN (TensorFlow, PyTorch) and ATen, to
 #: measure on an AVX-512 CPU what an AVX2-only CPU runs (TensorFlow's Eigen is unaffected).
 ISA_ENVS = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2",
                                    "ATEN_CPU_CAPABILITY": "avx2"}}
-BOTTLENECK_MODELS = {"preact_resnet164", "preact_resnet272", "preact_resnet542", "preact_resnet1001"}
+BOTTLENECK_MODELS = {"preact_resnet164", "preact_resnet272", "preact_resnet542",
+                     "preact_resnet1001"}
 TORCH = "PyTorch ref"
 #: Environment settings of every training case (--max-isa).
 CASE_ENV = {}
@@ -47,25 +43,28 @@ def keras_case(model, batch, steps, *, backend="tensorflow", threads=2, precisio
                   env={**CASE_ENV, "KERAS_BACKEND": backend, **(env or {})})
 
 
-def torch_case(depth, batch, steps, *, threads=2):
+def torch_case(depth, batch, steps):
     return launch("torch_reference", "--depth", depth, "--batch", batch, "--steps", steps,
-                  "--threads", threads, env=CASE_ENV)
+                  "--threads", 2, env=CASE_ENV)
 
 
 def _rate(row):
     return row.get("images_per_s")
 
 
-def _hours(row):  # the paper's ResNet-1001 schedule at the row's rate
-    return PAPER_1001_IMAGES / _rate(row) / 3600
+def _hours(row):  # the paper's ResNet-1001 schedule (64k iterations of 128 images)
+    return 64000 * 128 / _rate(row) / 3600
 
 
-def rounds(rows, prefix, sides, pairs):
-    """`sides` ({name: case}) taking turns for `pairs` rounds, appending rows named '<prefix>
-    <side> (round i)'. Every side but the PyTorch reference gets its ratio over the
-    reference's rate of the same round: {side: {"rounds": [ratios], "median": m}}."""
-    ratios = {side: [] for side in sides if side != TORCH}
-    for i, got in enumerate(take_turns(sides, pairs)):
+def rounds(args, rows, model, prefix, cases):
+    """`model` in `keras_case` with each of `cases` ({side: its keyword arguments}) and the
+    PyTorch reference taking turns for --pairs rounds, appending rows '<prefix> <side> (round
+    i)'; each side's ratios over the reference's rate: {side: {"rounds": [...], "median": m}}."""
+    sides = {side: lambda kw=kw: keras_case(model, args.batch, args.steps, **kw)
+             for side, kw in cases.items()}
+    sides[TORCH] = lambda: torch_case(int(model.rsplit("resnet", 1)[1]), args.batch, args.steps)
+    ratios = {side: [] for side in cases}
+    for i, got in enumerate(take_turns(sides, args.pairs)):
         for side in sides:
             row = {"case": f"{prefix} {side} (round {i + 1})", **got[side]}
             if side in ratios:
@@ -83,30 +82,25 @@ def _median_rate(rows, name):
 def part_speed(args, report):
     """ResNet-110: keras-preact as shipped, on the unoptimised path and (--bf16) in mixed
     bfloat16, against the PyTorch reference; and the fraction of the matmul peak."""
-    def case(**kw):
-        return lambda: keras_case("preact_resnet110", args.batch, args.steps, **kw)
-
-    sides = {"keras-preact": case(), "unoptimised": case(env=UNOPTIMISED_ENV),
-             TORCH: lambda: torch_case(110, args.batch, args.steps)}
+    cases = {"keras-preact": {}, "unoptimised": {"env": UNOPTIMISED_ENV}}
     if args.bf16:
-        sides["keras-preact bf16"] = case(precision="mixed_bfloat16")
-    ratios = rounds(report["rows"], f"ResNet-110 b{args.batch}", sides, args.pairs)
-    for side, key in (("keras-preact", "ratio_keras_over_torch"),
-                      ("unoptimised", "ratio_unoptimised_over_torch"),
-                      ("keras-preact bf16", "ratio_bf16_over_torch_fp32")):
-        if side in ratios:
-            report[key] = ratios[side]
-    peak = report["matmul_gflops"] = launch("run", "--probe", "matmul").get("gflops")
+        cases["keras-preact bf16"] = {"precision": "mixed_bfloat16"}
+    ratios = rounds(args, report["rows"], "preact_resnet110", f"ResNet-110 b{args.batch}", cases)
+    keys = {"keras-preact": "ratio_keras_over_torch", "unoptimised": "ratio_unoptimised_over_torch",
+            "keras-preact bf16": "ratio_bf16_over_torch_fp32"}
+    report.update({keys[side]: r for side, r in ratios.items()})
+    peak = report["matmul_gflops"] = launch(probe_matmul).get("gflops")
     if peak:
         flop_per_image = 2 * 3 * 253.1e6  # ResNet-110's multiply-adds x 2 FLOP x 3 (fwd + bwd)
         report["train_gflop_per_image"] = flop_per_image / 1e9
         report["fraction_of_matmul_peak"] = {
-            label: (rate := _median_rate(report["rows"], side)) and rate * flop_per_image / peak / 1e9
+            label: (rate := _median_rate(report["rows"], side))
+            and rate * flop_per_image / peak / 1e9
             for label, side in (("keras-preact", "keras-preact"), ("torch", TORCH))}
 
 
 def part_pipeline(args, report):
-    rate = report["pipeline_images_per_s"] = launch("run", "--probe", "pipeline").get("images_per_s")
+    rate = report["pipeline_images_per_s"] = launch(probe_pipeline).get("images_per_s")
     train = _median_rate(report["rows"], "keras-preact")
     if rate and train:
         report["pipeline_over_training"] = rate / train
@@ -118,24 +112,23 @@ def turns(rows, models, batch, reps, label):
     r = launch("step_ab", "--models", *models, "--batch", batch, "--reps", reps, env=CASE_ENV)
     if "error" in r:
         rows.append({"case": f"{' '.join(models)} b{batch} ({label})", **r})
-    for row in r.get("rows", []):
-        rows.append({"case": f"{row['model']} b{batch} ({label})", "images_per_s": row["images_per_s"],
-                     "s_per_step": row["median_s_per_step"], "peak_rss_mb": None, "macs": row["macs"]})
+    rows += [{"case": f"{row['model']} b{batch} ({label})", "images_per_s": row["images_per_s"],
+              "s_per_step": row["median_s_per_step"], "peak_rss_mb": None, "macs": row["macs"]}
+             for row in r.get("rows", [])]
     return r.get("rows", [])
 
 
 def part_scaling(args, report):
     """Per-image time against MACs. One process per block family: its models take turns
     step by step, so a slow spell of a shared machine hits every model alike."""
-    scaling = []
+    scaling = report["cost_scaling"] = []
     for family in ("basic", "bottleneck"):
         models = [m for m in args.scaling_models
                   if (m in BOTTLENECK_MODELS) == (family == "bottleneck")]
-        for row in turns(report["rows"], models, args.scaling_batch, args.scaling_steps,
-                         "scaling") if models else []:
-            scaling.append({"model": row["model"], "family": family,
-                            "s_per_image": row["ms_per_image"] / 1e3, "macs": row["macs"]})
-    report["cost_scaling"] = scaling
+        rows = models and turns(report["rows"], models, args.scaling_batch,
+                                args.scaling_steps, "scaling")
+        scaling += [{"model": r["model"], "family": family, "s_per_image": r["ms_per_image"] / 1e3,
+                     "macs": r["macs"]} for r in rows]
     report["cost_scaling_summary"] = scaling_summary(scaling)
 
 
@@ -156,8 +149,7 @@ def part_memory(args, report):
         "peak_rss_mb_b128_remat": mem["remat b128"].get("peak_rss_mb"),
         "remat_time_ratio": ab[1]["median_s_per_step"] / ab[0]["median_s_per_step"] if ab else None,
         f"peak_rss_mb_b{b}_plain": mem[f"plain b{b}"].get("peak_rss_mb"),
-        f"peak_rss_mb_b{b}_remat": mem[f"remat b{b}"].get("peak_rss_mb"),
-    }
+        f"peak_rss_mb_b{b}_remat": mem[f"remat b{b}"].get("peak_rss_mb")}
     if _rate(mem["remat b128"]):
         report["resnet1001_schedule_hours"] = {"cpu fp32 remat b128": _hours(mem["remat b128"])}
 
@@ -176,14 +168,18 @@ def scaling_summary(scaling):
         out[family + "_ps_per_mac"] = median([v * 1e12 for v in per_mac])
         out[family + "_max_deviation_from_proportional"] = (
             (max(per_mac) - min(per_mac)) / (max(per_mac) + min(per_mac)))
-    if "basic_ps_per_mac" in out and "bottleneck_ps_per_mac" in out:
-        out["bottleneck_over_basic_ps_per_mac"] = out["bottleneck_ps_per_mac"] / out["basic_ps_per_mac"]
+    if "basic" in out and "bottleneck" in out:
+        out["bottleneck_over_basic_ps_per_mac"] = (out["bottleneck_ps_per_mac"]
+                                                   / out["basic_ps_per_mac"])
     return out
 
 
+PARTS = {"speed": part_speed, "pipeline": part_pipeline, "scaling": part_scaling,
+         "memory": part_memory}
+
+
 def suite_cpu(args, report):
-    for name, part in (("speed", part_speed), ("pipeline", part_pipeline),
-                       ("scaling", part_scaling), ("memory", part_memory)):
+    for name, part in PARTS.items():
         if name in args.parts:
             part(args, report)
 
@@ -202,14 +198,10 @@ def suite_gpu(args, report):
 def suite_jax(args, report):
     """The JAX backend on this CPU against the PyTorch reference in alternating rounds, the
     stages looped and unrolled; ResNet-1001 at batch 128 with remat on JAX and TensorFlow."""
+    jax = {"backend": "jax", "threads": None, "warmup": 1}
     for model in args.jax_models:
-        def jax(**kw):
-            return lambda: keras_case(model, args.batch, args.steps, backend="jax", threads=None,
-                                      warmup=1, **kw)
-
-        sides = {"jax": jax(), "jax unrolled": jax(unrolled=True), TORCH: lambda: torch_case(
-            int(model.rsplit("resnet", 1)[1]), args.batch, args.steps)}
-        ratios = rounds(report["rows"], f"{model} b{args.batch}", sides, args.pairs)
+        ratios = rounds(args, report["rows"], model, f"{model} b{args.batch}",
+                        {"jax": jax, "jax unrolled": {**jax, "unrolled": True}})
         report.setdefault("ratio_jax_over_torch", {})[model] = ratios["jax"]
     for backend in ("jax", "tensorflow"):
         r = keras_case("preact_resnet1001", 128, args.steps_1001, backend=backend,
@@ -238,8 +230,7 @@ def probe_matmul(size=2048, repeats=20):
 
 
 def probe_pipeline(batch=128, batches=200):
-    """Images/s of the CIFAR training pipeline (pad, crop, flip, normalise, shuffle; a child
-    of `part_pipeline`)."""
+    """Images/s of the CIFAR training pipeline: pad, crop, flip, normalise, shuffle."""
     import numpy as np
 
     from keras_preact.data import dataset_from_arrays
@@ -257,39 +248,26 @@ def probe_pipeline(batch=128, batches=200):
     return {"images_per_s": batch * batches / (time.perf_counter() - t)}
 
 
-def show(report):
-    cpu = report["machine"]["cpu"]
-    print(f"machine: {cpu['model']}, {report['machine']['cpus']} CPUs, features "
-          f"{' '.join(cpu['features']) or '?'}, kernels capped at: {report['machine']['max_isa']}")
-    # img/s: the steady rate of the steps; call img/s: the whole fit call (keras_step.py)
-    print_table(report["rows"], [
-        ("case", "case", "s"), ("img/s", "images_per_s", ".1f"), ("s/step", "s_per_step", ".3f"),
-        ("call img/s", "call_images_per_s", ".1f"), ("peak MB", "peak_rss_mb", ".0f"),
-        ("device MB", "peak_device_mb", ".0f")])
-    for key, value in report.items():
-        if key not in ("suite", "machine", "started", "rows"):
-            print(f"{key}: {value}")
-
-
 #: The counts of the command line: (flag, default, help).
 COUNTS = (("--pairs", 3, "alternating rounds against the PyTorch reference"),
           ("--batch", 128, None), ("--steps", 10, "timed steps a case"),
-          ("--scaling-batch", 32, None),
+          ("--scaling-batch", 32, None), ("--batch-1001", 32, None), ("--steps-1001", 4, None),
           ("--scaling-steps", 8, "timed steps of each scaling model (they take turns; medians)"),
-          ("--batch-1001", 32, None), ("--steps-1001", 4, None),
-          ("--memory-reps", 6, "timed steps each of ResNet-1001 plain and remat at --batch-1001, "
-                               "taking turns in one process"))
+          ("--memory-reps", 6, "timed steps of ResNet-1001 plain and remat, in turns in a process"))
+
+
+SUITES = {"cpu": suite_cpu, "jax": suite_jax, "gpu": suite_gpu, "quick": suite_quick}
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--suite", choices=("cpu", "jax", "gpu", "quick"), default="cpu")
+    p = parser(__doc__)
+    p.add_argument("--suite", choices=tuple(SUITES), default="cpu")
     for flag, default, help in COUNTS:
-        p.add_argument(flag, type=int, default=default, help=help)
+        p.add_argument(flag, type=count, default=default, help=help)
     p.add_argument("--bf16", action="store_true",
                    help="cpu speed rounds: also keras-preact in mixed_bfloat16")
-    p.add_argument("--parts", nargs="*", default=["speed", "pipeline", "scaling", "memory"],
-                   choices=("speed", "pipeline", "scaling", "memory"), help="cpu suite parts to run")
+    p.add_argument("--parts", nargs="*", default=list(PARTS), choices=tuple(PARTS),
+                   help="cpu suite parts to run")
     p.add_argument("--scaling-models", nargs="*",
                    default=["preact_resnet20", "preact_resnet56", "preact_resnet110",
                             "preact_resnet1202", "preact_resnet164", "preact_resnet1001"])
@@ -302,21 +280,22 @@ def main(argv=None):
                    default=["preact_resnet110", "preact_resnet164", "preact_resnet1001"])
     p.add_argument("--precisions", nargs="+", default=["fp32", "mixed_bfloat16", "mixed_float16"],
                    choices=("fp32", "mixed_bfloat16", "mixed_float16"), help="gpu suite")
-    p.add_argument("--out", default=None)
-    p.add_argument("--probe", choices=("matmul", "pipeline"), help=argparse.SUPPRESS)  # a child
     args = p.parse_args(argv)
-    if args.probe:
-        print(json.dumps({"matmul": probe_matmul, "pipeline": probe_pipeline}[args.probe]()))
-        return 0
-    check_counts(p, args, *(flag[2:].replace("-", "_") for flag, _, _ in COUNTS))
     CASE_ENV.clear()
     CASE_ENV.update(ISA_ENVS[args.max_isa])
-    report = {"suite": args.suite, "machine": machine(max_isa=args.max_isa),
-              "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "rows": []}
-    {"cpu": suite_cpu, "jax": suite_jax, "gpu": suite_gpu,
-     "quick": suite_quick}[args.suite](args, report)
-    show(report)
-    write_report(report, args.out or results_path(args.suite))
+    report = {"suite": args.suite, "machine": machine(max_isa=args.max_isa), "started": now(),
+              "rows": []}
+    SUITES[args.suite](args, report)
+    print(f"machine: {report['machine']}")
+    # img/s: the steady rate of the steps; call img/s: the whole fit call (keras_step.py)
+    print_table(report["rows"], [
+        ("case", "case", "s"), ("img/s", "images_per_s", ".1f"), ("s/step", "s_per_step", ".3f"),
+        ("call img/s", "call_images_per_s", ".1f"), ("peak MB", "peak_rss_mb", ".0f"),
+        ("device MB", "peak_device_mb", ".0f")])
+    for key, value in report.items():
+        if key not in ("suite", "machine", "started", "rows"):
+            print(f"{key}: {value}")
+    write_report(report, args.out, args.suite)
     failed = [r["case"] for r in report["rows"] if "error" in r]
     if failed:
         print(f"{len(failed)} case(s) failed: {', '.join(failed)}", file=sys.stderr)

@@ -1,102 +1,61 @@
 """Served images/s of every export format against the PyTorch eager reference.
 
 A CIFAR zoo model with its preprocessing layer (random weights) is exported in every format
-of `EXPORTS` (int8 calibrated on ``--calibration-images`` seeded random images) and served
-through ``keras_preact.export.load_export(folder).predict`` on uint8 images, beside Keras'
+of `EXPORTS` (int8 calibrated on seeded random images) and served through
+``keras_preact.export.load_export(folder).predict`` on uint8 images, beside Keras'
 ``predict_on_batch`` and `torch_reference.PreActResNet` in PyTorch eager. At each batch
-size the runners are warmed up, then each of ``--repeats`` rounds times every format once
-over the same images, in reverse order every other round. Rows: median images/s, median
-ratio to PyTorch's rate of the same round, cores kept busy by the format and meanwhile by
-other processes (``/proc/stat``), export size. Prints a table and writes JSON.
+size the runners are warmed up, then take turns for ``--repeats`` rounds (`measure`).
 
     python benchmarks/serving_throughput.py [--model preact_resnet110] [--batch-sizes 1 128]
-        [--images 64 256] [--repeats 5] [--warmup 2] [--out benchmarks/results/serving_throughput.json]
+        [--repeats 5] [--out benchmarks/results/serving_throughput.json]
 """
 
-import argparse
 import os
 import shlex
-import statistics
 import sys
 import tempfile
 import time
 from importlib import metadata
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import check_counts, machine, print_table, results_path, take_turns  # noqa: E402
-from benchmarks import write_report  # noqa: E402
+from benchmarks import count, machine, median, now, parser, print_table  # noqa: E402
+from benchmarks import take_turns, write_report  # noqa: E402
 
 REFERENCE = "PyTorch eager"
-#: The exports: (format, quantization); labelled "<runtime>[ <quantization>]".
-EXPORTS = (("saved_model", None), ("onnx", None), ("onnx", "int8"), ("litert", None),
-           ("litert", "float16"), ("litert", "dynamic_range"), ("litert", "int8"))
-RUNTIMES = {"saved_model": "SavedModel serving_default", "onnx": "ONNX Runtime", "litert": "LiteRT"}
+#: The exports: {label: (format, quantization)}.
+EXPORTS = {"SavedModel serving_default": ("saved_model", None), "ONNX Runtime": ("onnx", None),
+           "ONNX Runtime int8": ("onnx", "int8"), "LiteRT": ("litert", None),
+           "LiteRT float16": ("litert", "float16"),
+           "LiteRT dynamic range": ("litert", "dynamic_range"), "LiteRT int8": ("litert", "int8")}
 #: Packages whose versions go into the report (by their distribution names).
 PACKAGES = ("keras-preact", "tensorflow", "keras", "torch", "onnxruntime", "onnx", "tf2onnx",
             "ai-edge-litert", "numpy")
-
-
-def _parse(argv):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="preact_resnet110", help="a CIFAR model of the zoo")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 128])
-    p.add_argument("--images", type=int, nargs="+", default=None,
-                   help="images per measurement: one figure, or one per batch size, each a "
-                        "multiple of its batch size (default: two batches, at least 64 images)")
-    p.add_argument("--repeats", type=int, default=5, help="rounds over all formats")
-    p.add_argument("--warmup", type=int, default=2, help="batches each runner runs untimed")
-    p.add_argument("--calibration-images", type=int, default=64,
-                   help="seeded random uint8 images calibrating the int8 exports")
-    p.add_argument("--out", default=results_path("serving_throughput"))
-    args = p.parse_args(argv)
-    check_counts(p, args, "repeats", "calibration_images", "batch_sizes")
-    check_counts(p, args, "warmup", minimum=0)
-    images = args.images or [max(64, 2 * b) for b in args.batch_sizes]
-    images = images * len(args.batch_sizes) if len(images) == 1 else images
-    if len(images) != len(args.batch_sizes):
-        p.error(f"--images takes one figure or one per batch size ({len(args.batch_sizes)}). "
-                f"Received: {args.images}")
-    for batch, count in zip(args.batch_sizes, images):
-        if count < 1 or count % batch:
-            p.error(f"--images must be a positive multiple of the batch size. "
-                    f"Received: {count} images at batch {batch}")
-    args.images = dict(zip(args.batch_sizes, images))
-    return args
-
-
-def _version(name):
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None  # not installed
 
 
 def export_all(model, folder, calibration):
     """Each of `EXPORTS`, made in `folder`: {label: record}."""
     from keras_preact import export
 
-    exporters = {"saved_model": export.export_saved_model, "onnx": export.export_onnx,
-                 "litert": export.export_litert}
     skip = {export.MODEL_CARD_JSON, export.MODEL_CARD_MD, export.CLASS_NAMES_FILE}
     made = {}
-    for kind, quantization in EXPORTS:
-        label = f"{RUNTIMES[kind]} {(quantization or '').replace('_', ' ')}".strip()
+    for label, (kind, quantization) in EXPORTS.items():
         # A quantised export's parity is recorded in its card, not enforced.
         kwargs = {} if quantization is None else {"quantization": quantization,
                                                   "parity_tolerance": 1.0}
         if quantization == "int8":
             kwargs["calibration_images"] = calibration
         t0 = time.perf_counter()
-        path = exporters[kind](model, os.path.join(folder, label.replace(" ", "_")), **kwargs)
-        made[label] = {"format": kind, "quantization": quantization, "path": path,
-                       "export_s": time.perf_counter() - t0, "parity": export.read_model_card(
-                           path).get("parity"),
-                       # what a runtime loads: all but the card and the labels
-                       "bytes": sum(os.path.getsize(os.path.join(root, name))
-                                    for root, _, names in os.walk(path)
-                                    for name in names if name not in skip)}
-        print(f"exported {label}: {made[label]['bytes']:,} bytes in "
-              f"{made[label]['export_s']:.0f} s", flush=True)
+        exporter = getattr(export, "export_" + kind)
+        path = exporter(model, os.path.join(folder, label.replace(" ", "_")), **kwargs)
+        made[label] = record = {
+            "format": kind, "quantization": quantization, "path": path,
+            "export_s": time.perf_counter() - t0,
+            "parity": export.read_model_card(path).get("parity"),
+            # what a runtime loads: all but the card and the labels
+            "bytes": sum(os.path.getsize(os.path.join(root, name))
+                         for root, _, names in os.walk(path) for name in names if name not in skip)}
+        print(f"exported {label}: {record['bytes']:,} bytes in {record['export_s']:.0f} s",
+              flush=True)
     return made
 
 
@@ -111,11 +70,7 @@ def make_runners(model, exports, depth, classes):
 
     torch.manual_seed(0)
     reference = PreActResNet(depth, classes).eval()
-
-    def torch_run(x):
-        with torch.inference_mode():
-            return reference(x).numpy()
-
+    torch_run = torch.inference_mode()(lambda x: reference(x).numpy())
     runners = {REFERENCE: (lambda images: torch.from_numpy(np.ascontiguousarray(
                                images.transpose(0, 3, 1, 2), "float32")), torch_run),
                "Keras predict_on_batch": (lambda images: images.astype("float32"),
@@ -126,8 +81,7 @@ def make_runners(model, exports, depth, classes):
 
 
 def _machine_busy_s():
-    """CPU seconds the whole machine has spent busy (stolen by the hypervisor included), or
-    None where ``/proc/stat`` cannot tell."""
+    """CPU seconds the whole machine has been busy (stolen ones included), or None."""
     try:
         with open("/proc/stat", encoding="ascii") as f:
             ticks = [int(v) for v in f.readline().split()[1:9]]
@@ -136,10 +90,10 @@ def _machine_busy_s():
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # less idle, iowait
 
 
-def measure(runners, images, batch, repeats, warmup):
-    """Each runner timed over `images` in batches of `batch` after `warmup` untimed batches,
-    the runners taking turns for `repeats` rounds: {label: {"s": wall seconds, "cpu_s": this
-    process's CPU seconds, "others_cores": cores other processes kept busy}}, a list each."""
+def measure(runners, images, batch, repeats, warmup, exports):
+    """The runners over `images` in batches of `batch` after `warmup` untimed batches, taking
+    turns for `repeats` rounds: a row each with the median images/s and ratio to the same
+    round's reference, the cores busy in it and in other processes, the export's size."""
     batches = [images[i:i + batch] for i in range(0, len(images), batch)]
     inputs = {label: [prepare(b) for b in batches] for label, (prepare, _) in runners.items()}
     for label, (_, run) in runners.items():
@@ -155,32 +109,34 @@ def measure(runners, images, batch, repeats, warmup):
         return {"s": wall, "cpu_s": cpu, "others_cores": others}
 
     rounds = take_turns({label: lambda label=label: timed(label) for label in runners}, repeats)
-    return {label: {key: [r[label][key] for r in rounds] for key in ("s", "cpu_s", "others_cores")}
-            for label in runners}
-
-
-def summarise(times, images, batch, exports):
-    """One row a format: median images/s, median ratio to the reference's rate of the same
-    round, cores kept busy by it and by other processes, and the export's size."""
-    reference = [images / s for s in times[REFERENCE]["s"]]
     rows = []
-    for label, t in times.items():
-        rates = [images / s for s in t["s"]]
+    for label in runners:
+        t = {key: [r[label][key] for r in rounds] for key in ("s", "cpu_s", "others_cores")}
         record = exports.get(label, {})
         rows.append({
-            "format": label, "batch": batch, "images": images,
+            "format": label, "batch": batch, "images": len(images),
             "quantization": record.get("quantization"),
-            "images_per_s": statistics.median(rates),
-            "ratio_to_torch": statistics.median(a / b for a, b in zip(rates, reference)),
-            "cores_busy": sum(t["cpu_s"]) / sum(t["s"]),
-            "others_cores": None if None in t["others_cores"] else statistics.median(
-                t["others_cores"]),
+            "images_per_s": median(len(images) / s for s in t["s"]),
+            "ratio_to_torch": median(r[REFERENCE]["s"] / r[label]["s"] for r in rounds),
+            "cores_busy": sum(t["cpu_s"]) / sum(t["s"]), "others_cores": median(t["others_cores"]),
             "bytes": record.get("bytes"), "rounds": t})
     return rows
 
 
 def main(argv=None):
-    args = _parse(argv)
+    p = parser(__doc__)
+    p.add_argument("--model", default="preact_resnet110", help="a CIFAR model of the zoo")
+    p.add_argument("--batch-sizes", type=count, nargs="+", default=[1, 128])
+    p.add_argument("--images", type=count, help="images per measurement, a multiple of every "
+                   "batch size (default: two batches, at least 64 images)")
+    p.add_argument("--repeats", type=count, default=5, help="rounds over all formats")
+    p.add_argument("--warmup", type=count, default=2, help="batches each runner runs untimed")
+    p.add_argument("--calibration-images", type=count, default=64,
+                   help="seeded random uint8 images calibrating the int8 exports")
+    args = p.parse_args(argv)
+    if args.images and any(args.images % b for b in args.batch_sizes):
+        p.error(f"--images must be a multiple of every batch size. Received: {args.images}")
+    args.images = {b: args.images or max(64, 2 * b) for b in args.batch_sizes}
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import numpy as np
 
@@ -194,12 +150,12 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     shape = tuple(model.inputs[0].shape[1:])
     calibration = rng.integers(0, 256, (args.calibration_images, *shape), dtype=np.uint8)
+    installed = {d.metadata["Name"] for d in metadata.distributions()}
     report = {
-        "benchmark": "serving_throughput",
         "command": shlex.join(["python", "benchmarks/serving_throughput.py",
                                *(sys.argv[1:] if argv is None else argv)]),
-        "machine": machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "versions": {name: _version(name) for name in PACKAGES},
+        "machine": machine(), "started": now(),
+        "versions": {name: metadata.version(name) for name in PACKAGES if name in installed},
         "model": args.model, "input_shape": list(shape), "params": kp.count_params(model),
         "macs": kp.count_macs(model), "images": args.images, "repeats": args.repeats,
         "warmup_batches": args.warmup, "calibration_images": args.calibration_images,
@@ -207,10 +163,9 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         exports = export_all(model, tmp, calibration)
         runners = make_runners(model, exports, info["depth"], int(model.outputs[0].shape[-1]))
-        for batch, count in args.images.items():
-            images = rng.integers(0, 256, (count, *shape), dtype=np.uint8)
-            times = measure(runners, images, batch, args.repeats, args.warmup)
-            report["rows"] += summarise(times, count, batch, exports)
+        for batch, n in args.images.items():
+            images = rng.integers(0, 256, (n, *shape), dtype=np.uint8)
+            report["rows"] += measure(runners, images, batch, args.repeats, args.warmup, exports)
     report["exports"] = {label: {k: v for k, v in record.items() if k != "path"}
                          for label, record in exports.items()}
     print(f"{report['model']}: medians of {report['repeats']} rounds")
@@ -218,7 +173,7 @@ def main(argv=None):
         ("format", "format", "s"), ("batch", "batch", "d"), ("img/s", "images_per_s", ".1f"),
         ("x PyTorch", "ratio_to_torch", ".2f"), ("cores", "cores_busy", ".2f"),
         ("others", "others_cores", ".2f"), ("bytes", "bytes", ",")])
-    write_report(report, args.out)
+    write_report(report, args.out, "serving_throughput")
     return 0
 
 

@@ -2,17 +2,16 @@
 
 A shared machine drifts by tens of percent within minutes, which buries a small effect
 between two processes. Here every (model, variant) pair gets its own training step traced
-in one process (the kernel switches are read at trace time), and the steps take turns;
-medians are compared. A variant is comma-separated NAME=VALUE environment settings (the
-first is the reference; "" is no change; TF_ENABLE_ONEDNN_OPTS cannot vary within a
-process); a model may carry factory arguments as a JSON object after its name. Prints a
-table and one JSON line.
+in one process (the kernel switches are read at trace time), and the steps take turns. A
+variant is comma-separated NAME=VALUE environment settings (the first is the reference;
+"" is no change; TF_ENABLE_ONEDNN_OPTS cannot vary within a process); a model may carry
+factory arguments as a JSON object after its name. Prints its report as one JSON line.
 
     python benchmarks/step_ab.py --variants "" "KERAS_PREACT_FUSED_BN=0" [--batch 128] [--reps 10]
     python benchmarks/step_ab.py --models preact_resnet1001 'preact_resnet1001{"remat": true}' --batch 32
 """
 
-import argparse
+import functools
 import json
 import os
 import sys
@@ -20,36 +19,23 @@ import time
 from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import check_counts, print_table, write_report  # noqa: E402
-from benchmarks.keras_step import json_object  # noqa: E402
+from benchmarks import count, json_object, parser, print_table, write_report  # noqa: E402
 
 
-def parse_variant(text):
-    """'A=1,B=0' -> {'A': '1', 'B': '0'}; a clear error for anything else."""
-    out = {}
-    for item in filter(None, (t.strip() for t in text.split(","))):
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise SystemExit(f"--variants: expected NAME=VALUE items separated by commas. "
-                             f"Received: {text!r}")
-        out[name] = value
-    return out
+def variant(text):
+    """An argparse type: 'A=1,B=0' -> ('A=1,B=0', {'A': '1', 'B': '0'}); an item without
+    '=' is a ValueError, which argparse reports as an invalid variant."""
+    return text, dict(item.strip().split("=", 1) for item in text.split(",") if item.strip())
 
 
-def parse_model(spec):
-    """'preact_resnet1001' or 'preact_resnet1001{"remat": "segment"}' -> (name, kwargs)."""
+def model(spec):
+    """An argparse type: 'preact_resnet1001{"remat": "segment"}' -> (spec, name, kwargs)."""
     name, brace, rest = spec.partition("{")
-    if not brace:
-        return name.strip(), {}
-    try:
-        return name.strip(), json_object(brace + rest, "--models: the factory arguments after the name")
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
+    return spec, name.strip(), json_object(brace + rest) if brace else {}
 
 
-def take_turns(specs, variants, args):
-    """Traces every (model, variant) step in this process, then times them in turns: a
-    row each."""
+def time_steps(args):
+    """Every (model, variant) step traced in this process, then timed in turns: a row each."""
     import keras
     import numpy as np
     import tensorflow as tf
@@ -63,27 +49,22 @@ def take_turns(specs, variants, args):
     x = tf.constant(rng.uniform(-1, 1, (args.batch, 32, 32, 3)).astype("float32"))
     y = tf.constant(rng.randint(0, 10, (args.batch,)))
 
-    def make_step(model, optimizer):
-        @tf.function
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply(grads, model.trainable_variables)
-            return loss
-
-        return step
+    def train_step(model, optimizer, x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+        return loss
 
     cases = []  # (model spec, variant text, step, MACs)
-    for spec, (name, kwargs) in zip(args.models, specs):
-        model = kp.get_model(name, input_shape=(32, 32, 3), classifier_activation=None, **kwargs)
-        for text, variant in zip(args.variants, variants):
+    for spec, name, kwargs in args.models:
+        net = kp.get_model(name, input_shape=(32, 32, 3), classifier_activation=None, **kwargs)
+        for text, env in args.variants:
             optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
-            optimizer.build(model.trainable_variables)
-            with mock.patch.dict(os.environ, variant):
-                step = make_step(model, optimizer)
+            optimizer.build(net.trainable_variables)
+            with mock.patch.dict(os.environ, env):
+                step = tf.function(functools.partial(train_step, net, optimizer))
                 step(x, y).numpy()  # traced (and optimised) under this variant's switches
-            cases.append((spec, text, step, kp.count_macs(model)))
+            cases.append((spec, text, step, kp.count_macs(net)))
     times = [[] for _ in cases]
     for rep in range(args.reps + 1):  # the first round untimed
         for i, (_, _, step, _) in enumerate(cases):
@@ -100,31 +81,28 @@ def take_turns(specs, variants, args):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--variants", nargs="+", default=[""])
-    p.add_argument("--models", "--model", nargs="+", default=["preact_resnet110"])
-    p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--threads", type=int, default=2, help="TF intra-op threads (inter-op 1)")
-    p.add_argument("--out", default=None)
+    p = parser(__doc__)
+    p.add_argument("--variants", type=variant, nargs="+", default=[("", {})])
+    p.add_argument("--models", "--model", type=model, nargs="+",
+                   default=[model("preact_resnet110")])
+    p.add_argument("--batch", type=count, default=128)
+    p.add_argument("--reps", type=count, default=10)
+    p.add_argument("--threads", type=count, default=2, help="TF intra-op threads (inter-op 1)")
     args = p.parse_args(argv)
-    check_counts(p, args, "reps", "batch", "threads")
-    specs = [parse_model(m) for m in args.models]
-    variants = [parse_variant(v) for v in args.variants]
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     os.environ["KERAS_BACKEND"] = "tensorflow"
     import keras_preact as kp  # first: it turns on TensorFlow's oneDNN kernels
     from keras_preact.layers import tf_kernels
 
-    unknown = [name for name, _ in specs if name not in kp.list_models()]
+    unknown = [name for _, name, _ in args.models if name not in kp.list_models()]
     if unknown:
         p.error(f"--models: unknown model(s) {unknown}. Valid: {kp.list_models()}")
-    rows = take_turns(specs, variants, args)
+    rows = time_steps(args)
     print_table(rows, [("model", "model", "s"), ("variant", "variant", "s"),
                        ("s/step", "median_s_per_step", ".3f"), ("img/s", "images_per_s", ".1f"),
                        ("ps/MAC", "ps_per_mac", ".1f"), ("x first", "speed_over_first", ".3f")])
-    report = {"models": args.models, "batch": args.batch, "reps": args.reps,
-              "onednn": tf_kernels.onednn_enabled(), "rows": rows}
+    report = {"models": [spec for spec, _, _ in args.models], "batch": args.batch,
+              "reps": args.reps, "onednn": tf_kernels.onednn_enabled(), "rows": rows}
     if args.out:
         write_report(report, args.out)
     print(json.dumps(report))

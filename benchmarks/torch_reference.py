@@ -2,10 +2,9 @@
 committed so that it cannot drift. The paper's CIFAR layout (basic units for 6n+2,
 bottleneck units for 9n+2, projection shortcuts fed by the shared pre-activation), He
 initialisation, SGD with momentum 0.9 and weight decay 1e-4, fp32, no ``torch.compile``.
+Prints one JSON line: images/s, seconds per step, peak resident memory.
 
     python benchmarks/torch_reference.py --depth 110 --batch 128 --steps 20 --threads 2
-
-prints one JSON line: images/s, seconds per step, peak resident memory.
 """
 
 import argparse
@@ -20,25 +19,20 @@ import torch.nn.functional as F
 
 
 class Unit(nn.Module):
-    """A full pre-activation unit (basic or bottleneck; stride on the 3x3 conv)."""
+    """A full pre-activation unit (basic or bottleneck; stride on the 3x3 conv). The
+    shortcut takes the pre-activated input where it projects, and in the first unit."""
 
-    def __init__(self, cin, cout, stride, bottleneck, share_identity_preact):
+    def __init__(self, cin, cout, stride, bottleneck, first):
         super().__init__()
-        self.bottleneck = bottleneck
-        mid = cout // 4 if bottleneck else cout
-        if bottleneck:
-            shapes = [(cin, mid, 1, 1), (mid, mid, 3, stride), (mid, cout, 1, 1)]
-        else:
-            shapes = [(cin, cout, 3, stride), (cout, cout, 3, 1)]
-        self.bns = nn.ModuleList(nn.BatchNorm2d(c_in) for c_in, _, _, _ in shapes)
-        self.convs = nn.ModuleList(
-            nn.Conv2d(c_in, c_out, k, stride=s, padding=k // 2, bias=False)
-            for c_in, c_out, k, s in shapes
-        )
-        self.projection = None
-        if stride != 1 or cin != cout:
-            self.projection = nn.Conv2d(cin, cout, 1, stride=stride, bias=False)
-        self.share = self.projection is not None or share_identity_preact
+        mid = cout // 4
+        shapes = ([(cin, mid, 1, 1), (mid, mid, 3, stride), (mid, cout, 1, 1)] if bottleneck
+                  else [(cin, cout, 3, stride), (cout, cout, 3, 1)])
+        self.bns = nn.ModuleList(nn.BatchNorm2d(c) for c, _, _, _ in shapes)
+        self.convs = nn.ModuleList(nn.Conv2d(c_in, c_out, k, stride=s, padding=k // 2, bias=False)
+                                   for c_in, c_out, k, s in shapes)
+        project = stride != 1 or cin != cout
+        self.projection = nn.Conv2d(cin, cout, 1, stride=stride, bias=False) if project else None
+        self.share = project or first
 
     def forward(self, x):
         a = F.relu(self.bns[0](x))
@@ -46,9 +40,7 @@ class Unit(nn.Module):
         for bn, conv in zip(self.bns[1:], self.convs[1:]):
             r = conv(F.relu(bn(r)))
         s = a if self.share else x
-        if self.projection is not None:
-            s = self.projection(s)
-        return s + r
+        return (self.projection(s) if self.projection else s) + r
 
 
 class PreActResNet(nn.Module):
@@ -84,14 +76,12 @@ def run(depth, batch, steps, warmup, threads, size=32):
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     x = torch.randn(batch, 3, size, size)
     y = torch.randint(0, 10, (batch,))
-    model.train()
 
     def step():
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
-        return loss
 
     for _ in range(warmup):
         step()
@@ -113,8 +103,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args(argv)
-    print(json.dumps(run(args.depth, args.batch, args.steps, args.warmup, args.threads)))
+    print(json.dumps(run(**vars(p.parse_args(argv)))))
     return 0
 
 

@@ -8,30 +8,30 @@ tree's median images/s and peak resident memory and the changed/reference ratios
         [--out result.json] -- --model preact_resnet110 --batch 128 --steps 10
 """
 
-import argparse
 import json
 import os
 import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import REPO, launch, print_table, take_turns, write_report  # noqa: E402
+from benchmarks import REPO, count, launch, parser, print_table, take_turns  # noqa: E402
+from benchmarks import write_report  # noqa: E402
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     p.add_argument("--reference", required=True, help="the tree before the change")
     p.add_argument("--changed", default=REPO, help="the tree after it")
-    p.add_argument("--pairs", type=int, default=3)
-    p.add_argument("--out", default=None)
+    p.add_argument("--pairs", type=count, default=3)
     args, case_args = p.parse_args(argv[:split]), argv[split + 1:]
+    trees = {"reference": args.reference, "changed": args.changed}
     # Each tree first on the import path in turn: its keras_preact runs the case.
-    rounds = take_turns({label: lambda tree=getattr(args, label): launch(
+    rounds = take_turns({label: lambda tree=tree: launch(
         "keras_step", *case_args, check=True, path=os.path.abspath(tree))
-        for label in ("reference", "changed")}, args.pairs)
-    runs = {label: [r[label] for r in rounds] for label in ("reference", "changed")}
+        for label, tree in trees.items()}, args.pairs)
+    runs = {label: [r[label] for r in rounds] for label in trees}
     print_table([{"tree": label, **r} for label, rows in runs.items() for r in rows],
                 [("tree", "tree", "s"), ("img/s", "images_per_s", ".1f"),
                  ("peak MB", "peak_rss_mb", ".0f")])
