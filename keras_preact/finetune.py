@@ -91,7 +91,7 @@ def _copy_weights(source, target, *, copy_head):
     copied_head = False
     for variable in target.weights:
         other = by_path.get(variable.path)
-        if not variable.path.startswith("logits/"):
+        if not variable.path.startswith(f"{HEAD_LAYER}/"):
             variable.assign(other)
         elif copy_head and other is not None and tuple(other.shape) == tuple(variable.shape):
             variable.assign(other)
@@ -100,19 +100,16 @@ def _copy_weights(source, target, *, copy_head):
 
 
 def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
-    """Loads pretrained weights into `model`, whose head may be for another task.
+    """Loads pretrained weights into the `PreActResNet` `model`, whose head may be for
+    another task; returns a dict: "source" (the file loaded), "copied_head" (bool),
+    "classes" (of the weights' head, or None).
 
     Args:
-        model: a `PreActResNet`.
         weights: a catalog tag, a `.weights.h5` or `.keras` path, a preset folder, or a URL
             with its hash.
         model_name: the registered name for tags (default: `model.name`).
         copy_head: "auto": copy the classifier too when its shape fits; False: keep
             the model's fresh head.
-
-    Returns:
-        dict: "source" (the file loaded), "copied_head" (bool), "classes" (of the
-        weights' head, or None).
 
     Raises ValueError if the weights hold another architecture; nothing is loaded."""
     _check_model(model)
