@@ -116,12 +116,9 @@ def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
     check_choice("copy_head", copy_head, ("auto", True, False))
     model_name = model_name or model.name
     entry = hooks.url_entry(model_name, weights)
-    if entry is not None:
-        path = fetch_weights(entry, build=get_model)
-    elif catalog.looks_like_tag(weights):
-        path = fetch_weights(catalog.resolve_tag(model_name, weights), build=get_model)
-    else:
-        path = user_path(weights)
+    if entry is None and catalog.looks_like_tag(weights):
+        entry = catalog.resolve_tag(model_name, weights)
+    path = user_path(weights) if entry is None else fetch_weights(entry, build=get_model)
     source = None
     if path.endswith(local.KERAS_SUFFIX) or os.path.isfile(
             os.path.join(path, presets.CONFIG_FILE)):

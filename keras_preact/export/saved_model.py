@@ -65,10 +65,6 @@ def _write_archive(folder, parts, card, version, accept_encoded):
 
     # No parity figures in this copy (measured after writing); model_card.json has them.
     card_json = json.dumps(card, default=str)
-
-    def metadata():
-        return {"class_names": labels, "model_card": tf.constant(card_json)}
-
     # No archive.track(model): the endpoints hold the variables; it re-traces (3x slower).
     archive = keras.export.ExportArchive()
     archive.add_endpoint(SIGNATURE_RAW, serve_images, [tf.TensorSpec(shape, tf.uint8, "images")])
@@ -76,7 +72,8 @@ def _write_archive(folder, parts, card, version, accept_encoded):
     if accept_encoded:
         bytes_spec = tf.TensorSpec([None], tf.string, name="image_bytes")
         archive.add_endpoint(SIGNATURE_ENCODED, serve_encoded, [bytes_spec])
-    archive.add_endpoint(SIGNATURE_METADATA, metadata, [])
+    archive.add_endpoint(SIGNATURE_METADATA, lambda: {"class_names": labels,
+                                                      "model_card": tf.constant(card_json)}, [])
     archive.write_out(folder, verbose=False)
 
 

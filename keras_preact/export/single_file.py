@@ -77,8 +77,7 @@ def _quantize_onnx(path, images):
     quantization = _require("onnxruntime.quantization", "int8 ONNX needs `onnxruntime`")
 
     class Reader(quantization.CalibrationDataReader):
-        def __init__(self):
-            self.batches = iter([{"images": images[i:i + 32]} for i in range(0, len(images), 32)])
+        batches = iter([{"images": images[i:i + 32]} for i in range(0, len(images), 32)])
 
         def get_next(self):
             return next(self.batches, None)

@@ -59,8 +59,8 @@ def staged_folder(target, *, overwrite):
             os.replace(staging, target)
             return
         # The old export is moved aside, and back if the final rename fails.
-        name = f".{os.path.basename(target)}.replaced-{uuid.uuid4().hex[:8]}"
-        backup = os.path.join(parent, name)
+        backup = os.path.join(parent, f".{os.path.basename(target)}.replaced-"
+                              f"{uuid.uuid4().hex[:8]}")
         os.replace(target, backup)
         try:
             os.replace(staging, target)
