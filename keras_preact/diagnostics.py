@@ -165,12 +165,10 @@ def format_table(reports, *, every=None):
     every = every or max(1, n // 20)
     header = ["unit", "stage"]
     header += [f"{k}[{r.label}]" for r in reports for k in ("grad_rms", "act_std")]
-    lines = []
-    for i in sorted({*range(0, n, every), n - 1}):
-        cells = [str(reports[0].rows[i]["unit"]), str(reports[0].rows[i]["stage"])]
-        for r in reports:
-            cells += [f"{r.rows[i]['grad_rms']:.3e}", f"{r.rows[i]['act_std']:.3g}"]
-        lines.append(cells)
+    lines = [[str(reports[0].rows[i]["unit"]), str(reports[0].rows[i]["stage"])]
+             + [c for r in reports for c in (f"{r.rows[i]['grad_rms']:.3e}",
+                                              f"{r.rows[i]['act_std']:.3g}")]
+             for i in sorted({*range(0, n, every), n - 1})]
     footer = ["first/last", ""] + [c for r in reports for c in (f"{r.first_to_last:.3g}", "")]
     widths = [max(len(x) for x in col) for col in zip(header, footer, *lines)]
 

@@ -91,7 +91,7 @@ def _copy_weights(source, target, *, copy_head):
     copied_head = False
     for variable in target.weights:
         other = by_path.get(variable.path)
-        if not variable.path.startswith("logits/"):
+        if not variable.path.startswith(f"{HEAD_LAYER}/"):
             variable.assign(other)
         elif copy_head and other is not None and tuple(other.shape) == tuple(variable.shape):
             variable.assign(other)
@@ -100,31 +100,25 @@ def _copy_weights(source, target, *, copy_head):
 
 
 def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
-    """Loads pretrained weights into `model`, whose head may be for another task.
+    """Loads pretrained weights into the `PreActResNet` `model`, whose head may be for
+    another task; returns a dict: "source" (the file loaded), "copied_head" (bool),
+    "classes" (of the weights' head, or None).
 
     Args:
-        model: a `PreActResNet`.
         weights: a catalog tag, a `.weights.h5` or `.keras` path, a preset folder, or a URL
             with its hash.
         model_name: the registered name for tags (default: `model.name`).
         copy_head: "auto": copy the classifier too when its shape fits; False: keep
             the model's fresh head.
 
-    Returns:
-        dict: "source" (the file loaded), "copied_head" (bool), "classes" (of the
-        weights' head, or None).
-
     Raises ValueError if the weights hold another architecture; nothing is loaded."""
     _check_model(model)
     check_choice("copy_head", copy_head, ("auto", True, False))
     model_name = model_name or model.name
     entry = hooks.url_entry(model_name, weights)
-    if entry is not None:
-        path = fetch_weights(entry, build=get_model)
-    elif catalog.looks_like_tag(weights):
-        path = fetch_weights(catalog.resolve_tag(model_name, weights), build=get_model)
-    else:
-        path = user_path(weights)
+    if entry is None and catalog.looks_like_tag(weights):
+        entry = catalog.resolve_tag(model_name, weights)
+    path = user_path(weights) if entry is None else fetch_weights(entry, build=get_model)
     source = None
     if path.endswith(local.KERAS_SUFFIX) or os.path.isfile(
             os.path.join(path, presets.CONFIG_FILE)):

@@ -13,7 +13,7 @@ import traceback
 from keras_preact.checks import check_environment
 from keras_preact.cli import diagnostics, export, models, train, tune, weights
 from keras_preact.cli.common import (
-    EXIT_BUG, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_PARTIAL, error_message)
+    EXIT_BUG, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_PARTIAL, error_message, print_error)
 
 __all__ = ["EXIT_BUG", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_PARTIAL", "build_parser", "main"]
 
@@ -60,9 +60,8 @@ def build_parser():
 
 def _quiet_tensorflow():
     """Loads Keras (and TensorFlow) without TensorFlow's C++ start-up lines on descriptor 2,
-    unless the user set TF_CPP_MIN_LOG_LEVEL (told only before TensorFlow loads: it sets it).
-    The variable misses lines written before absl starts, hence the filter; the device probe
-    runs inside it (without a GPU it logs a cuInit error)."""
+    unless the user set TF_CPP_MIN_LOG_LEVEL. That variable misses lines written before absl
+    starts, hence the filter; the device probe (a cuInit error without a GPU) runs inside."""
     if "tensorflow" not in sys.modules and "TF_CPP_MIN_LOG_LEVEL" in os.environ:
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keeps TensorFlow's errors
@@ -102,9 +101,8 @@ def _setup_logging():
 
 
 def _is_users_error(err):
-    """Whether `err` is the user's input or environment, not a bug: also ModuleNotFoundError
-    (not other ImportErrors), the package's own errors, TensorFlow's of files, disks and
-    memory, and h5py's (damaged files)."""
+    """Whether `err` is the user's input or environment, not a bug: also ModuleNotFoundError,
+    the package's errors, TensorFlow's of files, disks and memory, and h5py's (damaged files)."""
     if (isinstance(err, (ValueError, OSError, ModuleNotFoundError))
             or type(err).__module__.startswith("keras_preact.")
             or type(err).__name__ in _TENSORFLOW_ENVIRONMENT_ERRORS
@@ -131,7 +129,7 @@ def main(argv=None):
         return EXIT_INTERRUPTED
     except Exception as err:
         if _is_users_error(err):
-            print(f"error: {error_message(err)}", file=sys.stderr)
+            print_error(err)
             return EXIT_ERROR
         print(f"error: unexpected {type(err).__name__}: {error_message(err)} (a bug; rerun "
               "with --debug for the traceback and report it)", file=sys.stderr)

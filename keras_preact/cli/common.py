@@ -33,7 +33,7 @@ def error_message(err):
 
 
 def print_error(err):
-    """Reports one failed item of a batch on stderr; the command goes on with the rest."""
+    """Prints `err` as one ``error: ...`` line on stderr."""
     print(f"error: {error_message(err)}", file=sys.stderr)
 
 

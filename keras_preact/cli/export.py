@@ -10,13 +10,12 @@ from keras_preact.cli.common import error_message, partial_status, print_error
 from keras_preact.files import user_path
 from keras_preact.training.config import TrainConfig
 
-#: `keras_preact.export.FORMATS` and `QUANTIZATIONS`: that module imports TensorFlow, which
-#: `--help` must not. Then the flags of one format only.
+#: Copies of `keras_preact.export.FORMATS` and `QUANTIZATIONS` (it imports TensorFlow, which
+#: `--help` must not), and the formats that take each flag of some formats only.
 EXPORT_FORMATS = ("saved_model", "litert", "onnx")
 QUANTIZATIONS = ("float16", "dynamic_range", "int8")
-#: The flags of some formats only, and the values each takes (None: any).
-_FORMAT_FLAGS = {"version": {"saved_model": None}, "accept_encoded": {"saved_model": None},
-                 "quantization": {"litert": None, "onnx": ("int8",)}}
+_FORMAT_FLAGS = {"version": ("saved_model",), "accept_encoded": ("saved_model",),
+                 "quantization": ("litert", "onnx")}
 
 
 def add_commands(subparsers):
@@ -90,16 +89,15 @@ def _preprocessing(value):
 def _check_format_flags(args):
     """The format-specific flags given, checked against --format."""
     options = {k: getattr(args, k) for k in _FORMAT_FLAGS if getattr(args, k) is not None}
-    for name, value in options.items():
-        valid = _FORMAT_FLAGS[name]
+    for name in options:
         flag = "--quantize" if name == "quantization" else f"--{name.replace('_', '-')}"
-        if args.format not in valid:
-            raise ValueError(f"{flag} applies to --format {' or '.join(valid)} only. "
-                             f"Received: --format {args.format}")
-        if valid[args.format] is not None and value not in valid[args.format]:
-            raise ValueError(f"--format {args.format} takes {flag} {', '.join(valid[args.format])}"
-                             f". Received: {flag} {value}")
-    if options.get("quantization") != "int8" and args.calibration_data is not None:
+        if args.format not in _FORMAT_FLAGS[name]:
+            raise ValueError(f"{flag} applies to --format {' or '.join(_FORMAT_FLAGS[name])} "
+                             f"only. Received: --format {args.format}")
+    if args.format == "onnx" and options.get("quantization", "int8") != "int8":
+        raise ValueError("--format onnx takes --quantize int8. "
+                         f"Received: --quantize {args.quantization}")
+    if args.quantization != "int8" and args.calibration_data is not None:
         raise ValueError("--calibration-data is for --quantize int8 only. "
                          f"Received: --quantize {args.quantization}")
     return options
@@ -141,12 +139,11 @@ def _model_to_export(args, preprocessing):
 
 
 def _export_data(args):
-    """(calibration images or None, export options for a held-out parity check)."""
+    """Export options from datasets: int8 calibration images, held-out parity images."""
     import numpy as np
 
     from keras_preact.data import load_arrays
-    run = _run_dataset(args.model)
-    calibration, held_out = None, {}
+    run, options = _run_dataset(args.model), {}
     if args.quantization == "int8":
         given = {"name": args.calibration_data, "data_dir": args.data_dir,
                  "source": args.data_source or "auto", "path": args.data_path}
@@ -157,16 +154,16 @@ def _export_data(args):
                              f"model.keras. Received: {args.model}")
         images = load_arrays(split="train", **source)[0]
         pick = np.random.default_rng(0).permutation(len(images))[:args.calibration_images]
-        calibration = images[np.sort(pick)]
+        options["calibration_images"] = images[np.sort(pick)]
     if run and args.held_out_images > 0 and not args.no_parity_check:
         try:
             images, labels = load_arrays(split="test", **run)
         except ValueError as err:  # e.g. the run's data is not on this machine
             print(f"warning: no held-out check ({error_message(err)})", file=sys.stderr)
-            return calibration, held_out
-        held_out = {"parity_images": images[:args.held_out_images],
-                    "parity_labels": labels[:args.held_out_images]}
-    return calibration, held_out
+            return options
+        options.update(parity_images=images[:args.held_out_images],
+                       parity_labels=labels[:args.held_out_images])
+    return options
 
 
 def cmd_export(args):
@@ -178,15 +175,13 @@ def cmd_export(args):
     preprocessing = _preprocessing(args.preprocessing)
     from keras_preact import export
     class_names = None if args.class_names is None else export.read_class_names(args.class_names)
-    calibration, held_out = _export_data(args)
-    if calibration is not None:
-        options["calibration_images"] = calibration
+    options.update(_export_data(args))
     model, described = _model_to_export(args, preprocessing)
     folder = export.export_model(
         model, args.out, format=args.format, top_k=args.top_k,
         include_features=args.include_features, class_names=class_names,
         overwrite=args.overwrite, check_parity=not args.no_parity_check,
-        verbose=sys.stdout.isatty(), **described, **options, **held_out)
+        verbose=sys.stdout.isatty(), **described, **options)
     card = export.read_model_card(folder)
     size = card["serving"].get("bytes")
     print(f"Exported {args.model} as {args.format}"

@@ -1,5 +1,6 @@
 """Model cards (``model_card.json`` / ``.md``), class names, and finding an export's files."""
 
+import contextlib
 import datetime
 import json
 import os
@@ -11,7 +12,7 @@ import keras
 import tensorflow as tf
 
 import keras_preact
-from keras_preact.files import atomic_write_text, user_path
+from keras_preact.files import atomic_write_text, read_json, user_path
 from keras_preact.models.costs import count_macs, count_params
 
 MODEL_CARD_JSON = "model_card.json"
@@ -28,10 +29,8 @@ def _versions(extra=()):
            "tensorflow": tf.__version__, "numpy": np.__version__,
            "python": platform.python_version()}
     for module in extra:
-        try:
+        with contextlib.suppress(ImportError):
             out[module] = getattr(__import__(module), "__version__", "unknown")
-        except ImportError:
-            pass
     return out
 
 
@@ -45,16 +44,15 @@ def _architecture(model):
             "input_shape": list(model.inputs[0].shape[1:]),
             "classes": int(model.outputs[0].shape[-1])}
     arch.update({key: getattr(model, key) for key in ("depth", "block") if hasattr(model, key)})
-    try:
+    # Not for a subclassed model without a serialisable config.
+    with contextlib.suppress(NotImplementedError, TypeError, ValueError):
         arch["config"] = json.loads(json.dumps(model.get_config(), default=str))
-    except (NotImplementedError, TypeError, ValueError):
-        pass  # a subclassed model without a serialisable config
     return arch
 
 
-def make_model_card(model, parts, *, export_format, class_names, weights_info, metrics, serving,
+def make_model_card(model, parts, *, export_format, class_names, weights_info, metrics,
                     extra_versions=()):
-    """The model card of an export; its "parity" is filled in after the check."""
+    """The model card of an export; the exporter fills in "serving", the check "parity"."""
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return {
         "model_card_version": 1, "format": export_format, "created": created,
@@ -63,7 +61,7 @@ def make_model_card(model, parts, *, export_format, class_names, weights_info, m
         "input": {"name": "images", "dtype": "uint8", "shape": [None, *parts.input_shape],
                   "layout": "NHWC (batch, height, width, channels)", "range": "0..255"},
         "outputs": parts.describe_outputs(class_names if export_format == "saved_model" else None),
-        "top_k": parts.top_k, "class_names": class_names, "metrics": metrics, "serving": serving,
+        "top_k": parts.top_k, "class_names": class_names, "metrics": metrics, "serving": None,
         "parity": None, "versions": _versions(extra_versions)}
 
 
@@ -115,20 +113,11 @@ def write_model_card(folder, card):
     atomic_write_text(os.path.join(folder, MODEL_CARD_MD), render_model_card(card))
 
 
-def write_class_names(folder, class_names):
-    """Writes ``class_names.txt`` (one a line) into `folder`, made if needed; None: nothing."""
-    if class_names is not None:
-        os.makedirs(folder, exist_ok=True)
-        atomic_write_text(os.path.join(folder, CLASS_NAMES_FILE), "\n".join(class_names) + "\n")
-
-
 def read_model_card(path):
     """The ``model_card.json`` of an export (any path `load_export` takes) as a dict, or None."""
     folder = locate_export(path, must_exist=False)[1]
-    card_path = folder and os.path.join(folder, MODEL_CARD_JSON)
-    if card_path and os.path.isfile(card_path):
-        with open(card_path, encoding="utf-8") as f:
-            return json.load(f)
+    if folder and os.path.isfile(card_path := os.path.join(folder, MODEL_CARD_JSON)):
+        return read_json(card_path)
     return None
 
 

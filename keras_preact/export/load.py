@@ -16,12 +16,12 @@ from keras_preact.export.saved_model import SIGNATURE_METADATA
 from keras_preact.export.serving import AUTO, ServingParts, check_class_names, validate_images
 from keras_preact.export.single_file import RUNTIMES
 from keras_preact.files import file_hash
-from keras_preact.weights.local import load_keras_file, read_keras_file_config
+from keras_preact.weights.local import keras_file_info, load_keras_file
 
 logger = logging.getLogger("keras_preact.export")
 
-#: Pillow modes read as they are (8 bits a channel), those converted on reading (palette
-#: images: to RGB, or RGBA if transparent), and the mode of each channel count (``resize``).
+#: Pillow modes read as they are (8 bits a channel), those converted on reading, and the mode
+#: of each channel count (``resize``).
 _8BIT_MODES = ("L", "LA", "RGB", "RGBA", "CMYK")
 _CONVERTED_MODES = {"1": "L", "YCbCr": "RGB", "LAB": "RGB", "HSV": "RGB"}
 _CHANNEL_MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
@@ -54,17 +54,11 @@ def expected_input_shape(path):
     if kind != "keras":
         card = read_model_card(folder)
         return None if card is None else tuple(card["input"]["shape"][1:])
-    config = read_keras_file_config(target).get("config", {})
-    shape = config.get("input_shape")
-    if shape is None:
-        inputs = [layer.get("config", {}) for layer in config.get("layers", [])
-                  if layer.get("class_name") == "InputLayer"]
-        shape = (inputs[0].get("batch_shape") or [None])[1:] if inputs else None
+    info = keras_file_info(target) or {}  # None: not a PreActResNet
+    shape = info.get("input_shape")
     if not shape or len(shape) != 3:
         return None
-    if config.get("data_format") == "channels_first":
-        shape = [shape[1], shape[2], shape[0]]
-    return tuple(shape)
+    return tuple(shape[1:] + shape[:1] if info["data_format"] == "channels_first" else shape)
 
 
 def load_export(path, *, preprocessing=AUTO, top_k=None):
@@ -75,9 +69,8 @@ def load_export(path, *, preprocessing=AUTO, top_k=None):
             ONNX export folder or file, or a ``.keras`` model file.
         preprocessing, top_k: for a ``.keras`` file, as in `build_serving_model`.
 
-    Raises:
-        ValueError: if `path` is none of these.
-        ImportError: if the runtime for a LiteRT or ONNX file is not installed."""
+    Raises ValueError if `path` is none of these, ImportError if the runtime for a LiteRT or
+    ONNX file is not installed."""
     if not (top_k is None or is_int(top_k, 1)):
         raise ValueError(f"`top_k` must be None or an integer >= 1. Received: top_k={top_k!r}")
     kind, folder, target = locate_export(path)
@@ -104,18 +97,15 @@ def load_export(path, *, preprocessing=AUTO, top_k=None):
 
 
 def load_model_to_export(name_or_path, *, classes=10, preprocessing=AUTO):
-    """A model to export, by registered name (random initialisation) or `.keras` file.
+    """``(model, described)``: a model to export, by registered name (random initialisation)
+    or `.keras` file, and its `export_model` arguments ``preprocessing``, ``weights_info`` and
+    ``metrics`` (None: `keras_preact.training.workdir.run_metrics` reads a training run's).
 
     Args:
         name_or_path: a name of `keras_preact.list_models()` or a ``.keras`` file.
         classes: the classes of a model built by name.
         preprocessing: a built model's own layer ("auto": "cifar10" for the CIFAR family,
             else "imagenet"); for a ``.keras`` file, the exporter's argument.
-
-    Returns:
-        ``(model, described)``: the model and its `export_model` arguments ``preprocessing``,
-        ``weights_info`` and ``metrics`` (None: `keras_preact.training.workdir.run_metrics`
-        reads a training run's).
 
     Raises ValueError for an unknown name or a `.keras` file that does not exist."""
     if name_or_path in kp.list_models():
@@ -139,14 +129,10 @@ def load_model_to_export(name_or_path, *, classes=10, preprocessing=AUTO):
 
 
 def read_image_file(path, input_shape, *, resize=False):
-    """The images of one file, fitted to `input_shape` by `fit_image` (with `resize`).
-
-    Args:
-        path: an image file Pillow reads (PNG, JPEG, ...) or a ``.npy`` file holding a uint8
-            array ``[H, W]``, ``[H, W, C]`` or ``[N, H, W, C]``.
-
-    Returns a list of ``(name, uint8 [H, W, C] array)``, one per image (``path[i]`` in a batch).
-    Raises ValueError naming the file: missing, unreadable, not 8-bit, or not fitting."""
+    """``[(name, uint8 [H, W, C] array)]``, the images of the file `path` (one Pillow reads,
+    or a ``.npy`` uint8 array ``[H, W]``, ``[H, W, C]`` or ``[N, H, W, C]``, whose images are
+    named ``path[i]``) fitted to `input_shape` by `fit_image`. ValueError naming the file:
+    missing, unreadable, not 8-bit, or not fitting."""
     if not os.path.isfile(path):
         raise ValueError(f"image {path!r} " + ("is not a file" if os.path.exists(path)
                                                else "does not exist"))
@@ -200,13 +186,10 @@ def _read_with_pillow(path):
 
 
 def fit_image(array, input_shape, *, resize=False, name="image"):
-    """One uint8 ``[H, W, C]`` `array` fitted to `input_shape`, (height, width, channels).
-
-    Args:
-        resize: convert a mismatch (Pillow's grey / RGB / RGBA) and resize it (bilinear).
-        name: the image's name in messages.
-
-    Raises ValueError for a mismatch without `resize`, or channels that cannot be converted."""
+    """One uint8 ``[H, W, C]`` `array` fitted to `input_shape`, (height, width, channels):
+    with `resize`, a mismatch is converted (Pillow's grey / RGB / RGBA) and resized (bilinear);
+    `name` names it in messages. ValueError for a mismatch without `resize`, or channels that
+    cannot be converted."""
     height, width, channels = input_shape
     h, w, c = array.shape
     if c == channels and height in (None, h) and width in (None, w):
@@ -228,24 +211,17 @@ def fit_image(array, input_shape, *, resize=False, name="image"):
 
 
 def top_k_predictions(outputs, *, top_k=None, class_names=None):
-    """Each image's top classes from `ExportedModel.predict` `outputs`.
-
-    Args:
-        top_k: 1 to the export's top-k; None: the export's.
-        class_names: one per class, for ``"label"`` entries.
-
-    Returns per image, a list of ``{"class": int, "score": float[, "label": str]}``, best first.
-    Raises ValueError for a `top_k` out of range or class names not one per class."""
+    """Per image of `ExportedModel.predict` `outputs`, its `top_k` classes (1 to the
+    export's top-k; None: all of them) best first, as ``{"class": int, "score": float}``
+    with a ``"label"`` from `class_names`. ValueError for a `top_k` out of range or class
+    names not one per class."""
     exported_k = outputs["top_k_classes"].shape[-1]
     k = exported_k if top_k is None else top_k
     if not 1 <= k <= exported_k:
         raise ValueError(f"`top_k` must be 1 to the export's top-k ({exported_k}). "
                          f"Received: top_k={top_k}")
     class_names = check_class_names(class_names, outputs["probabilities"].shape[-1])
-    result = []
-    for indices, scores in zip(outputs["top_k_classes"][:, :k], outputs["top_k_scores"][:, :k]):
-        result.append([{"class": int(i), "score": float(s)} for i, s in zip(indices, scores)])
-        if class_names is not None:
-            for entry in result[-1]:
-                entry["label"] = class_names[entry["class"]]
-    return result
+    top = zip(outputs["top_k_classes"][:, :k], outputs["top_k_scores"][:, :k])
+    return [[{"class": int(i), "score": float(s),
+              **({} if class_names is None else {"label": class_names[i]})}
+             for i, s in zip(indices, scores)] for indices, scores in top]

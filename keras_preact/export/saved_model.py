@@ -17,7 +17,8 @@ SIGNATURE_ENCODED = "serve_encoded"
 SIGNATURE_METADATA = "metadata"
 
 
-def _serving_entry(parts, version, accept_encoded):
+def _write_archive(folder, parts, card, version, accept_encoded):
+    """Writes the SavedModel into `folder` and its card's "serving" entry."""
     shape = [None, *parts.input_shape]
     signatures = {SIGNATURE_RAW: {"inputs": {"images": {"dtype": "uint8", "shape": shape}}},
                   SIGNATURE_PREPROCESSED: {"inputs": {
@@ -26,12 +27,9 @@ def _serving_entry(parts, version, accept_encoded):
         signatures[SIGNATURE_ENCODED] = {"inputs": {"image_bytes": {
             "dtype": "string", "shape": [None], "content": "JPEG, PNG, GIF or BMP bytes"}}}
     signatures[SIGNATURE_METADATA] = {"inputs": {}, "outputs": ["class_names", "model_card"]}
-    return {"version": version, "layout": "TF Serving: <model_base_path>/<version>/saved_model.pb",
-            "signatures": signatures}
-
-
-def _write_archive(folder, parts, card, accept_encoded):
-    shape = [None, *parts.input_shape]
+    card["serving"] = {"version": version,
+                       "layout": "TF Serving: <model_base_path>/<version>/saved_model.pb",
+                       "signatures": signatures}
     floats = tf.TensorSpec(shape, tf.float32, name="inputs")
     height, width, channels = parts.input_shape
     names = card["class_names"]
@@ -67,10 +65,6 @@ def _write_archive(folder, parts, card, accept_encoded):
 
     # No parity figures in this copy (measured after writing); model_card.json has them.
     card_json = json.dumps(card, default=str)
-
-    def metadata():
-        return {"class_names": labels, "model_card": tf.constant(card_json)}
-
     # No archive.track(model): the endpoints hold the variables; it re-traces (3x slower).
     archive = keras.export.ExportArchive()
     archive.add_endpoint(SIGNATURE_RAW, serve_images, [tf.TensorSpec(shape, tf.uint8, "images")])
@@ -78,19 +72,17 @@ def _write_archive(folder, parts, card, accept_encoded):
     if accept_encoded:
         bytes_spec = tf.TensorSpec([None], tf.string, name="image_bytes")
         archive.add_endpoint(SIGNATURE_ENCODED, serve_encoded, [bytes_spec])
-    archive.add_endpoint(SIGNATURE_METADATA, metadata, [])
+    archive.add_endpoint(SIGNATURE_METADATA, lambda: {"class_names": labels,
+                                                      "model_card": tf.constant(card_json)}, [])
     archive.write_out(folder, verbose=False)
 
 
 def open_saved_model(path):
     """``(input_shape, run)`` of a SavedModel version folder; ``run(images)`` -> outputs."""
-    loaded = tf.saved_model.load(path)
-    fn = loaded.signatures[SIGNATURE_RAW]
-
-    def run(images, loaded=loaded):  # keeps the loaded object alive
-        return fn(images=tf.constant(images))
-
-    return tuple(fn.structured_input_signature[1]["images"].shape[1:]), run
+    loaded = tf.saved_model.load(path)  # kept alive by the function below
+    shape = loaded.signatures[SIGNATURE_RAW].structured_input_signature[1]["images"].shape
+    return tuple(shape[1:]), lambda images: loaded.signatures[SIGNATURE_RAW](
+        images=tf.constant(images))
 
 
 def export_saved_model(model, path, *, version=1, accept_encoded=False, **options):
@@ -125,7 +117,7 @@ def export_saved_model(model, path, *, version=1, accept_encoded=False, **option
         raise ValueError(f"`path` must be a folder. Received: path={path!r} (a file)")
     return export_folder(
         model, os.path.join(base, str(version)), export_format="saved_model",
-        serving=lambda parts: _serving_entry(parts, version, accept_encoded),
-        write=lambda folder, parts, card: _write_archive(folder, parts, card, accept_encoded),
+        write=lambda folder, parts, card: _write_archive(folder, parts, card, version,
+                                                         accept_encoded),
         run=lambda folder, images: open_saved_model(folder)[1](images),
         class_names_dir="assets.extra", **options)

@@ -14,19 +14,15 @@ from keras_preact.files import user_path
 from keras_preact.layers.preprocessing import ImageNormalization, resolve_preprocessing
 
 FORMATS = ("saved_model", "litert", "onnx")
-#: LiteRT quantisation: None (float32), "float16" (float16 weights), "dynamic_range" (int8
-#: weights, activations quantised on the fly) or "int8" (full integer, calibrated on images).
+#: LiteRT: None (float32), float16 weights, int8 weights ("dynamic_range") or full "int8".
 QUANTIZATIONS = (None, "float16", "dynamic_range", "int8")
 ONNX_QUANTIZATIONS = (None, "int8")  # int8: static, calibrated (onnxruntime.quantization)
-#: Largest |difference| of `probabilities` between an export and the Keras model: float32 only
-#: reorders arithmetic (< 1e-6 to ResNet-110), float16 keeps ~3 digits, int8 weights a few 0.01;
-#: int8 activations moved the digits demo's by up to 0.08.
+#: Largest |difference| of `probabilities` between an export and the Keras model.
 PARITY_TOLERANCES = {"saved_model": 1e-5, "onnx": 1e-5, "litert": 1e-5,
                      "litert_float16": 1e-2, "litert_dynamic_range": 0.1, "litert_int8": 0.25,
                      "onnx_int8": 0.25}
 AUTO = "auto"  # preprocessing: the model's own layer
 EXPORT_EXTRA = 'pip install "keras-preact[export]"'
-# The layer names of `keras_preact.PreActResNet` the serving model looks for.
 
 
 class ExportParityError(RuntimeError):
@@ -100,14 +96,9 @@ def _data_format(model):
 
 
 def validate_images(images, input_shape, *, name="images"):
-    """`images` (uint8 ``[batch, H, W, C]`` or one ``[H, W, C]``) as a 4D uint8 array.
-
-    Args:
-        images: uint8 pixels.
-        input_shape: the export's ``(height, width, channels)``; None: any size.
-        name: the argument's name in messages.
-
-    Raises ValueError for a wrong dtype, rank, channel count or image size."""
+    """`images` (uint8 ``[batch, H, W, C]`` or one ``[H, W, C]``) as a 4D uint8 array;
+    `input_shape` is the export's ``(height, width, channels)`` (None: any size), `name` the
+    argument's name in messages. ValueError for a wrong dtype, rank, channel count or size."""
     height, width, channels = input_shape
     images = np.asarray(images)
     if images.dtype != np.uint8:
@@ -172,10 +163,12 @@ class ServingParts:
                              f"({self.classes}). Received: top_k={top_k}")
         check_bool("include_features", include_features)
         self.include_features = include_features
-        self.data_format = _data_format(model)
+        self.channels_first = _data_format(model) == "channels_first"
         # classifier_activation=None gives logits; serving clients expect probabilities.
         self.softmax = getattr(model, "classifier_activation", "softmax") in (None, "linear")
         self.preprocessing_layer, self.preprocessing = _resolve_preprocessing(model, preprocessing)
+        own = _find_layer(model, PREPROCESSING_LAYER)
+        self.added_preprocessing = own is None and self.preprocessing_layer is not None
         outputs = {"probabilities": model.outputs[0]}
         if include_features:
             pool = _find_layer(model, POOL_LAYER)
@@ -185,7 +178,6 @@ class ServingParts:
             outputs["features"] = pool.output
             self.features = int(pool.output.shape[-1])
         # The float endpoint starts after the model's own preprocessing layer.
-        own = _find_layer(model, PREPROCESSING_LAYER)
         core = keras.Model(model.inputs[0] if own is None else own.output, outputs,
                            name=f"{model.name}_core")
         inputs = keras.Input(self.input_shape, dtype="float32", name="inputs")
@@ -205,29 +197,25 @@ class ServingParts:
                                name=f"{model.name}_serving")
 
     def _to_model_layout(self, x):
-        return ops.transpose(x, (0, 3, 1, 2)) if self.data_format == "channels_first" else x
+        return ops.transpose(x, (0, 3, 1, 2)) if self.channels_first else x
 
     def normalize(self, images):
         """uint8 NHWC images -> the float NHWC input of `self.preprocessed`."""
         x = ops.cast(images, "float32")
         if self.preprocessing_layer is None:
             return x
-        if self.data_format == "channels_first":
-            x = self.preprocessing_layer(self._to_model_layout(x))
-            return ops.transpose(x, (0, 2, 3, 1))
-        return self.preprocessing_layer(x)
+        x = self.preprocessing_layer(self._to_model_layout(x))
+        return ops.transpose(x, (0, 2, 3, 1)) if self.channels_first else x
 
     def describe_outputs(self, class_names=None):
         """Output name -> {"dtype", "shape"}, for the model card."""
-        k = self.top_k
-        out = {"probabilities": {"dtype": "float32", "shape": [None, self.classes]},
-               "top_k_classes": {"dtype": "int32", "shape": [None, k]},
-               "top_k_scores": {"dtype": "float32", "shape": [None, k]}}
+        out = {"probabilities": ("float32", self.classes), "top_k_classes": ("int32", self.top_k),
+               "top_k_scores": ("float32", self.top_k)}
         if self.include_features:
-            out["features"] = {"dtype": "float32", "shape": [None, self.features]}
+            out["features"] = ("float32", self.features)
         if class_names is not None:
-            out["top_k_labels"] = {"dtype": "string", "shape": [None, k]}
-        return out
+            out["top_k_labels"] = ("string", self.top_k)
+        return {name: {"dtype": dtype, "shape": [None, n]} for name, (dtype, n) in out.items()}
 
     def parity_images(self, images):
         """`images` checked, or 8 seeded random ones."""
@@ -240,12 +228,12 @@ class ServingParts:
     def reference_probabilities(self, model, images):
         """The Keras model's probabilities, computed without the serving model."""
         x = images.astype("float32")
-        layer = self.preprocessing_layer
-        if _find_layer(model, PREPROCESSING_LAYER) is None and layer is not None:
+        if self.added_preprocessing:
+            layer = self.preprocessing_layer
             mean = np.asarray(layer.mean).astype("float32")
             std = np.asarray(layer.std).astype("float32")
             x = ((x * np.float32(layer.scale) - mean) / std).astype("float32")
-        if self.data_format == "channels_first":
+        if self.channels_first:
             x = np.transpose(x, (0, 3, 1, 2))
         out = np.asarray(model.predict(x, verbose=0, batch_size=len(x)))
         return ops.convert_to_numpy(ops.softmax(out, axis=-1)) if self.softmax else out
@@ -275,7 +263,9 @@ def compare(name, reference, outputs, tolerance, labels=None):
 
 
 def build_serving_model(model, *, preprocessing=AUTO, top_k=None, include_features=False):
-    """The Keras model every export is made from: raw uint8 images -> named outputs.
+    """The Keras model every export is made from, sharing `model`'s weights: uint8
+    ``[batch, H, W, C]`` -> dict of "probabilities", "top_k_classes", "top_k_scores" (and
+    "features").
 
     Args:
         model: a built classifier with one image input, e.g. a `PreActResNet`.
@@ -283,10 +273,6 @@ def build_serving_model(model, *, preprocessing=AUTO, top_k=None, include_featur
             without one, a preset, a dict (see `keras_preact.layers.preprocessing`) or None.
         top_k: at most the number of classes; None: 5, or fewer classes.
         include_features: also return the pooled features (the layer named "pool").
-
-    Returns:
-        A `keras.Model` sharing `model`'s weights: uint8 ``[batch, H, W, C]`` -> dict
-        of "probabilities", "top_k_classes", "top_k_scores" (and "features").
 
     Raises ValueError for a model that is not a single-input classifier, a bad `top_k`, a
     `preprocessing` that is missing or given twice."""

@@ -17,7 +17,7 @@ from keras_preact.files import file_hash
 
 
 def _require(module, needed_for):
-    """Imports an optional package of the export extra; ModuleNotFoundError saying how to get it."""
+    """Imports a package of the export extra; ModuleNotFoundError saying how to get it."""
     try:
         return importlib.import_module(module)
     except ImportError:
@@ -25,8 +25,7 @@ def _require(module, needed_for):
 
 
 def open_litert(path):
-    """``(input_shape, run)`` of a ``.tflite`` file, run by `ai-edge-litert` (not the deprecated
-    tf.lite.Interpreter)."""
+    """``(input_shape, run)`` of a ``.tflite`` file, run by `ai-edge-litert`."""
     litert = _require("ai_edge_litert.interpreter", "Running LiteRT exports needs `ai-edge-litert`")
     # Without `num_threads` the interpreter runs on one core.
     interpreter = litert.Interpreter(model_path=path, num_threads=os.cpu_count())
@@ -78,8 +77,7 @@ def _quantize_onnx(path, images):
     quantization = _require("onnxruntime.quantization", "int8 ONNX needs `onnxruntime`")
 
     class Reader(quantization.CalibrationDataReader):
-        def __init__(self):
-            self.batches = iter([{"images": images[i:i + 32]} for i in range(0, len(images), 32)])
+        batches = iter([{"images": images[i:i + 32]} for i in range(0, len(images), 32)])
 
         def get_next(self):
             return next(self.batches, None)
@@ -99,12 +97,11 @@ def _export_single_file(model, path, export_format, converter_kwargs, quantizati
     """The LiteRT and ONNX exporter, through Keras' ``model.export(format=...)``."""
     filename, versions = _FILES[export_format]
 
-    def serving(parts):
-        return {"file": filename, "quantization": quantization,
-                "inputs": {"images": {"dtype": "uint8", "shape": [None, *parts.input_shape]}},
-                "outputs": sorted(parts.describe_outputs())}
-
     def write(folder, parts, card):
+        card["serving"] = {
+            "file": filename, "quantization": quantization,
+            "inputs": {"images": {"dtype": "uint8", "shape": [None, *parts.input_shape]}},
+            "outputs": sorted(parts.describe_outputs())}
         file_path = os.path.join(folder, filename)
         images = _calibration(quantization, calibration_images, parts)
         kwargs = dict(converter_kwargs)
@@ -128,7 +125,7 @@ def _export_single_file(model, path, export_format, converter_kwargs, quantizati
         return RUNTIMES[export_format](os.path.join(folder, filename))[1](images)
 
     return export_folder(model, check_path("path", path), export_format=export_format,
-                         quantization=quantization, serving=serving, write=write, run=run,
+                         quantization=quantization, write=write, run=run,
                          extra_versions=versions, **options)
 
 

@@ -14,10 +14,10 @@ import numpy as np
 
 from keras_preact.checks import check_bool
 from keras_preact.export.card import (
-    MODEL_CARD_JSON, make_model_card, write_class_names, write_model_card)
+    CLASS_NAMES_FILE, MODEL_CARD_JSON, make_model_card, write_model_card)
 from keras_preact.export.serving import (
     AUTO, PARITY_TOLERANCES, ServingParts, check_class_names, check_json, compare)
-from keras_preact.files import NO_SPACE, is_no_space
+from keras_preact.files import NO_SPACE, atomic_write_text, is_no_space
 
 logger = logging.getLogger("keras_preact.export")
 
@@ -59,8 +59,8 @@ def staged_folder(target, *, overwrite):
             os.replace(staging, target)
             return
         # The old export is moved aside, and back if the final rename fails.
-        name = f".{os.path.basename(target)}.replaced-{uuid.uuid4().hex[:8]}"
-        backup = os.path.join(parent, name)
+        backup = os.path.join(parent, f".{os.path.basename(target)}.replaced-"
+                              f"{uuid.uuid4().hex[:8]}")
         os.replace(target, backup)
         try:
             os.replace(staging, target)
@@ -75,14 +75,14 @@ def staged_folder(target, *, overwrite):
         raise
 
 
-def export_folder(model, target, *, export_format, serving, write, run, quantization=None,
+def export_folder(model, target, *, export_format, write, run, quantization=None,
                   extra_versions=(), class_names_dir="", preprocessing=AUTO, top_k=None,
                   include_features=False, class_names=None, weights_info=None, metrics=None,
                   overwrite=False, check_parity=True, parity_images=None, parity_labels=None,
                   parity_tolerance=None, verbose=False):
-    """Writes one export through `staged_folder` at `target`: ``serving(parts)`` is the card's
-    "serving" entry, ``write(staging, parts, card)`` writes the model, ``run(staging, images)``
-    runs it for the parity check; `extra_versions`: packages whose versions go into the card;
+    """Writes one export through `staged_folder` at `target`: ``write(staging, parts, card)``
+    writes the model and the card's "serving" entry, ``run(staging, images)`` runs it for the
+    parity check; `extra_versions`: packages whose versions go into the card;
     `class_names_dir`: where ``class_names.txt`` goes; the rest as in `export_saved_model`."""
     key = export_format if quantization is None else f"{export_format}_{quantization}"
     check_bool("overwrite", overwrite)
@@ -99,8 +99,7 @@ def export_folder(model, target, *, export_format, serving, write, run, quantiza
         model, parts, export_format=export_format,
         class_names=check_class_names(class_names, parts.classes),
         weights_info=check_json("weights_info", weights_info),
-        metrics=check_json("metrics", metrics), serving=serving(parts),
-        extra_versions=extra_versions)
+        metrics=check_json("metrics", metrics), extra_versions=extra_versions)
     images = parts.parity_images(parity_images) if check_parity else None
     if parity_labels is not None:
         parity_labels = np.asarray(parity_labels).reshape(-1)
@@ -117,7 +116,9 @@ def export_folder(model, target, *, export_format, serving, write, run, quantiza
             card["parity"] = compare(key, reference, run(staging, images), float(parity_tolerance),
                                      parity_labels)
         progress.update(2)
-        write_class_names(os.path.join(staging, class_names_dir), card["class_names"])
+        if card["class_names"] is not None:
+            names_file = os.path.join(staging, class_names_dir, CLASS_NAMES_FILE)
+            atomic_write_text(names_file, "\n".join(card["class_names"]) + "\n")
         write_model_card(staging, card)
         progress.update(3)
     logger.info("Exported %s to %s", key, target)
