@@ -18,6 +18,7 @@ import keras_preact as kp
 from keras_preact.layers import PreActStage
 from keras_preact.layers.remat import normalize_remat
 from keras_preact.layers.remat import segment_lengths
+from tests.harness import randomize
 from tests.helpers import run_python
 from tests.helpers import to_numpy
 
@@ -42,22 +43,10 @@ def _images(n=8, size=8, channels=3, seed=0):
     return np.random.RandomState(seed).randn(n, size, size, channels).astype("float32")
 
 
-def _randomize(layer, seed=0):
-    """Random, distinct values for every variable, BN statistics included, so that
-    inference mode and the moving-statistic updates are really exercised."""
-    rng = np.random.RandomState(seed)
-    ranges = {"gamma": (0.5, 1.5), "beta": (-0.5, 0.5), "moving_mean": (-0.5, 0.5),
-              "moving_variance": (0.5, 2.0)}
-    for w in layer.weights:
-        for field, (lo, hi) in ranges.items():
-            if w.path.endswith(field):
-                w.assign(rng.uniform(lo, hi, tuple(w.shape)).astype("float32"))
-
-
 def _twins(make, remat, seed=0):
     """(plain, rematerialised) copies of one layer/model with the same weights."""
     plain, rem = make(None), make(remat)
-    _randomize(plain, seed)
+    randomize(plain, seed)
     rem.set_weights(plain.get_weights())
     return plain, rem
 
@@ -187,7 +176,7 @@ def test_remat_model_matches_plain_model_in_calls_and_fit(block):
     x = _images()
     y = np.arange(8) % 5
     plain = _model(block, None)
-    _randomize(plain)
+    randomize(plain)
     start = plain.get_weights()
     rems = []
     for remat in FIT_MODES[block]:
@@ -282,7 +271,7 @@ def _assert_looped_equals_unrolled(make, x, w, what, tf_graph="graph"):
     On TensorFlow the looped step runs as a graph (`tf_graph`), where the loop is a
     real `tf.while_loop`; the unrolled reference runs eagerly."""
     unrolled = make(False)
-    _randomize(unrolled, seed=9)
+    randomize(unrolled, seed=9)
     looped = make(True)
     looped.set_weights(unrolled.get_weights())
     g_unrolled = _grads_and_step(unrolled, x, w)
@@ -510,18 +499,16 @@ def test_remat_under_mirrored_strategy_matches_plain():
 
 # --- configuration, saving, errors --------------------------------------------
 @pytest.mark.multibackend
-def test_config_round_trip():
+def test_models_and_stages_store_the_normalized_remat():
+    """The round trips of remat models: tests/harness.py, cases config and keras."""
     for remat, stored in [(True, "segment"), ("unit", "unit"), (2, 2), (False, None),
                           (None, None)]:
         model = _model("basic", remat)
-        config = model.get_config()
-        assert config["remat"] == stored
         stages = [layer for layer in model.layers if isinstance(layer, PreActStage)]
-        assert len(stages) == 2 and all(stage.remat == stored for stage in stages)
-        assert kp.PreActResNet.from_config(config).get_config() == config
-        stage_config = stages[0].get_config()
-        assert stage_config["remat"] == stored
-        assert PreActStage.from_config(stage_config).get_config() == stage_config
+        assert model.get_config()["remat"] == stored and len(stages) == 2
+        assert all(stage.get_config()["remat"] == stage.remat == stored for stage in stages)
+        config = stages[0].get_config()
+        assert PreActStage.from_config(config).get_config() == config
 
 
 @pytest.mark.multibackend
@@ -531,23 +518,6 @@ def test_factories_forward_remat():
     assert model.remat == "segment" and len(stages) == 3
     assert all(stage.remat == "segment" for stage in stages)
     assert kp.preact_resnet20(remat=3).remat == 3
-
-
-@pytest.mark.multibackend
-@pytest.mark.parametrize("block", ["basic", "bottleneck"])
-def test_keras_save_and_load(block, tmp_path):
-    model = _model(block, "segment")
-    _randomize(model, seed=6)
-    x = _images(seed=6)
-    expected = to_numpy(model(x, training=False))
-    path = str(tmp_path / f"remat_{block}.keras")
-    model.save(path)
-    loaded = keras.saving.load_model(path)
-    assert loaded.remat == "segment"
-    assert loaded.get_config() == model.get_config()
-    np.testing.assert_allclose(to_numpy(loaded(x, training=False)), expected, atol=1e-6)
-    np.testing.assert_allclose(to_numpy(loaded(x, training=True)),
-                               to_numpy(model(x, training=True)), atol=1e-6)
 
 
 @pytest.mark.multibackend
