@@ -221,6 +221,27 @@ def test_import_keras_preact_does_not_import_export():
     assert "ok" in result.stdout
 
 
+def test_export_demo_writes_a_serving_export_with_metrics(tmp_path):
+    """The demo's export step: a trained `.keras` model in a run folder becomes a
+    SavedModel whose serving signature reproduces it."""
+    from keras_preact.training.demo import export_demo
+
+    model = tiny_model(input_shape=(32, 32, 3), classes=10, preprocessing="unit")
+    model_path = str(tmp_path / "model.keras")
+    model.save(model_path)
+    # What a training run writes beside its model.
+    (tmp_path / "config.json").write_text(json.dumps({"train_config": {"dataset": "digits"}}))
+    (tmp_path / "metrics.json").write_text(json.dumps({"test_accuracy": 0.975, "test_loss": 0.1}))
+    folder = export_demo(workdir=str(tmp_path), model_path=model_path)["saved_model"]
+    assert folder == str(tmp_path / "export" / "saved_model" / "1")
+    assert "0.975" in open(os.path.join(folder, "model_card.json")).read()
+    x = images(3, size=32)
+    np.testing.assert_allclose(serve(folder, images=x)["probabilities"],
+                               model.predict(x.astype("float32"), verbose=0), atol=1e-5)
+    # A rerun of the demo replaces its own export.
+    export_demo(workdir=str(tmp_path), model_path=model_path)
+
+
 # --- atomicity -----------------------------------------------------------------------
 
 

@@ -129,18 +129,6 @@ def test_a_run_stopped_before_its_final_step_finishes_it(digits_run, tmp_path):
     assert {k: v for k, v in file_hashes(copy).items() if k.endswith(".weights.h5")} == ckpts
 
 
-def test_demo_export_hook_exports_the_trained_model(digits_run, tmp_path):
-    from keras_preact.training.demo import export_demo
-
-    _, workdir, result = digits_run
-    copy = str(tmp_path / "copy")
-    shutil.copytree(workdir, copy)
-    written = export_demo(workdir=copy, model_path=os.path.join(copy, "model.keras"))
-    assert written and os.path.isfile(os.path.join(written["saved_model"], "saved_model.pb"))
-    card = open(os.path.join(written["saved_model"], "model_card.json")).read()
-    assert json.dumps(result["test_accuracy"]) in card  # the run's held-out accuracy
-
-
 @pytest.mark.parametrize(
     "change, field",
     [
