@@ -59,15 +59,6 @@ print("loaded")
         assert "loaded" in out.stdout
 
 
-def test_load_model_refuses_lambda_layers(tmp_path):
-    inputs = keras.Input((4,))
-    model = keras.Model(inputs, keras.layers.Lambda(lambda t: t * 2)(inputs))
-    path = str(tmp_path / "lambda.keras")
-    model.save(path)
-    with pytest.raises(ValueError, match="safe_mode"):
-        kp.load_model(path)
-
-
 @pytest.mark.multibackend
 def test_float64_policy_keeps_batch_norm_in_float64():
     """Batch normalisation of float64 inputs computes in float64, as Keras' own layer

@@ -237,3 +237,5 @@ def test_keras_files_load_safely_and_refuse_lambda(tmp_path):
     lam.save(lam_path)
     with pytest.raises(ValueError, match="Lambda layer \\('double'\\).*safe_mode=True"):
         kp.preact_resnet20(weights=lam_path)
+    with pytest.raises(ValueError, match="safe_mode"):
+        kp.load_model(lam_path)
