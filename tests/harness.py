@@ -12,6 +12,12 @@ import keras_preact as kp
 from tests.helpers import to_numpy
 
 CASES = ("config", "keras", "weights", "preset", "data_format", "precision", "train")
+#: The paper's variant units' parameters (Fig. 2): values that differ from each other and
+#: from 1, so a scale or gate applied in the wrong place shows up.
+UNIT_PARAMS = {"constant_scaling": dict(shortcut_scale=0.3, residual_scale=0.7),
+               "exclusive_gating": dict(gate_bias=-1.0),
+               "shortcut_only_gating": dict(gate_bias=0.5),
+               "dropout_shortcut": dict(dropout_rate=0.3)}
 #: compute dtype -> how far a mixed-precision model may be from the float32 one.
 PRECISIONS = {"mixed_float16": 5e-2, "mixed_bfloat16": 2e-1}
 

@@ -53,7 +53,8 @@ def _tame(model):
             w.assign(keras.ops.convert_to_numpy(w) * alpha)
 
 
-def _check_named_network(depth, tmp_path):
+@pytest.mark.parametrize("depth", [20, 110, pytest.param(1001, marks=pytest.mark.slow)])
+def test_serving_default_of_a_named_network_matches_keras(depth, tmp_path):
     model = kp.preact_resnet_cifar(depth, preprocessing="cifar10")
     _tame(model)
     folder = export.export_saved_model(model, tmp_path / "export", check_parity=False)
@@ -79,19 +80,6 @@ def _check_named_network(depth, tmp_path):
         np.testing.assert_allclose(
             np.take_along_axis(expected, served["top_k_classes"], -1), scores, atol=1e-6
         )
-
-
-def test_resnet20_serving_default_matches_keras(tmp_path):
-    _check_named_network(20, tmp_path)
-
-
-def test_resnet110_serving_default_matches_keras(tmp_path):
-    _check_named_network(110, tmp_path)
-
-
-@pytest.mark.slow
-def test_resnet1001_serving_default_matches_keras(tmp_path):
-    _check_named_network(1001, tmp_path)
 
 
 # --- signatures ----------------------------------------------------------------------

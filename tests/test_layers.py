@@ -13,17 +13,10 @@ from keras_preact.layers import PreActBasicBlock
 from keras_preact.layers import PreActBottleneckBlock
 from keras_preact.layers import PreActStage
 from keras_preact.layers import UNIT_TYPES
+from tests.harness import UNIT_PARAMS as PARAMS
 from tests.harness import randomize
 from tests.helpers import to_numpy
 
-# Parameters that differ from each other and from 1, so a scale or gate applied in the
-# wrong place shows up.
-PARAMS = {
-    "constant_scaling": dict(shortcut_scale=0.3, residual_scale=0.7),
-    "exclusive_gating": dict(gate_bias=-1.0),
-    "shortcut_only_gating": dict(gate_bias=0.5),
-    "dropout_shortcut": dict(dropout_rate=0.3),
-}
 LAYERS = {
     "basic": (PreActBasicBlock, dict(filters=8, strides=1)),
     "basic-s2": (PreActBasicBlock, dict(filters=16, strides=2)),

@@ -91,10 +91,6 @@ TINY = dict(stage_blocks=(1, 1, 1), stage_filters=(8, 16, 32), stem_filters=8, c
 BOTTLENECK = dict(TINY, block="bottleneck", stage_filters=(16, 32, 64))
 REMAT = dict(stage_blocks=(4, 3), stage_strides=(1, 2), stem_filters=8, classes=5,
              bn_momentum=0.7, remat="segment")
-#: The paper's variant units (Fig. 2, Fig. 4), with parameters that differ from 1 and each other.
-UNIT_PARAMS = {"constant_scaling": dict(shortcut_scale=0.3, residual_scale=0.7),
-               "exclusive_gating": dict(gate_bias=-1.0), "shortcut_only_gating": dict(gate_bias=0.5),
-               "dropout_shortcut": dict(dropout_rate=0.3)}
 ROUND_TRIPS = ("config", "keras")
 #: name -> (PreActResNet arguments or a registered name, input shape, harness cases).
 HARNESS = {
@@ -119,7 +115,7 @@ HARNESS = {
     "remat_bottleneck": (dict(REMAT, block="bottleneck", stage_filters=(16, 32)), (8, 8, 3),
                          ROUND_TRIPS),
     **{f"unit_{u}": (dict(stage_blocks=(1, 2), stage_filters=(8, 16), stage_strides=(1, 2),
-                          stem_filters=8, unit=u, **UNIT_PARAMS.get(u, {})), (8, 8, 3),
+                          stem_filters=8, unit=u, **harness.UNIT_PARAMS.get(u, {})), (8, 8, 3),
                      ROUND_TRIPS) for u in UNIT_TYPES},
 }
 
