@@ -14,15 +14,11 @@ import tensorflow as tf
 import keras_preact as kp
 from keras_preact import export
 from keras_preact.export import staging
+from tests import helpers
 from tests.helpers import run_python
 
-TINY = dict(stage_blocks=(1, 1, 1), stage_filters=(8, 16, 32), stem_filters=8)
-
-
 def tiny_model(**kwargs):
-    config = dict(TINY, input_shape=(16, 16, 3), classes=5, preprocessing="cifar10")
-    config.update(kwargs)
-    return kp.PreActResNet(**config)
+    return helpers.tiny_model(**{"classes": 5, "preprocessing": "cifar10", **kwargs})
 
 
 def images(n, size=16, channels=3, seed=0):

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from keras_preact import cli
-from tests.helpers import REPO, run_cli, run_command, run_python
+from tests.helpers import REPO, run_cli, run_command, run_python, tiny_model
 from tests.helpers import TINY
 
 TINY_TRAIN = ["train", "--model", "tiny", "--model-kwargs", json.dumps(TINY), "--dataset", "digits",
@@ -179,8 +179,7 @@ def test_a_tilde_after_an_equals_sign_means_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     assert Workdir("~/runs/x").path == str(tmp_path / "runs" / "x")
     assert check_path("out", "~/exports/x") == str(tmp_path / "exports" / "x")
-    path = kp.save_preset(kp.PreActResNet(stage_blocks=(1, 1, 1), stage_filters=(8, 16, 32),
-                                          stem_filters=8, input_shape=(16, 16, 3)), "~/preset")
+    path = kp.save_preset(tiny_model(), "~/preset")
     assert path == str(tmp_path / "preset") and not os.path.exists("~")
 
 
