@@ -13,7 +13,6 @@ from keras_preact import cli
 from keras_preact import export
 from keras_preact import files
 from tests.helpers import run_cli
-from tests.helpers import run_command
 from tests.helpers import tiny_model
 
 
@@ -178,14 +177,6 @@ def test_export_overwrite_and_keras_checkpoint(tmp_path, capsys):
                             "--preprocessing", "unit", "--overwrite"], capsys)
     assert code == 0, err
     assert export.read_model_card(out_dir)["top_k"] == 4  # the default, capped by the classes
-
-
-def test_command_line_entry_point_prints_a_short_error(exported, tmp_path):
-    small = write_png(tmp_path / "small.png", np.zeros((8, 8, 3), np.uint8))
-    result = run_command(["predict", str(exported), small], timeout=300)
-    assert result.returncode == 2
-    assert "error: image" in result.stderr and "8x8" in result.stderr
-    assert "Traceback" not in result.stderr
 
 
 def test_predict_reports_a_bad_image_and_classifies_the_others(exported, tmp_path, capsys):
