@@ -58,12 +58,9 @@ def _fresh_keras_state():
 @pytest.fixture
 def tiny_model_kwargs():
     """A 3-stage, one-unit-per-stage config that builds in well under a second."""
-    return dict(
-        stage_blocks=(1, 1, 1),
-        stage_filters=(8, 16, 32),
-        stem_filters=8,
-        input_shape=(16, 16, 3),
-    )
+    from tests.helpers import TINY
+
+    return dict(TINY["architecture"], input_shape=(16, 16, 3))
 
 
 @pytest.fixture

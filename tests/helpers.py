@@ -30,6 +30,18 @@ sys.meta_path.insert(0, _NoTensorFlow())
 """
 
 
+#: The smallest network the training tests train (`--model tiny --model-kwargs` as JSON).
+TINY = {"architecture": {"stage_blocks": [1, 1, 1], "stage_filters": [8, 16, 32],
+                         "stem_filters": 8}}
+
+
+def tiny_model(**kwargs):
+    """A 3-stage, one-unit-per-stage `PreActResNet` (16x16 input unless `kwargs` say)."""
+    import keras_preact as kp
+
+    return kp.PreActResNet(**{**TINY["architecture"], "input_shape": (16, 16, 3), **kwargs})
+
+
 def to_numpy(x):
     import keras
 
@@ -50,6 +62,14 @@ def run_python(code, *, env=None, timeout=600, cwd=None):
         text=True,
         timeout=timeout,
     )
+
+
+def run_command(argv, *, env=None, timeout=600):
+    """Runs `python -m keras_preact *argv` in the repository, in `env` (default: this
+    process's, TensorFlow's log quiet); returns the CompletedProcess."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2") if env is None else env
+    return subprocess.run([sys.executable, "-m", "keras_preact", *argv], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def run_cli(argv, capsys):

@@ -11,6 +11,7 @@ import keras
 
 import keras_preact as kp
 from tests.helpers import NO_TENSORFLOW, REPO
+from tests.helpers import run_cli
 from tests.helpers import run_python
 
 
@@ -47,29 +48,6 @@ def test_errors_come_before_any_layer_is_built(built_convs):
         with pytest.raises(ValueError):
             kp.preact_resnet20(**bad)
     assert built_convs == []
-
-
-def test_bad_weights_files(tmp_path):
-    model = kp.preact_resnet20()
-    good = str(tmp_path / "good.weights.h5")
-    model.save_weights(good)
-
-    text = tmp_path / "text.weights.h5"
-    text.write_text("not hdf5")
-    with pytest.raises(ValueError, match="not an HDF5 file"):
-        kp.preact_resnet20(weights=str(text))
-    with pytest.raises(ValueError, match="ending in '.weights.h5'"):
-        kp.preact_resnet20(weights=str(tmp_path / "model.keras"))
-    with pytest.raises(ValueError, match="3-channel input.*1 channels"):
-        kp.preact_resnet20(weights=good, input_shape=(32, 32, 1))
-    with pytest.raises(ValueError, match="10 classes.*classes=100"):
-        kp.preact_resnet20(weights=good, classes=100)
-    # A file from another architecture with the same stem fails loudly, not silently.
-    with pytest.raises(ValueError, match="does not match the architecture"):
-        kp.preact_resnet32(weights=good)
-    # The same weights as a feature extractor load fine.
-    features = kp.preact_resnet20(weights=good, include_top=False, pooling="avg")
-    assert features.output_shape == (None, 64)
 
 
 def test_import_and_build_without_tensorflow():
@@ -145,18 +123,10 @@ def test_same_weights_same_outputs_on_three_backends(tmp_path):
             np.testing.assert_allclose(got, reference[name], atol=1e-5, rtol=1e-4)
 
 
-def _cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "keras_preact", *args],
-        capture_output=True, text=True, cwd=REPO, timeout=600,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-    )
-
-
-def test_cli_list_and_summary():
-    proc = _cli("list", "preact_resnet[2-5][0-9]")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = proc.stdout.splitlines()
+def test_cli_list_and_summary(capsys):
+    code, out, _ = run_cli(["list", "preact_resnet[2-5][0-9]"], capsys)
+    assert code == 0
+    lines = out.splitlines()
     assert lines[0].split() == ["model", "depth", "block", "parameters", "multiply-adds"]
     rows = {l.split()[0]: l.split() for l in lines[2:]}
     assert set(rows) == {"preact_resnet20", "preact_resnet32", "preact_resnet44", "preact_resnet56",
@@ -164,8 +134,7 @@ def test_cli_list_and_summary():
     assert rows["preact_resnet50"][1:4] == ["50", "bottleneck", "25,549,480"]
     assert rows["preact_resnet20"][1:4] == ["20", "basic", "272,282"]
     assert rows["preact_resnet20"][4] == f"{kp.count_macs(kp.preact_resnet20()) / 1e6:,.1f}M"
-    proc = _cli("summary", "preact_resnet20")
-    assert proc.returncode == 0 and "Trainable parameters: 272,282" in proc.stdout
-    proc = _cli("summary", "resnet50")
-    assert proc.returncode == 2 and "error: Unknown model name" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    code, out, _ = run_cli(["summary", "preact_resnet20"], capsys)
+    assert code == 0 and "Trainable parameters: 272,282" in out
+    code, _, err = run_cli(["summary", "resnet50"], capsys)
+    assert code == 2 and "error: Unknown model name" in err and "Traceback" not in err

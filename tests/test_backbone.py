@@ -68,16 +68,6 @@ def test_pretrained_weights_load_into_the_backbone_as_into_the_classifier(tmp_pa
         assert not np.allclose(to_numpy(other[level]), to_numpy(expected[level])), level
 
 
-def test_backbone_round_trips_through_a_keras_file(tmp_path):
-    model = kp.preact_resnet20(features=True)
-    x = np.random.default_rng(2).random((2, 32, 32, 3), dtype="float32")
-    model.save(tmp_path / "backbone.keras")
-    loaded = kp.load_model(tmp_path / "backbone.keras")
-    assert loaded.features and list(loaded.pyramid_outputs) == ["P0", "P1", "P2"]
-    for level, value in model(x).items():
-        np.testing.assert_array_equal(to_numpy(loaded(x)[level]), to_numpy(value))
-
-
 @pytest.mark.parametrize("kwargs, message", [
     ({"features": True, "pooling": "avg"}, "Received: pooling='avg'. Leave pooling=None"),
     ({"features": "yes"}, "`features` must be True or False. Received: features='yes'"),

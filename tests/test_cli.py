@@ -14,10 +14,10 @@ import pytest
 from PIL import Image
 
 from keras_preact import cli
-from tests.helpers import REPO
 from tests.helpers import run_cli
+from tests.helpers import run_command
 from tests.helpers import run_python
-from tests.test_training import TINY
+from tests.helpers import TINY
 
 
 def tiny_train_args(data_path, workdir, *extra):
@@ -50,8 +50,7 @@ def test_help_does_not_import_tensorflow():
 
 def test_tensorflow_startup_log_is_silenced():
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    result = subprocess.run([sys.executable, "-m", "keras_preact", "list", "preact_resnet2*"],
-                            capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    result = run_command(["list", "preact_resnet2*"], env=env, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "preact_resnet20 " in result.stdout
     for line in ("cuInit", "oneDNN custom operations", "TensorFlow binary is optimized",

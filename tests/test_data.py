@@ -73,26 +73,28 @@ def test_registry_lists_datasets_and_describes_them():
     assert len(digits["mean"]) == 3 and all(0 < s < 1 for s in digits["std"])
 
 
-@pytest.mark.parametrize(
-    "call",
-    [
-        lambda: data.dataset_info("imagenet"),
-        lambda: data.load_arrays("cifar1O", "train"),
-        lambda: data.make_dataset("mnist", "train"),
-    ],
-)
-def test_unknown_dataset_lists_valid_names(call):
-    with pytest.raises(ValueError, match=r"Unknown dataset.*cifar10.*cifar100.*digits.*folder"):
-        call()
+UNKNOWN = "Unknown dataset.*cifar10.*cifar100.*digits.*folder"
 
 
-def test_folder_needs_a_path(tmp_path):
-    with pytest.raises(ValueError, match="needs `path`"):
-        data.dataset_info("folder")
-    with pytest.raises(ValueError, match="does not exist"):
-        data.load_arrays("folder", "train", path=str(tmp_path / "nope"))
-    with pytest.raises(ValueError, match="no class sub-folders"):
-        data.load_arrays("folder", "train", path=str(tmp_path))
+@pytest.mark.parametrize("call, match", [
+    (lambda tmp: data.dataset_info("imagenet"), UNKNOWN),
+    (lambda tmp: data.load_arrays("cifar1O", "train"), UNKNOWN),
+    (lambda tmp: data.make_dataset("mnist", "train"), UNKNOWN),
+    (lambda tmp: data.dataset_info("folder"), "needs `path`"),
+    (lambda tmp: data.load_arrays("folder", "train", path=str(tmp / "nope")), "does not exist"),
+    (lambda tmp: data.load_arrays("folder", "train", path=str(tmp)), "no class sub-folders"),
+    (lambda tmp: data.load_arrays("cifar10", "train", source="archive", data_dir=str(tmp)),
+     r"No cifar10 files.*cifar-10-batches-py/.*cifar-10-python.tar.gz"),
+    (lambda tmp: data.load_arrays("cifar10", "train", source="archive"),
+     "source='archive' needs `path`"),
+    (lambda tmp: data.load_arrays("cifar10", "train", source="s3"),
+     r"(?=.*`source`)(?=.*source='s3')(?=.*'archive')"),
+    (lambda tmp: data.load_arrays("cifar10", "val"), r"(?=.*`split`)(?=.*split='val')(?=.*'test')"),
+    (lambda tmp: data.load_arrays("digits", "train", source="tfds"), "takes no `source`"),
+])
+def test_unknown_names_and_missing_files_are_clear_errors(call, match, tmp_path):
+    with pytest.raises(ValueError, match=match):
+        call(tmp_path)
 
 
 # --- original CIFAR files -------------------------------------------------------------
@@ -289,20 +291,6 @@ def test_truncated_archive_and_binary_files_name_the_file(tmp_path):
         f.truncate(3073 * 2 + 100)
     with pytest.raises(ValueError, match=r"test_batch.bin.*3073-byte record"):
         data.load_arrays("cifar10", "test", source="archive", path=binary)
-
-
-def test_no_files_and_bad_source_arguments(tmp_path):
-    expected = r"No cifar10 files.*cifar-10-batches-py/.*cifar-10-python.tar.gz"
-    with pytest.raises(ValueError, match=expected):
-        data.load_arrays("cifar10", "train", source="archive", data_dir=str(tmp_path))
-    with pytest.raises(ValueError, match="source='archive' needs `path`"):
-        data.load_arrays("cifar10", "train", source="archive")
-    with pytest.raises(ValueError, match=r"(?=.*`source`)(?=.*source='s3')(?=.*'archive')"):
-        data.load_arrays("cifar10", "train", source="s3")
-    with pytest.raises(ValueError, match=r"(?=.*`split`)(?=.*split='val')(?=.*'test')"):
-        data.load_arrays("cifar10", "val")
-    with pytest.raises(ValueError, match="takes no `source`"):
-        data.load_arrays("digits", "train", source="tfds")
 
 
 def test_cache_returns_read_only_arrays_and_sees_file_changes(cifar10_dir):

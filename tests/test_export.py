@@ -14,15 +14,11 @@ import tensorflow as tf
 import keras_preact as kp
 from keras_preact import export
 from keras_preact.export import staging
+from tests import helpers
 from tests.helpers import run_python
 
-TINY = dict(stage_blocks=(1, 1, 1), stage_filters=(8, 16, 32), stem_filters=8)
-
-
 def tiny_model(**kwargs):
-    config = dict(TINY, input_shape=(16, 16, 3), classes=5, preprocessing="cifar10")
-    config.update(kwargs)
-    return kp.PreActResNet(**config)
+    return helpers.tiny_model(**{"classes": 5, "preprocessing": "cifar10", **kwargs})
 
 
 def images(n, size=16, channels=3, seed=0):
@@ -53,7 +49,8 @@ def _tame(model):
             w.assign(keras.ops.convert_to_numpy(w) * alpha)
 
 
-def _check_named_network(depth, tmp_path):
+@pytest.mark.parametrize("depth", [20, 110, pytest.param(1001, marks=pytest.mark.slow)])
+def test_serving_default_of_a_named_network_matches_keras(depth, tmp_path):
     model = kp.preact_resnet_cifar(depth, preprocessing="cifar10")
     _tame(model)
     folder = export.export_saved_model(model, tmp_path / "export", check_parity=False)
@@ -79,19 +76,6 @@ def _check_named_network(depth, tmp_path):
         np.testing.assert_allclose(
             np.take_along_axis(expected, served["top_k_classes"], -1), scores, atol=1e-6
         )
-
-
-def test_resnet20_serving_default_matches_keras(tmp_path):
-    _check_named_network(20, tmp_path)
-
-
-def test_resnet110_serving_default_matches_keras(tmp_path):
-    _check_named_network(110, tmp_path)
-
-
-@pytest.mark.slow
-def test_resnet1001_serving_default_matches_keras(tmp_path):
-    _check_named_network(1001, tmp_path)
 
 
 # --- signatures ----------------------------------------------------------------------
@@ -219,6 +203,27 @@ def test_import_keras_preact_does_not_import_export():
     )
     assert result.returncode == 0, result.stderr
     assert "ok" in result.stdout
+
+
+def test_export_demo_writes_a_serving_export_with_metrics(tmp_path):
+    """The demo's export step: a trained `.keras` model in a run folder becomes a
+    SavedModel whose serving signature reproduces it."""
+    from keras_preact.training.demo import export_demo
+
+    model = tiny_model(input_shape=(32, 32, 3), classes=10, preprocessing="unit")
+    model_path = str(tmp_path / "model.keras")
+    model.save(model_path)
+    # What a training run writes beside its model.
+    (tmp_path / "config.json").write_text(json.dumps({"train_config": {"dataset": "digits"}}))
+    (tmp_path / "metrics.json").write_text(json.dumps({"test_accuracy": 0.975, "test_loss": 0.1}))
+    folder = export_demo(workdir=str(tmp_path), model_path=model_path)["saved_model"]
+    assert folder == str(tmp_path / "export" / "saved_model" / "1")
+    assert "0.975" in open(os.path.join(folder, "model_card.json")).read()
+    x = images(3, size=32)
+    np.testing.assert_allclose(serve(folder, images=x)["probabilities"],
+                               model.predict(x.astype("float32"), verbose=0), atol=1e-5)
+    # A rerun of the demo replaces its own export.
+    export_demo(workdir=str(tmp_path), model_path=model_path)
 
 
 # --- atomicity -----------------------------------------------------------------------

@@ -20,6 +20,7 @@ import keras
 
 import keras_preact as kp
 from keras_preact import export
+from tests.helpers import tiny_model
 
 import ai_edge_litert.interpreter as ai_edge_litert  # noqa: E402 (test requirement)
 import onnxruntime  # noqa: E402 (test requirement)
@@ -176,8 +177,7 @@ def test_int8_exports_keep_accuracy_on_digits(tmp_path, digits, digits_model,
 
 
 def test_litert_and_onnx_bad_arguments(tmp_path):
-    model = kp.PreActResNet(stage_blocks=(1, 1, 1), stage_filters=(8, 16, 32), stem_filters=8,
-                            input_shape=(16, 16, 3), classes=5, preprocessing="unit")
+    model = tiny_model(classes=5, preprocessing="unit")
     with pytest.raises(ValueError, match=r"quantization='int4'.*dynamic_range"):
         export.export_litert(model, tmp_path / "a", quantization="int4")
     with pytest.raises(ValueError, match=r"parity_tolerance=-1"):

@@ -3,8 +3,6 @@
 import glob
 import json
 import os
-import subprocess
-import sys
 
 import h5py
 import keras
@@ -14,8 +12,10 @@ import pytest
 import keras_preact as kp
 from keras_preact import finetune
 from keras_preact import weights as W
-from tests.helpers import REPO
+from tests.helpers import run_command
 from tests.helpers import to_numpy
+
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
 
 
 def _tiny(tiny_model_kwargs, **kwargs):
@@ -126,12 +126,6 @@ def _write_folder(root, classes=3, per_class=10, seed=0):
             Image.fromarray(image).save(os.path.join(folder, f"{i}.png"))
 
 
-def _cli(*args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
-    return subprocess.run([sys.executable, "-m", "keras_preact", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900)
-
-
 @pytest.mark.e2e
 def test_cli_fine_tunes_a_digits_checkpoint_on_an_image_folder(tmp_path):
     arch = json.dumps({"architecture": {"block": "basic", "stage_blocks": [1, 1, 1],
@@ -139,16 +133,17 @@ def test_cli_fine_tunes_a_digits_checkpoint_on_an_image_folder(tmp_path):
     common = ["--model-kwargs", arch, "--batch-size", "16", "--eval-every", "0", "--verbose", "0",
               "--lr-scale", "none", "--lr", "0.05", "--warmup", "0"]
     pre = str(tmp_path / "digits")
-    proc = _cli("train", "--dataset", "digits", "--steps", "20", "--workdir", pre, *common)
+    proc = run_command(["train", "--dataset", "digits", "--steps", "20", "--workdir", pre, *common],
+                       env=ENV, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     checkpoint = sorted(glob.glob(os.path.join(pre, "checkpoints", "*.weights.h5")))[-1]
 
     folder = str(tmp_path / "images")
     _write_folder(folder)
     tuned = str(tmp_path / "tuned")
-    proc = _cli("train", "--dataset", "folder", "--data-path", folder, "--epochs", "3",
-                "--weights", checkpoint, "--freeze", "stem,stage1", "--seed", "1",
-                "--workdir", tuned, *common)
+    proc = run_command(["train", "--dataset", "folder", "--data-path", folder, "--epochs", "3",
+                        "--weights", checkpoint, "--freeze", "stem,stage1", "--seed", "1",
+                        "--workdir", tuned, *common], env=ENV, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Fine-tuning from" in proc.stderr and "new classifier" in proc.stderr
     assert "test accuracy" in proc.stdout

@@ -13,16 +13,10 @@ import json
 
 import pytest
 
+from tests.helpers import NO_TENSORFLOW
 from tests.helpers import run_python
 
-SCRIPT = r"""
-import sys
-class _NoTensorFlow:
-    def find_spec(self, name, path=None, target=None):
-        if name == "tensorflow" or name.startswith("tensorflow."):
-            raise ModuleNotFoundError("No module named 'tensorflow' (blocked)", name=name)
-        return None
-sys.meta_path.insert(0, _NoTensorFlow())
+SCRIPT = NO_TENSORFLOW + r"""
 import json
 import numpy as np
 import keras

@@ -1,5 +1,6 @@
 """The registry's models: structure, exact parameter counts, training, saving."""
 
+import functools
 import json
 import os
 
@@ -9,7 +10,9 @@ import pytest
 import keras
 
 import keras_preact as kp
+from keras_preact.layers import UNIT_TYPES
 from keras_preact.zoo_catalog import load_json
+from tests import harness
 from tests.helpers import to_numpy
 
 # Trainable parameters of the published pytorchcv CIFAR-10 and ImageNet-1k models of
@@ -83,57 +86,50 @@ def test_auto_block_rule(depth, block, units):
     assert kp.models.cifar_units_per_stage(depth) == (block, units)
 
 
-# --- the full battery on the small models, on every backend ----------------------
-@pytest.mark.multibackend
-@pytest.mark.parametrize("name", SMALL)
-def test_small_model_battery(name, tmp_path):
-    model = kp.get_model(name)
-    if name in PUBLISHED_PARAMS:
-        assert kp.count_params(model) == PUBLISHED_PARAMS[name]
-    x = _images()
-    y = np.array([0, 1, 2, 3])
-    probs = to_numpy(model(x, training=False))
-    assert probs.shape == (4, 10)
-    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
-
-    # .keras round trip gives equal outputs.
-    path = str(tmp_path / f"{name}.keras")
-    model.save(path)
-    loaded = keras.saving.load_model(path)
-    assert type(loaded) is kp.PreActResNet
-    assert loaded.get_config() == model.get_config()
-    np.testing.assert_allclose(to_numpy(loaded(x, training=False)), probs, atol=1e-6)
-
-    # SGD steps on one batch: the (training-mode) loss moves from step to step, and
-    # every trainable weight changes, i.e. got a non-zero gradient.
-    # jit_compile=False: for two steps, compiling a deep net with XLA costs more than it saves.
-    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.05),
-                  loss="sparse_categorical_crossentropy", jit_compile=False)
-    before = [to_numpy(w).copy() for w in model.trainable_weights]
-    loss0 = float(model.train_on_batch(x, y))
-    loss1 = float(model.train_on_batch(x, y))
-    assert np.isfinite(loss0) and loss1 != pytest.approx(loss0, rel=1e-4)
-    unchanged = [
-        w.path for w, b in zip(model.trainable_weights, before) if np.array_equal(to_numpy(w), b)
-    ]
-    assert not unchanged, f"weights without gradient: {unchanged[:5]}"
+# --- the harness (tests/harness.py) over the registry and the architecture's variants ---
+TINY = dict(stage_blocks=(1, 1, 1), stage_filters=(8, 16, 32), stem_filters=8, classes=3)
+BOTTLENECK = dict(TINY, block="bottleneck", stage_filters=(16, 32, 64))
+REMAT = dict(stage_blocks=(4, 3), stage_strides=(1, 2), stem_filters=8, classes=5,
+             bn_momentum=0.7, remat="segment")
+ROUND_TRIPS = ("config", "keras")
+#: name -> (PreActResNet arguments or a registered name, input shape, harness cases).
+HARNESS = {
+    "preact_resnet20": ("preact_resnet20", (32, 32, 3), harness.CASES),
+    **{n: (n, (32, 32, 3), ("keras", "train")) for n in SMALL if n != "preact_resnet20"},
+    "tiny_basic": (TINY, (16, 16, 3), harness.CASES),
+    "tiny_bottleneck": (BOTTLENECK, (16, 16, 3), harness.CASES),
+    "tiny_bottleneck_first": (dict(BOTTLENECK, bottleneck_stride="first"), (16, 16, 3),
+                              ("config", "data_format", "precision")),
+    "tiny_preprocessing": (dict(TINY, preprocessing="cifar10"), (16, 16, 3), ROUND_TRIPS),
+    "tiny_imagenet_stem": (dict(BOTTLENECK, stem="imagenet", stage_blocks=(1, 1),
+                                stage_filters=(16, 32), stage_strides=(1, 2)), (32, 32, 3),
+                           ("config", "keras", "data_format")),
+    "keras_applications_layout": (dict(
+        block="bottleneck", stage_blocks=(2, 3), stage_filters=(32, 64), stage_strides=(2, 1),
+        stem="imagenet_preact", stem_kernel_size=7, stem_strides=2, stem_filters=8,
+        stride_position="last", strided_shortcut="subsample", conv_bias=True,
+        bottleneck_stride="middle", bn_epsilon=1.001e-5, classes=3), (32, 32, 3),
+        ("config", "keras", "data_format")),
+    "backbone": (dict(TINY, features=True), (16, 16, 3), ("config", "keras", "data_format")),
+    "remat_basic": (dict(REMAT, stage_filters=(8, 16)), (8, 8, 3), ROUND_TRIPS),
+    "remat_bottleneck": (dict(REMAT, block="bottleneck", stage_filters=(16, 32)), (8, 8, 3),
+                         ROUND_TRIPS),
+    **{f"unit_{u}": (dict(stage_blocks=(1, 2), stage_filters=(8, 16), stage_strides=(1, 2),
+                          stem_filters=8, unit=u, **harness.UNIT_PARAMS.get(u, {})), (8, 8, 3),
+                     ROUND_TRIPS) for u in UNIT_TYPES},
+}
 
 
 @pytest.mark.multibackend
-def test_tiny_config_battery(tiny_model_kwargs, tmp_path):
-    for block in ("basic", "bottleneck"):
-        kwargs = dict(tiny_model_kwargs)
-        if block == "bottleneck":
-            kwargs["stage_filters"] = (16, 32, 64)
-        model = kp.PreActResNet(block=block, classes=3, **kwargs)
-        x = _images(size=16)
-        out = to_numpy(model(x))
-        assert out.shape == (4, 3)
-        path = str(tmp_path / f"tiny_{block}.keras")
-        model.save(path)
-        np.testing.assert_allclose(to_numpy(keras.saving.load_model(path)(x)), out, atol=1e-6)
-        # training=True differs from inference (BN batch statistics are used).
-        assert not np.allclose(to_numpy(model(x, training=True)), out)
+@pytest.mark.parametrize("name", HARNESS)
+def test_harness(name, tmp_path):
+    keras.utils.set_random_seed(0)
+    model, input_shape, cases = HARNESS[name]
+    if isinstance(model, str):
+        make = functools.partial(kp.get_model, model)
+    else:
+        make = functools.partial(kp.PreActResNet, **model)
+    harness.run_model_test(make, input_shape, tmp_path, cases)
 
 
 @pytest.mark.multibackend
@@ -164,17 +160,6 @@ def test_preprocessing_is_built_in(tiny_model_kwargs):
     assert sym.get_layer("preprocessing").get_config()["scale"] == pytest.approx(1 / 127.5)
     custom = kp.PreActResNet(preprocessing={"mean": [0.5], "std": [0.25]}, **tiny_model_kwargs)
     assert custom.get_config()["preprocessing"] == {"mean": [0.5], "std": [0.25]}
-
-
-@pytest.mark.multibackend
-def test_mixed_precision_model(tiny_model_kwargs):
-    model = kp.PreActResNet(dtype="mixed_bfloat16", **tiny_model_kwargs)
-    out = model(_images(2, size=16))
-    assert keras.backend.standardize_dtype(out.dtype) == "float32"  # the softmax
-    assert model.get_layer("stage2").compute_dtype == "bfloat16"
-    assert model.get_layer("stage2").unit1.compute_dtype == "bfloat16"
-    clone = kp.PreActResNet.from_config(model.get_config())
-    assert clone.get_layer("stem_conv").dtype_policy.name == "mixed_bfloat16"
 
 
 # --- every registered model: build, exact parameter count, a small forward ------
@@ -218,27 +203,20 @@ def test_multiply_adds():
         kp.count_macs(kp.preact_resnet20(input_shape=(None, None, 3)))
 
 
-def test_weights_file_round_trip_and_layout(tmp_path):
-    model = kp.preact_resnet20()
-    path = str(tmp_path / "r20.weights.h5")
-    model.save_weights(path)
-    x = _images(2) * 255
-    reloaded = kp.preact_resnet20(weights=path)
-    np.testing.assert_allclose(reloaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)
-
-    # The variable layout of the weights file is frozen: `.weights.h5` matches by
-    # creation order, so a silent reordering would load weights into wrong places.
+def test_weights_file_layout_is_frozen(tmp_path):
+    """`.weights.h5` matches by creation order: a silent reordering would load weights into
+    wrong places (the round trip itself: tests/harness.py, case "weights")."""
     import h5py
 
+    path = str(tmp_path / "r20.weights.h5")
+    kp.preact_resnet20().save_weights(path)
     layout = []
     with h5py.File(path, "r") as f:
-        f.visititems(
-            lambda n, obj: layout.append([n, list(obj.shape)]) if isinstance(obj, h5py.Dataset) else None
-        )
-    golden_path = os.path.join(os.path.dirname(__file__), "golden", "preact_resnet20_weights_layout.json")
-    with open(golden_path) as f:
-        golden = json.load(f)
-    assert layout == golden
+        f.visititems(lambda n, obj: layout.append([n, list(obj.shape)])
+                     if isinstance(obj, h5py.Dataset) else None)
+    with open(os.path.join(os.path.dirname(__file__), "golden",
+                           "preact_resnet20_weights_layout.json")) as f:
+        assert layout == json.load(f)
 
 
 @pytest.mark.slow

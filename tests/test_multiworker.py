@@ -28,8 +28,8 @@ import time
 import pytest
 
 from tests.helpers import REPO
+from tests.helpers import TINY
 
-TINY = {"architecture": {"stage_blocks": [1, 1, 1], "stage_filters": [8, 16, 32], "stem_filters": 8}}
 COMMON = [
     "--model", "tiny", "--model-kwargs", json.dumps(TINY), "--dataset", "digits",
     "--batch-size", "128", "--seed", "0", "--eval-every", "0",

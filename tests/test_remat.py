@@ -18,6 +18,7 @@ import keras_preact as kp
 from keras_preact.layers import PreActStage
 from keras_preact.layers.remat import normalize_remat
 from keras_preact.layers.remat import segment_lengths
+from tests.harness import randomize
 from tests.helpers import run_python
 from tests.helpers import to_numpy
 
@@ -42,22 +43,10 @@ def _images(n=8, size=8, channels=3, seed=0):
     return np.random.RandomState(seed).randn(n, size, size, channels).astype("float32")
 
 
-def _randomize(layer, seed=0):
-    """Random, distinct values for every variable, BN statistics included, so that
-    inference mode and the moving-statistic updates are really exercised."""
-    rng = np.random.RandomState(seed)
-    ranges = {"gamma": (0.5, 1.5), "beta": (-0.5, 0.5), "moving_mean": (-0.5, 0.5),
-              "moving_variance": (0.5, 2.0)}
-    for w in layer.weights:
-        for field, (lo, hi) in ranges.items():
-            if w.path.endswith(field):
-                w.assign(rng.uniform(lo, hi, tuple(w.shape)).astype("float32"))
-
-
 def _twins(make, remat, seed=0):
     """(plain, rematerialised) copies of one layer/model with the same weights."""
     plain, rem = make(None), make(remat)
-    _randomize(plain, seed)
+    randomize(plain, seed)
     rem.set_weights(plain.get_weights())
     return plain, rem
 
@@ -170,8 +159,11 @@ def test_invalid_remat_is_refused_with_argument_and_value():
         with pytest.raises(ValueError, match=pattern) as info:
             normalize_remat(value)
         assert "`remat`" in str(info.value)
-        with pytest.raises(ValueError, match=pattern):
-            segment_lengths(4, value)
+        for build in (lambda: segment_lengths(4, value), lambda: _model("basic", value),
+                      lambda: PreActStage("basic", 8, num_blocks=3, remat=value),
+                      lambda: kp.get_model("preact_resnet20", remat=value)):
+            with pytest.raises(ValueError, match=pattern):
+                build()
 
 
 # --- equivalence with the plain path ------------------------------------------
@@ -187,7 +179,7 @@ def test_remat_model_matches_plain_model_in_calls_and_fit(block):
     x = _images()
     y = np.arange(8) % 5
     plain = _model(block, None)
-    _randomize(plain)
+    randomize(plain)
     start = plain.get_weights()
     rems = []
     for remat in FIT_MODES[block]:
@@ -276,22 +268,50 @@ def test_stage_moving_statistics_updated_once_per_step(block, remat):
     _assert_same_weights(plain, rem, 1e-6, "stage after one step")
 
 
-def _assert_looped_equals_unrolled(make, x, w, what, tf_graph="graph"):
-    """`make(loop)` builds a stage; the looped one (loop=True) must train like the
-    unrolled one: equal gradients, moving statistics and outputs after one step.
-    On TensorFlow the looped step runs as a graph (`tf_graph`), where the loop is a
-    real `tf.while_loop`; the unrolled reference runs eagerly."""
-    unrolled = make(False)
-    _randomize(unrolled, seed=9)
+# Equal remat segments run as one backend loop (`remat.scan`): 7 stacked units in segments of
+# 3 (two looped, one left over) or of 1 (seven looped). Without remat, a very deep stage
+# (`plain_loop_min_units`, lowered here to 2) trains its stacked units as a loop of one unit
+# an iteration. Under XLA (TensorFlow only: JAX always compiles its scan) the loop's gradient
+# buffers need a fixed size (`maximum_iterations`).
+LOOPS = [
+    *[pytest.param(block, remat, None, "graph", id=f"{block}-remat={remat}",
+                   marks=pytest.mark.multibackend)
+      for block in ("basic", "bottleneck") for remat in (3, "unit")],
+    *[pytest.param(block, None, 2, "graph", id=f"{block}-plain", marks=pytest.mark.multibackend)
+      for block in ("basic", "bottleneck")],
+    *[pytest.param("basic", remat, 2, "xla", id=f"xla-remat={remat}") for remat in (2, None)],
+]
+
+
+@pytest.mark.parametrize("block,remat,plain_loop_min_units,tf_graph", LOOPS)
+def test_looped_stage_trains_like_its_unrolled_units(block, remat, plain_loop_min_units,
+                                                     tf_graph):
+    """The looped stage must train like the unrolled one: equal gradients, moving statistics
+    and outputs (training and inference mode) after one step. On TensorFlow the looped step
+    runs as a graph (`tf_graph`), where the loop is a real `tf.while_loop`; the unrolled
+    reference runs eagerly."""
+    filters = 8 if block == "basic" else 16
+    x = _images(n=4, size=6, channels=filters, seed=7)
+    w = np.random.RandomState(8).randn(4, 6, 6, filters).astype("float32")
+
+    def make(loop):
+        stage = PreActStage(block, filters, num_blocks=8, bn_momentum=0.6, remat=remat,
+                            name="stage")
+        stage.remat_loop = loop
+        if plain_loop_min_units:
+            stage.plain_loop_min_units = plain_loop_min_units
+        stage.build(x.shape)
+        return stage
+
+    unrolled = randomize(make(False), seed=9)
     looped = make(True)
     looped.set_weights(unrolled.get_weights())
     g_unrolled = _grads_and_step(unrolled, x, w)
     g_looped = _grads_and_step(looped, x, w, tf_graph=tf_graph)
     for v, a, b in zip(unrolled.trainable_variables, g_unrolled, g_looped):
         assert np.any(a), v.path
-        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max(),
-                                   err_msg=f"{what}: {v.path}")
-    _assert_same_weights(unrolled, looped, 1e-6, f"{what}, after one step")
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max(), err_msg=v.path)
+    _assert_same_weights(unrolled, looped, 1e-6, "after one step")
     for training in (True, False):
         # Rounding relative to the outputs' scale, as for the gradients above: JAX's scan
         # rounds differently (in CI: 4.4e-6 relative on a value of 2.3, and 1.8e-5
@@ -299,27 +319,6 @@ def _assert_looped_equals_unrolled(make, x, w, what, tf_graph="graph"):
         ref = to_numpy(unrolled(x, training=training))
         np.testing.assert_allclose(to_numpy(looped(x, training=training)), ref, rtol=1e-5,
                                    atol=1e-5 * max(1.0, float(np.abs(ref).max())))
-
-
-@pytest.mark.multibackend
-@pytest.mark.parametrize("block", ["basic", "bottleneck"])
-def test_looped_segments_equal_unrolled_segments(block):
-    """The equal segments run as one backend loop (`remat.scan`); the unrolled
-    segments are the reference. 7 stacked units in segments of 3 (two looped, one
-    left over) and of 1 (seven looped): outputs, gradients and moving statistics
-    agree."""
-    filters = 8 if block == "basic" else 16
-    x = _images(n=4, size=6, channels=filters, seed=7)
-    w = np.random.RandomState(8).randn(4, 6, 6, filters).astype("float32")
-    for remat in (3, "unit"):
-        def make(loop):
-            stage = PreActStage(block, filters, num_blocks=8, bn_momentum=0.6, remat=remat,
-                                name="stage")
-            stage.remat_loop = loop
-            stage.build(x.shape)
-            return stage
-
-        _assert_looped_equals_unrolled(make, x, w, f"remat={remat!r}")
 
 
 def _train_step_size(units, loop, remat=2):
@@ -371,44 +370,6 @@ def test_looped_train_step_does_not_grow_with_depth():
     plain_large = _train_step_size(41, True, remat=None)
     assert plain_large == plain_small, (plain_small, plain_large)
     assert _train_step_size(41, False, remat=None) > 3 * plain_large
-
-
-@pytest.mark.multibackend
-@pytest.mark.parametrize("block", ["basic", "bottleneck"])
-def test_plain_training_loop_equals_unrolled_units(block):
-    """Without remat, a very deep stage (`plain_loop_min_units`, lowered here to 2)
-    trains its stacked units as a loop of one unit an iteration: outputs, gradients
-    and moving statistics equal the unrolled units'. Inference stays unrolled."""
-    filters = 8 if block == "basic" else 16
-    x = _images(n=4, size=6, channels=filters, seed=10)
-    w = np.random.RandomState(11).randn(4, 6, 6, filters).astype("float32")
-
-    def make(loop):
-        stage = PreActStage(block, filters, num_blocks=6, bn_momentum=0.6, name="stage")
-        stage.remat_loop = loop
-        stage.plain_loop_min_units = 2
-        stage.build(x.shape)
-        return stage
-
-    _assert_looped_equals_unrolled(make, x, w, "plain loop")
-
-
-def test_looped_stage_gradients_under_xla():
-    """jit_compile=True: XLA needs the loop's gradient buffers to have a fixed size
-    (`maximum_iterations`); the looped remat and plain stages compile and match.
-    TensorFlow only (not `multibackend`): JAX always compiles its scan."""
-    x = _images(n=4, size=6, channels=8, seed=13)
-    w = np.random.RandomState(14).randn(4, 6, 6, 8).astype("float32")
-    for remat in (2, None):
-        def make(loop):
-            stage = PreActStage("basic", 8, num_blocks=6, bn_momentum=0.6, remat=remat,
-                                name="stage")
-            stage.remat_loop = loop
-            stage.plain_loop_min_units = 2
-            stage.build(x.shape)
-            return stage
-
-        _assert_looped_equals_unrolled(make, x, w, f"xla, remat={remat!r}", tf_graph="xla")
 
 
 @pytest.mark.multibackend
@@ -510,18 +471,16 @@ def test_remat_under_mirrored_strategy_matches_plain():
 
 # --- configuration, saving, errors --------------------------------------------
 @pytest.mark.multibackend
-def test_config_round_trip():
+def test_models_and_stages_store_the_normalized_remat():
+    """The round trips of remat models: tests/harness.py, cases config and keras."""
     for remat, stored in [(True, "segment"), ("unit", "unit"), (2, 2), (False, None),
                           (None, None)]:
         model = _model("basic", remat)
-        config = model.get_config()
-        assert config["remat"] == stored
         stages = [layer for layer in model.layers if isinstance(layer, PreActStage)]
-        assert len(stages) == 2 and all(stage.remat == stored for stage in stages)
-        assert kp.PreActResNet.from_config(config).get_config() == config
-        stage_config = stages[0].get_config()
-        assert stage_config["remat"] == stored
-        assert PreActStage.from_config(stage_config).get_config() == stage_config
+        assert model.get_config()["remat"] == stored and len(stages) == 2
+        assert all(stage.get_config()["remat"] == stage.remat == stored for stage in stages)
+        config = stages[0].get_config()
+        assert PreActStage.from_config(config).get_config() == config
 
 
 @pytest.mark.multibackend
@@ -531,35 +490,6 @@ def test_factories_forward_remat():
     assert model.remat == "segment" and len(stages) == 3
     assert all(stage.remat == "segment" for stage in stages)
     assert kp.preact_resnet20(remat=3).remat == 3
-
-
-@pytest.mark.multibackend
-@pytest.mark.parametrize("block", ["basic", "bottleneck"])
-def test_keras_save_and_load(block, tmp_path):
-    model = _model(block, "segment")
-    _randomize(model, seed=6)
-    x = _images(seed=6)
-    expected = to_numpy(model(x, training=False))
-    path = str(tmp_path / f"remat_{block}.keras")
-    model.save(path)
-    loaded = keras.saving.load_model(path)
-    assert loaded.remat == "segment"
-    assert loaded.get_config() == model.get_config()
-    np.testing.assert_allclose(to_numpy(loaded(x, training=False)), expected, atol=1e-6)
-    np.testing.assert_allclose(to_numpy(loaded(x, training=True)),
-                               to_numpy(model(x, training=True)), atol=1e-6)
-
-
-@pytest.mark.multibackend
-def test_models_and_stages_refuse_invalid_remat():
-    for value in ["bogus", 0, -1, 1.5]:
-        pattern = re.escape(f"remat={value!r}")
-        with pytest.raises(ValueError, match=pattern):
-            _model("basic", value)
-        with pytest.raises(ValueError, match=pattern):
-            PreActStage("basic", 8, num_blocks=3, remat=value)
-        with pytest.raises(ValueError, match=pattern):
-            kp.get_model("preact_resnet20", remat=value)
 
 
 @pytest.mark.multibackend

@@ -14,8 +14,7 @@ import shutil
 import numpy as np
 import pytest
 
-
-TINY = {"architecture": {"stage_blocks": [1, 1, 1], "stage_filters": [8, 16, 32], "stem_filters": 8}}
+from tests.helpers import TINY
 
 
 def tiny_config(**kw):
@@ -129,39 +128,45 @@ def test_a_run_stopped_before_its_final_step_finishes_it(digits_run, tmp_path):
     assert {k: v for k, v in file_hashes(copy).items() if k.endswith(".weights.h5")} == ckpts
 
 
-def test_demo_export_hook_exports_the_trained_model(digits_run, tmp_path):
-    from keras_preact.training.demo import export_demo
-
-    _, workdir, result = digits_run
-    copy = str(tmp_path / "copy")
-    shutil.copytree(workdir, copy)
-    written = export_demo(workdir=copy, model_path=os.path.join(copy, "model.keras"))
-    assert written and os.path.isfile(os.path.join(written["saved_model"], "saved_model.pb"))
-    card = open(os.path.join(written["saved_model"], "model_card.json")).read()
-    assert json.dumps(result["test_accuracy"]) in card  # the run's held-out accuracy
+def _another_network(copy, config):
+    """Rewrites the copy's config.json to claim another network than its checkpoints hold."""
+    other = config.replace(model_kwargs={"architecture": {**TINY["architecture"],
+                                                          "stage_filters": [8, 16, 24]}})
+    doc = json.load(open(os.path.join(copy, "config.json")))
+    doc["train_config"] = other.to_dict()
+    with open(os.path.join(copy, "config.json"), "w") as f:
+        json.dump(doc, f)
+    return other
 
 
 @pytest.mark.parametrize(
-    "change, field",
+    "change, message",
     [
-        ({"epochs": 1}, "epochs"),  # shorter: a longer run extends it (below)
-        ({"epochs": None, "steps": 60}, "epochs"),
-        ({"model_kwargs": {"architecture": {**TINY["architecture"], "stem_filters": 16}}}, "model_kwargs"),
-        ({"model": "preact_resnet20", "model_kwargs": {}}, "model"),
-        ({"seed": 1}, "seed"),
-        ({"weight_decay": 5e-4}, "weight_decay"),
+        ({"epochs": 1}, r"different config \(epochs: stored"),  # shorter: a longer run extends
+        ({"epochs": None, "steps": 60}, r"different config \(epochs: stored"),
+        ({"model_kwargs": {"architecture": {**TINY["architecture"], "stem_filters": 16}}},
+         r"different config \(model_kwargs: stored"),
+        ({"model": "preact_resnet20", "model_kwargs": {}}, r"different config \(model: stored"),
+        ({"seed": 1}, r"different config \(seed: stored"),
+        ({"weight_decay": 5e-4}, r"different config \(weight_decay: stored"),
+        (_another_network, r"checkpoint .*ckpt-00002.weights.h5 does not fit the model 'tiny'"),
+        ("config.json", "is not empty and holds no keras-preact run"),  # checkpoints alone
     ],
 )
-def test_a_different_config_in_the_workdir_is_refused(digits_run, tmp_path, change, field):
+def test_a_workdir_of_another_run_is_refused_and_kept(digits_run, tmp_path, change, message):
     from keras_preact.training import train_and_evaluate
 
     config, workdir, _ = digits_run
     copy = str(tmp_path / "copy")
     shutil.copytree(workdir, copy)
     os.remove(os.path.join(copy, "model.keras"))  # so a matching config would resume
+    if change == "config.json":
+        os.remove(os.path.join(copy, "config.json"))
+    else:
+        config = change(copy, config) if callable(change) else config.replace(**change)
     before = file_hashes(copy)
-    with pytest.raises(ValueError, match=rf"holds a run with a different config \({field}: stored"):
-        train_and_evaluate(config.replace(**change), copy)
+    with pytest.raises(ValueError, match=message):
+        train_and_evaluate(config, copy)
     assert file_hashes(copy) == before
 
 
@@ -185,38 +190,6 @@ def test_a_larger_epochs_extends_a_finished_run_keeping_its_history(digits_run, 
     before = file_hashes(copy)
     assert train_and_evaluate(longer, copy)["resumed_from_epoch"] is None
     with pytest.raises(ValueError, match=r"different config \(epochs: stored 3, requested 2\)"):
-        train_and_evaluate(config, copy)
-    assert file_hashes(copy) == before
-
-
-def test_a_checkpoint_of_another_model_is_refused(digits_run, tmp_path):
-    from keras_preact.training import train_and_evaluate
-
-    config, workdir, _ = digits_run
-    copy = str(tmp_path / "copy")
-    shutil.copytree(workdir, copy)
-    os.remove(os.path.join(copy, "model.keras"))
-    # A config.json that claims another network than the checkpoints hold.
-    other = config.replace(model_kwargs={"architecture": {**TINY["architecture"], "stage_filters": [8, 16, 24]}})
-    doc = json.load(open(os.path.join(copy, "config.json")))
-    doc["train_config"] = other.to_dict()
-    with open(os.path.join(copy, "config.json"), "w") as f:
-        json.dump(doc, f)
-    before = file_hashes(copy)
-    with pytest.raises(ValueError, match=r"checkpoint .*ckpt-00002.weights.h5 does not fit the model 'tiny'"):
-        train_and_evaluate(other, copy)
-    assert file_hashes(copy) == before
-
-
-def test_checkpoints_without_a_config_are_refused(digits_run, tmp_path):
-    from keras_preact.training import train_and_evaluate
-
-    config, workdir, _ = digits_run
-    copy = str(tmp_path / "copy")
-    shutil.copytree(workdir, copy)
-    os.remove(os.path.join(copy, "config.json"))
-    before = file_hashes(copy)
-    with pytest.raises(ValueError, match="is not empty and holds no keras-preact run"):
         train_and_evaluate(config, copy)
     assert file_hashes(copy) == before
 

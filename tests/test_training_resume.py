@@ -19,8 +19,8 @@ import time
 import pytest
 
 from tests.helpers import REPO
+from tests.helpers import TINY
 
-TINY = {"architecture": {"stage_blocks": [1, 1, 1], "stage_filters": [8, 16, 32], "stem_filters": 8}}
 EPOCHS = 3
 
 

@@ -64,19 +64,22 @@ def _read_csv(path):
 # ---------------------------------------------------------------------------------
 
 
-def test_invalid_depths_for_block_raise():
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(depths=[20, 32], blocks=["bottleneck"]),
+     r"depth 32 is invalid for the block\(s\) \['bottleneck'\]"),
+    (dict(depths=[10]), "depth 10 is invalid"),
+    (dict(depths=[20], blocks=["wide"]), "Unknown block"),
+    (dict(depths=[8], width_multipliers=[0.3]), "width multiplier 0.3 gives 4.8 filters"),
+    (dict(depths=[8], units=["full_preact", "nope"]), "Unknown unit"),
+    *[({**TINY_SPACE, argument: []}, rf"Empty search space: `{argument}` has no values")
+      for argument in ("depths", "blocks", "width_multipliers", "learning_rates",
+                       "weight_decays", "warmups", "units")],
+])
+def test_bad_search_spaces_raise(kwargs, match):
     from keras_preact.tuning import PreActResNetHyperModel
 
-    with pytest.raises(ValueError, match=r"depth 32 is invalid for the block\(s\) \['bottleneck'\]"):
-        PreActResNetHyperModel(dataset="digits", depths=[20, 32], blocks=["bottleneck"])
-    with pytest.raises(ValueError, match="depth 10 is invalid"):
-        PreActResNetHyperModel(dataset="digits", depths=[10])
-    with pytest.raises(ValueError, match="Unknown block"):
-        PreActResNetHyperModel(dataset="digits", depths=[20], blocks=["wide"])
-    with pytest.raises(ValueError, match="width multiplier 0.3 gives 4.8 filters"):
-        PreActResNetHyperModel(dataset="digits", depths=[8], width_multipliers=[0.3])
-    with pytest.raises(ValueError, match="Unknown unit"):
-        PreActResNetHyperModel(dataset="digits", depths=[8], units=["full_preact", "nope"])
+    with pytest.raises(ValueError, match=match):
+        PreActResNetHyperModel(**{"dataset": "digits", **kwargs})
 
 
 def test_unit_and_width_hyperparameters_build_library_models():
@@ -99,17 +102,6 @@ def test_unit_and_width_hyperparameters_build_library_models():
     model = hm.build(hp)
     reference = keras_preact.preact_resnet_cifar(8, input_shape=(32, 32, 3), classes=10)
     assert keras_preact.count_params(model) == keras_preact.count_params(reference)
-
-
-@pytest.mark.parametrize(
-    "argument", ["depths", "blocks", "width_multipliers", "learning_rates", "weight_decays",
-                 "warmups", "units"],
-)
-def test_empty_search_space_raises(argument):
-    from keras_preact.tuning import PreActResNetHyperModel
-
-    with pytest.raises(ValueError, match=rf"Empty search space: `{argument}` has no values"):
-        PreActResNetHyperModel(**{**TINY_SPACE, argument: []})
 
 
 def test_budget_prunes_candidates_and_refuses_one_nothing_fits():

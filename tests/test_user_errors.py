@@ -16,8 +16,8 @@ import pytest
 from PIL import Image
 
 from keras_preact import cli
-from tests.helpers import REPO, run_cli, run_python
-from tests.test_training import TINY
+from tests.helpers import REPO, run_cli, run_command, run_python, tiny_model
+from tests.helpers import TINY
 
 TINY_TRAIN = ["train", "--model", "tiny", "--model-kwargs", json.dumps(TINY), "--dataset", "digits",
               "--batch-size", "64", "--eval-every", "0", "--verbose", "0"]
@@ -179,8 +179,7 @@ def test_a_tilde_after_an_equals_sign_means_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     assert Workdir("~/runs/x").path == str(tmp_path / "runs" / "x")
     assert check_path("out", "~/exports/x") == str(tmp_path / "exports" / "x")
-    path = kp.save_preset(kp.PreActResNet(stage_blocks=(1, 1, 1), stage_filters=(8, 16, 32),
-                                          stem_filters=8, input_shape=(16, 16, 3)), "~/preset")
+    path = kp.save_preset(tiny_model(), "~/preset")
     assert path == str(tmp_path / "preset") and not os.path.exists("~")
 
 
@@ -255,9 +254,8 @@ def test_huge_images_are_named_and_the_others_still_classified(tiny_run, tmp_pat
     _png_header_only(bomb, 16000, 16000)  # over twice Pillow's limit: refused on opening
     Image.new("L", (10000, 10000)).save(big)  # over the limit: Pillow warns
     Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(good)
-    out = subprocess.run([sys.executable, "-m", "keras_preact", "predict",
-                          os.path.join(tiny_run, "model.keras"), bomb, big, good],
-                         capture_output=True, text=True, cwd=REPO, env=USER_ENV, timeout=300)
+    out = run_command(["predict", os.path.join(tiny_run, "model.keras"), bomb, big, good],
+                      env=USER_ENV, timeout=300)
     assert out.returncode == cli.EXIT_PARTIAL, out.stderr
     assert out.stdout.startswith(good + "\n")
     lines = error_lines(out.stderr)
@@ -550,10 +548,9 @@ def test_environment_variables_with_unknown_values_are_refused(variable, value, 
                                                                tmp_path):
     (tmp_path / "keras.json").write_text('{"backend": "theano"}')  # Keras' own file
     value, message = (text.replace("{tmp}", str(tmp_path)) for text in (value, message))
-    out = subprocess.run([sys.executable, "-m", "keras_preact", *argv, *(
-        ["--cache-dir", str(tmp_path)] if argv[0] == "weights" else [])],
-        capture_output=True, text=True, cwd=REPO, timeout=300, env={
-            **{k: v for k, v in USER_ENV.items() if k != "KERAS_BACKEND"}, variable: value})
+    out = run_command([*argv, *(["--cache-dir", str(tmp_path)] if argv[0] == "weights" else [])],
+                      env={**{k: v for k, v in USER_ENV.items() if k != "KERAS_BACKEND"},
+                           variable: value}, timeout=300)
     assert out.returncode == cli.EXIT_ERROR
     assert error_lines(out.stderr) == [message]
 

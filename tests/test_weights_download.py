@@ -5,8 +5,8 @@ import http.server
 import json
 import os
 import socket
-import threading
 import time
+import types
 import zipfile
 
 import numpy as np
@@ -16,6 +16,7 @@ import keras_preact as kp
 from keras_preact import weights as W
 from keras_preact.weights import catalog
 from tests.helpers import REPO
+from tests.helpers import serve
 from tests.helpers import to_numpy
 
 INPUT = (16, 16, 3)
@@ -57,53 +58,36 @@ def _entry(url, data, *, algorithm="sha1", tag="test", wrong=False, **extra):
     }
 
 
-class _Server:
-    """A threaded HTTP server on 127.0.0.1 that counts the requests per path."""
+class _Files(http.server.BaseHTTPRequestHandler):
+    """Serves `files` (path -> (body, announced length, delay)) and counts the requests."""
 
-    def __init__(self):
-        self.files = {}
-        self.counts = {}
-        self.lock = threading.Lock()
-        server = self
+    files, counts = {}, {}
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                with server.lock:
-                    server.counts[self.path] = server.counts.get(self.path, 0) + 1
-                spec = server.files.get(self.path)
-                if spec is None:
-                    self.send_error(404, "Not Found")
-                    return
-                body, announced, delay = spec
-                time.sleep(delay)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", str(announced))
-                self.end_headers()
-                self.wfile.write(body)
+    def do_GET(self):
+        self.counts[self.path] = self.counts.get(self.path, 0) + 1
+        if self.path not in self.files:
+            return self.send_error(404, "Not Found")
+        body, announced, delay = self.files[self.path]
+        time.sleep(delay)
+        self.send_response(200)
+        self.send_header("Content-Length", str(announced))
+        self.end_headers()
+        self.wfile.write(body)
 
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def serve(self, path, body, *, announced=None, delay=0.0):
-        self.files[path] = (body, len(body) if announced is None else announced, delay)
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def log_message(self, *args):
+        pass
 
 
 @pytest.fixture(scope="module")
 def server():
-    s = _Server()
-    yield s
-    s.close()
+    """`server.serve(path, body, announced=, delay=)` publishes a file; returns its URL."""
+    with serve(_Files) as base:
+        def publish(path, body, *, announced=None, delay=0.0):
+            _Files.files[path] = (body, len(body) if announced is None else announced, delay)
+            return base + path
+
+        yield types.SimpleNamespace(serve=publish, counts=_Files.counts,
+                                    port=int(base.rsplit(":", 1)[1]))
 
 
 @pytest.fixture

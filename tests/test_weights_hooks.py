@@ -167,6 +167,13 @@ def test_wrong_depth_unit_and_head_fail_loudly(tmp_path):
         kp.preact_resnet20(weights=headless)
     features = kp.preact_resnet20(weights=path, include_top=False, pooling="avg")
     assert features.output_shape == (None, 64)
+    with pytest.raises(ValueError, match="3-channel input.*1 channels"):
+        kp.preact_resnet20(weights=plain, input_shape=(16, 16, 1))
+    with pytest.raises(ValueError, match="ending in '.weights.h5'"):
+        kp.preact_resnet20(weights=str(tmp_path / "model.keras"))
+    (tmp_path / "text.weights.h5").write_text("not hdf5")
+    with pytest.raises(ValueError, match="not an HDF5 file"):
+        kp.preact_resnet20(weights=str(tmp_path / "text.weights.h5"))
 
 
 class _Chain(keras.Model):
@@ -230,3 +237,5 @@ def test_keras_files_load_safely_and_refuse_lambda(tmp_path):
     lam.save(lam_path)
     with pytest.raises(ValueError, match="Lambda layer \\('double'\\).*safe_mode=True"):
         kp.preact_resnet20(weights=lam_path)
+    with pytest.raises(ValueError, match="safe_mode"):
+        kp.load_model(lam_path)

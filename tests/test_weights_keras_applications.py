@@ -278,7 +278,8 @@ def test_stride_on_the_last_unit_equals_a_chain_of_units(training):
 
 
 @pytest.mark.multibackend
-def test_keras_layout_round_trips_and_checks_its_options(tmp_path):
+def test_keras_layout_checks_its_options(tmp_path):
+    """(Its round trips: test_models.py::test_harness[keras_applications_layout].)"""
     tiny = dict(block="bottleneck", stage_blocks=(2, 3), stage_filters=(32, 64),
                 stage_strides=(2, 1), stem="imagenet_preact", stem_kernel_size=7,
                 stem_strides=2, stem_filters=8, stride_position="last",
@@ -288,12 +289,6 @@ def test_keras_layout_round_trips_and_checks_its_options(tmp_path):
     assert model.get_layer("stage1").unit_last is not None
     assert model.get_layer("stage2").unit_last is None  # stride 1: all stacked
     assert model.get_layer("stem_conv").use_bias
-    x = np.random.RandomState(0).rand(2, 32, 32, 3).astype("float32")
-    path = str(tmp_path / "tiny.keras")
-    model.save(path)
-    again = keras.saving.load_model(path)
-    assert again.get_config() == model.get_config()
-    np.testing.assert_allclose(to_numpy(again(x)), to_numpy(model(x)), atol=1e-6)
     # A weights file of the keras layout does not load into the paper's layout.
     weights = str(tmp_path / "tiny.weights.h5")
     from keras_preact.weights import local
