@@ -5,8 +5,11 @@ and TensorFlow made unimportable runs the same config (tiny network, digits, glo
 batch 64, 6 steps) on one device and on two. Under JAX's SPMD compilation the model
 sees the global batch on both, so BatchNorm uses the same moments and only the
 floating-point summation order differs (the gradient all-reduce adds two halves).
-Measured: weights within 5e-7 absolute, identical losses to 6 digits. Asserted:
-1e-4 absolute on the weights, 1e-5 relative on the loss.
+Measured: losses equal to 6 digits; weights within 5e-7 absolute on one CPU, within 8e-5
+of their scale on a Xeon with AVX-512 and AMX (1.6e-4 on a moving variance of 2.1), where
+XLA's kernels round in another order. Asserted: each variable within 1e-3 of its scale
+(max(1, its largest magnitude)), 1e-5 relative on the loss. Gradients summed instead of
+averaged over the two devices (measured as a doubled learning rate) differ by 7e-2.
 """
 
 import json
@@ -28,8 +31,8 @@ config = TrainConfig(model="tiny", model_kwargs=TINY, dataset="digits", batch_si
                      steps=6, seed=0, verbose=0)
 one = train_data_parallel(config, devices=["cpu:0"])
 two = train_data_parallel(config, devices=2)
-diffs = [float(np.max(np.abs(a - b))) for a, b in zip(one["model"].get_weights(),
-                                                      two["model"].get_weights()) if a.size]
+diffs = [float(np.max(np.abs(a - b)) / max(1.0, np.max(np.abs(a))))
+         for a, b in zip(one["model"].get_weights(), two["model"].get_weights()) if a.size]
 out = {
     "devices": [one["num_devices"], two["num_devices"]],
     "per_device_batch": two["per_device_batch"],
@@ -72,7 +75,7 @@ def test_data_parallel_on_two_host_devices_matches_one_device():
     assert out["steps"] == [6, 6]
     assert not out["tensorflow_loaded"]
     assert out["num_weights"] > 10
-    assert out["max_weight_diff"] < 1e-4, out
+    assert out["max_weight_diff"] < 1e-3, out
     assert out["loss"][1] == pytest.approx(out["loss"][0], rel=1e-5)
     assert "must divide evenly across the 2 devices. Received: batch_size=63" in out["odd_batch"]
     assert "Unknown device(s) ['cpu:7']" in out["bad_device"]
