@@ -14,6 +14,7 @@ import tensorflow as tf
 import keras_preact as kp
 from keras_preact import export
 from keras_preact.export import staging
+from keras_preact.files import read_json
 from tests import helpers
 from tests.helpers import run_python
 
@@ -191,6 +192,22 @@ def test_model_card_contents(tmp_path):
     for needle in ("preact_resnet20", f"{kp.count_params(model):,}", "preact_resnet20.cifar10",
                    "test_error", keras.__version__, "0.4914"):
         assert needle in text
+
+
+def test_model_card_of_a_model_without_a_config(tmp_path):
+    class NoConfig(keras.Model):
+        def get_config(self):
+            raise NotImplementedError
+
+    inputs = keras.Input((16, 16, 3))
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(keras.layers.Conv2D(4, 3)(inputs))
+    model = NoConfig(inputs, keras.layers.Dense(5, activation="softmax")(x))
+    folder = export.export_saved_model(model, tmp_path / "m", preprocessing="unit")
+    architecture = read_json(os.path.join(folder, "model_card.json"))["architecture"]
+    assert "config" not in architecture
+    assert architecture["class"] == "NoConfig" and architecture["classes"] == 5
+    other = export.export_saved_model(tiny_model(), tmp_path / "t")
+    assert "config" in read_json(os.path.join(other, "model_card.json"))["architecture"]
 
 
 def test_import_keras_preact_does_not_import_export():
