@@ -216,11 +216,9 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
             raise ValueError(f"No candidate fits the budget: the cheapest, {_label(cheapest)}, has "
                              f"{self.cost(cheapest)[kind]:,} {_COST_NAMES[kind]}. "
                              f"Received: budget {kind} <= {limit:,}")
-        self.depths = [d for d in self.depths if any(a["depth"] == d for a in fits)]
-        self.width_multipliers = [
-            w for w in self.width_multipliers if any(a["width"] == w for a in fits)]
-        if self.units:
-            self.units = [u for u in self.units if any(a["unit"] == u for a in fits)]
+        for attr, key in (("depths", "depth"), ("width_multipliers", "width"), ("units", "unit")):
+            if values := getattr(self, attr):
+                setattr(self, attr, [v for v in values if any(a[key] == v for a in fits)])
         if self.over_budget:
             logger.info("Left out over the %s budget: %s", kind,
                         ", ".join(_label(a) for a in self.over_budget))
