@@ -163,16 +163,13 @@ def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=N
 
 def _model_for(model, weights, dataset, data_path, model_kwargs):
     """The model `evaluate` was given: a built one, a ``.keras`` file, or a name."""
-    if model is not None and not isinstance(model, str):
-        if weights is not None:
-            load_weights_file(model, weights)
-        return model
-    if weights is not None and str(weights).endswith(".keras"):
-        return load_keras_file(weights)
-    # As training builds it, with the dataset's normalisation (a layer without weights).
-    config = TrainConfig(model=model, model_kwargs=model_kwargs or {}, dataset=dataset,
-                         data_path=data_path).validate()
-    net = build_model(config, data.dataset_info(dataset, path=data_path))
+    if model is None or isinstance(model, str):
+        if weights is not None and str(weights).endswith(".keras"):
+            return load_keras_file(weights)
+        # As training builds it, with the dataset's normalisation (a layer without weights).
+        config = TrainConfig(model=model, model_kwargs=model_kwargs or {}, dataset=dataset,
+                             data_path=data_path).validate()
+        model = build_model(config, data.dataset_info(dataset, path=data_path))
     if weights is not None:
-        load_weights_file(net, weights)
-    return net
+        load_weights_file(model, weights)
+    return model
