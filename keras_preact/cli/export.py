@@ -76,14 +76,16 @@ def add_commands(subparsers):
     p.set_defaults(func=cmd_predict)
 
 
-def _preprocessing(value):
-    """'none' means None; a preset name is checked before any model loads."""
-    if value.lower() == "none":
-        return None
-    if value != "auto":
+def _preprocessing_and_names(args):
+    """--preprocessing ('none' means None; a preset is checked before any model loads) and
+    the names of --class-names."""
+    preprocessing = None if args.preprocessing.lower() == "none" else args.preprocessing
+    if preprocessing not in (None, "auto"):
         from keras_preact.layers.preprocessing import resolve_preprocessing
-        resolve_preprocessing(value)
-    return value
+        resolve_preprocessing(preprocessing)
+    from keras_preact.export import read_class_names
+    names = None if args.class_names is None else read_class_names(args.class_names)
+    return preprocessing, names
 
 
 def _check_format_flags(args):
@@ -172,9 +174,8 @@ def cmd_export(args):
         if getattr(args, flag) < least:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= {least}. "
                              f"Received: {getattr(args, flag)}")
-    preprocessing = _preprocessing(args.preprocessing)
+    preprocessing, class_names = _preprocessing_and_names(args)
     from keras_preact import export
-    class_names = None if args.class_names is None else export.read_class_names(args.class_names)
     options.update(_export_data(args))
     model, described = _model_to_export(args, preprocessing)
     folder = export.export_model(
@@ -202,8 +203,7 @@ def cmd_predict(args):
     import numpy as np
 
     from keras_preact import export
-    preprocessing = _preprocessing(args.preprocessing)
-    class_names = None if args.class_names is None else export.read_class_names(args.class_names)
+    preprocessing, class_names = _preprocessing_and_names(args)
     # From the model card (or a .keras file's config), so that bad images are found
     # before the model loads; loaded first only when it is the only source.
     served, shape = None, export.expected_input_shape(args.model)
