@@ -7,7 +7,7 @@ import os
 import sys
 
 from keras_preact.cli.common import error_message, partial_status, print_error
-from keras_preact.files import user_path
+from keras_preact.files import file_hash, user_path
 from keras_preact.training.config import TrainConfig
 
 #: Copies of `keras_preact.export.FORMATS` and `QUANTIZATIONS` (it imports TensorFlow, which
@@ -129,7 +129,6 @@ def _model_to_export(args, preprocessing):
         if os.path.isfile(path):
             described["metrics"] = run_metrics(path)
         return model, described
-    from keras_preact.files import file_hash
     from keras_preact.training.trainer import load_workdir_model
     if (workdir := workdir_of(path)) is None:
         raise ValueError("A folder or .weights.h5 file to export must be a training workdir or "
