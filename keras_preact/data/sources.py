@@ -144,9 +144,8 @@ def _fingerprint(*paths):
     """(path, size, mtime) of every file at or under `paths`: a changed file is a new key."""
     out = []
     for path in map(user_path, paths):
-        files = [path]
-        if os.path.isdir(path):
-            files = sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names)
+        files = (sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names)
+                 if os.path.isdir(path) else [path])
         for file in files:
             try:
                 st = os.stat(file)
