@@ -76,7 +76,7 @@ def load_preset_weights(model, preset):
                                      "pooling": None, "features": False})
     local.load_weights_file(trunk, path)
     local.copy_weights_from_model(trunk, model, source_label=path)
-    if any(layer.name == HEAD_LAYER for layer in model.layers):
+    if local.has_head(model):
         with local.open_hdf5(preset_file(preset, TASK_WEIGHTS)) as f:
             head = [f[f"{HEAD_PATH}vars/{i}"][()] for i in (0, 1)]
         model.get_layer(HEAD_LAYER).set_weights(head)

@@ -8,9 +8,8 @@ import numpy as np
 from keras_preact.architecture import HEAD_LAYER, STEM_CONV_LAYER
 from keras_preact.weights.converters import assign_arrays, require_preact_resnet
 
-_BN_FIELDS = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean",
-              "running_var": "moving_variance"}
-_TORCH_BN = {v: k for k, v in _BN_FIELDS.items()}
+_TORCH_BN = {"gamma": "weight", "beta": "bias", "moving_mean": "running_mean",
+             "moving_variance": "running_var"}
 
 
 def read_state_dict(path):
@@ -59,7 +58,7 @@ def _unit_source(stage, unit, var_name):
 
 
 def _batchnorm(layer, prefix):
-    for torch_name, field in _BN_FIELDS.items():
+    for field, torch_name in _TORCH_BN.items():
         yield getattr(layer, field), [(f"{prefix}.{torch_name}", None)], False
 
 
