@@ -7,7 +7,7 @@ import os
 import sys
 
 from keras_preact.cli.common import error_message, partial_status, print_error
-from keras_preact.files import user_path
+from keras_preact.files import file_hash, user_path
 from keras_preact.training.config import TrainConfig
 
 #: Copies of `keras_preact.export.FORMATS` and `QUANTIZATIONS` (it imports TensorFlow, which
@@ -76,14 +76,16 @@ def add_commands(subparsers):
     p.set_defaults(func=cmd_predict)
 
 
-def _preprocessing(value):
-    """'none' means None; a preset name is checked before any model loads."""
-    if value.lower() == "none":
-        return None
-    if value != "auto":
+def _preprocessing_and_names(args):
+    """--preprocessing ('none' means None; a preset is checked before any model loads) and
+    the names of --class-names."""
+    preprocessing = None if args.preprocessing.lower() == "none" else args.preprocessing
+    if preprocessing not in (None, "auto"):
         from keras_preact.layers.preprocessing import resolve_preprocessing
-        resolve_preprocessing(value)
-    return value
+        resolve_preprocessing(preprocessing)
+    from keras_preact.export import read_class_names
+    names = None if args.class_names is None else read_class_names(args.class_names)
+    return preprocessing, names
 
 
 def _check_format_flags(args):
@@ -127,7 +129,6 @@ def _model_to_export(args, preprocessing):
         if os.path.isfile(path):
             described["metrics"] = run_metrics(path)
         return model, described
-    from keras_preact.files import file_hash
     from keras_preact.training.trainer import load_workdir_model
     if (workdir := workdir_of(path)) is None:
         raise ValueError("A folder or .weights.h5 file to export must be a training workdir or "
@@ -172,9 +173,8 @@ def cmd_export(args):
         if getattr(args, flag) < least:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= {least}. "
                              f"Received: {getattr(args, flag)}")
-    preprocessing = _preprocessing(args.preprocessing)
+    preprocessing, class_names = _preprocessing_and_names(args)
     from keras_preact import export
-    class_names = None if args.class_names is None else export.read_class_names(args.class_names)
     options.update(_export_data(args))
     model, described = _model_to_export(args, preprocessing)
     folder = export.export_model(
@@ -202,8 +202,7 @@ def cmd_predict(args):
     import numpy as np
 
     from keras_preact import export
-    preprocessing = _preprocessing(args.preprocessing)
-    class_names = None if args.class_names is None else export.read_class_names(args.class_names)
+    preprocessing, class_names = _preprocessing_and_names(args)
     # From the model card (or a .keras file's config), so that bad images are found
     # before the model loads; loaded first only when it is the only source.
     served, shape = None, export.expected_input_shape(args.model)

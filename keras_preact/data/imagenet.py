@@ -129,8 +129,7 @@ def _folder_examples(path, split, *, shuffle, seed, epoch):
 def _tfds_examples(split, *, data_dir, manual_dir):
     """``(JPEG bytes, label)`` examples of TFDS' imagenet2012 and its class names."""
     import tensorflow_datasets as tfds
-    if data_dir is not None:
-        data_dir = user_path(data_dir)
+    data_dir = None if data_dir is None else user_path(data_dir)
     builder = tfds.builder("imagenet2012", data_dir=data_dir)
 
     def read():

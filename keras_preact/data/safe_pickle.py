@@ -71,11 +71,8 @@ def _check(obj, depth=0):
         if obj.dtype.kind not in "biuf":  # bool, int, uint, float
             raise _Refused(f"an array of dtype {obj.dtype} (not a plain numeric dtype; object "
                            "and structured arrays are refused)")
-    elif isinstance(obj, dict):
-        for item in obj.items():
-            _check(item, depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
+    elif isinstance(obj, (dict, list, tuple)):
+        for value in obj.items() if isinstance(obj, dict) else obj:
             _check(value, depth + 1)
     elif not (obj is None or type(obj) in (bool, int, float, str, bytes, bytearray)):
         raise _Refused(f"unexpected object of type {type(obj).__name__}")

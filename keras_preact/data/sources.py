@@ -116,8 +116,7 @@ def _load_cifar(name, split, data_dir, source, path, download, cache):
 def _read_tfds(name, split, data_dir, download):
     """One CIFAR split from TFDS' `data_dir` (None: TFDS' default)."""
     import tensorflow_datasets as tfds
-    if data_dir is not None:
-        data_dir = user_path(data_dir)
+    data_dir = None if data_dir is None else user_path(data_dir)
     try:
         ds, info = tfds.load(name, split=split, data_dir=data_dir, download=bool(download),
                              as_supervised=True, shuffle_files=False, with_info=True)
@@ -144,9 +143,8 @@ def _fingerprint(*paths):
     """(path, size, mtime) of every file at or under `paths`: a changed file is a new key."""
     out = []
     for path in map(user_path, paths):
-        files = [path]
-        if os.path.isdir(path):
-            files = sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names)
+        files = (sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names)
+                 if os.path.isdir(path) else [path])
         for file in files:
             try:
                 st = os.stat(file)

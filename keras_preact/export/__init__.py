@@ -14,8 +14,7 @@ from keras_preact.export.saved_model import (
     export_saved_model)
 from keras_preact.export.serving import (
     AUTO, EXPORT_EXTRA, FORMATS, ONNX_QUANTIZATIONS, PARITY_TOLERANCES, QUANTIZATIONS,
-    ExportParityError,
-    build_serving_model, validate_images)
+    ExportParityError, build_serving_model, validate_images)
 from keras_preact.export.single_file import export_litert, export_model, export_onnx
 
 __all__ = [

@@ -121,7 +121,8 @@ def _jsonable(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def _has_head(model):
+def has_head(model):
+    """Whether `model` has the classifier head layer."""
     return any(layer.name == HEAD_LAYER for layer in getattr(model, "layers", []))
 
 
@@ -195,7 +196,7 @@ def compare_layouts(model, stored_layout, stored_arch, *, source, trunk_only=Fal
     head, or with `trunk_only`, the head's variables are skipped)."""
     expected = [x for x in model_layout(model) if not (trunk_only and _is_head(x[0]))]
     found = [[p, list(s)] for p, s in stored_layout
-             if not ((trunk_only or not _has_head(model)) and _is_head(p))]
+             if not ((trunk_only or not has_head(model)) and _is_head(p))]
     if found != expected:
         i, want, got = first_difference(expected, found)
         raise _mismatch(model, source, f"the file holds {len(found)} variables, the model "
@@ -223,7 +224,7 @@ def check_weights_file_layout(model, path):
     private_api.write_weights_h5(model, own)
     expected = _h5_datasets(own)
     found = _h5_datasets(path)
-    if not _has_head(model):
+    if not has_head(model):
         found = {k: v for k, v in found.items()
                  if k in expected or not k.startswith(HEAD_PATH)}
     if found != expected:
@@ -318,7 +319,7 @@ def load_keras_file(path, *, compile=False, safe_mode=True):
 def copy_weights_from_model(source, target, *, source_label):
     """Assigns `source`'s weights to `target` (without a head on either side: all but the
     head's); ValueError, with nothing assigned, if `compare_layouts` finds a difference."""
-    trunk_only = not (_has_head(source) and _has_head(target))
+    trunk_only = not (has_head(source) and has_head(target))
     compare_layouts(target, model_layout(source), model_architecture(source),
                     source=source_label, trunk_only=trunk_only)
     # Equal layouts: the variables correspond one to one, in order.

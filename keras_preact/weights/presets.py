@@ -53,21 +53,16 @@ def model_config(preset):
     inner = {k: v for k, v in config["config"].items()
              if k not in ("image_shape", "trainable", "name")}
     inner.update(input_shape=config["config"]["image_shape"], include_top=False)
-    task = _task(preset)
-    if task is not None:
+    try:
+        task_path = preset_file(preset, TASK_FILE)
+    except Exception:  # noqa: BLE001 - each hub library has its own "not found"
+        task_path = None
+    if task_path is not None and os.path.isfile(task_path):
+        task = read_json(task_path)["config"]
         inner.update(include_top=True, classes=task["num_classes"], classifier_activation=(
             task["activation"]), pooling=None if task["pooling"] == "avg" else task["pooling"])
     return {"module": "keras_preact.models.preact_resnet", "class_name": "PreActResNet",
             "config": inner, "registered_name": MODEL_CLASS}
-
-
-def _task(preset):
-    """The classifier's config of a preset's ``task.json``, or None without one."""
-    try:
-        path = preset_file(preset, TASK_FILE)
-    except Exception:  # noqa: BLE001 - each hub library has its own "not found"
-        return None
-    return read_json(path)["config"] if os.path.isfile(path) else None
 
 
 def load_preset_weights(model, preset):
@@ -81,7 +76,7 @@ def load_preset_weights(model, preset):
                                      "pooling": None, "features": False})
     local.load_weights_file(trunk, path)
     local.copy_weights_from_model(trunk, model, source_label=path)
-    if any(layer.name == HEAD_LAYER for layer in model.layers):
+    if local.has_head(model):
         with local.open_hdf5(preset_file(preset, TASK_WEIGHTS)) as f:
             head = [f[f"{HEAD_PATH}vars/{i}"][()] for i in (0, 1)]
         model.get_layer(HEAD_LAYER).set_weights(head)

@@ -6,12 +6,10 @@ for the basic nets) comes from the catalog entry."""
 import numpy as np
 
 from keras_preact.architecture import HEAD_LAYER, STEM_CONV_LAYER
-from keras_preact.layers.functional import BN_FIELDS
 from keras_preact.weights.converters import assign_arrays, require_preact_resnet
 
-_BN_FIELDS = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean",
-              "running_var": "moving_variance"}
-_TORCH_BN = {v: k for k, v in _BN_FIELDS.items()}
+_TORCH_BN = {"gamma": "weight", "beta": "bias", "moving_mean": "running_mean",
+             "moving_variance": "running_var"}
 
 
 def read_state_dict(path):
@@ -52,7 +50,7 @@ def _unit_source(stage, unit, var_name):
     head, _, field = var_name.partition("_")
     if var_name.startswith("preact_bn_"):
         return prefix + f"body.conv1.bn.{_TORCH_BN[var_name[len('preact_bn_'):]]}", None
-    if head.startswith("bn") and field in BN_FIELDS:
+    if head.startswith("bn") and field in _TORCH_BN:
         return prefix + f"body.conv{int(head[2:])}.bn.{_TORCH_BN[field]}", None
     if head.startswith("conv") and field == "kernel":
         return prefix + f"body.{head}.conv.weight", _conv_kernel
@@ -60,7 +58,7 @@ def _unit_source(stage, unit, var_name):
 
 
 def _batchnorm(layer, prefix):
-    for torch_name, field in _BN_FIELDS.items():
+    for field, torch_name in _TORCH_BN.items():
         yield getattr(layer, field), [(f"{prefix}.{torch_name}", None)], False
 
 
