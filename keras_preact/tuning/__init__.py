@@ -5,14 +5,15 @@ on first use of these names (see examples/tune_depth.py)."""
 
 import importlib
 
-_LAZY = {name: f"keras_preact.tuning.{module}" for module, names in (
-    ("hypermodel", "BUDGET_KINDS Budget DEFAULT_DEPTHS OBJECTIVE PreActResNetHyperModel "
-     "search_space_spec"), ("study", "TUNERS make_tuner plot_results retrain tune"),
-) for name in names.split()}
-__all__ = sorted(_LAZY)
+_LAZY = {
+    "keras_preact.tuning.hypermodel": ("BUDGET_KINDS", "Budget", "DEFAULT_DEPTHS", "OBJECTIVE",
+                                       "PreActResNetHyperModel", "search_space_spec"),
+    "keras_preact.tuning.study": ("TUNERS", "make_tuner", "plot_results", "retrain", "tune")}
+__all__ = sorted(name for names in _LAZY.values() for name in names)
 
 
 def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+    for module, names in _LAZY.items():
+        if name in names:
+            return getattr(importlib.import_module(module), name)
     raise AttributeError(f"module 'keras_preact.tuning' has no attribute {name!r}")
