@@ -5,18 +5,22 @@ steady rates of the timed steps, Keras and PyTorch alternating round by round. S
 (docs/performance.md describes every figure): ``cpu`` (``--parts``; ``--bf16``; ``--max-isa
 avx2`` caps both sides' kernels at AVX2), ``jax`` (the JAX backend on the CPU), ``gpu`` (the
 JAX backend in each of ``--precisions``, and the paper's ResNet-1001 schedule in hours;
-installs nothing) and ``quick`` (a smoke run).
+installs nothing), ``cifar`` (test accuracy against training minutes on a real image folder,
+keras-preact and the PyTorch reference, each of ``--seeds``) and ``quick`` (a smoke run).
 
     python benchmarks/run.py --suite cpu [--pairs 3] [--out benchmarks/results/cpu.json]
+    python benchmarks/run.py --suite cifar --data-path CIFAR-10-images --runs runs/cifar
 """
 
+import csv
 import json
 import os
+import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import count, launch, machine, median, now, parser, print_table  # noqa: E402
+from benchmarks import REPO, count, launch, machine, median, now, parser, print_table  # noqa: E402
 from benchmarks import take_turns, write_report  # noqa: E402
 
 #: The unoptimised path: TensorFlow's default kernels on an AVX2 CPU, none of ours.
@@ -210,6 +214,66 @@ def suite_jax(args, report):
         report["rows"].append({"case": f"preact_resnet1001 b128 remat {backend}", **r})
 
 
+def keras_curve(args, seed, workdir):
+    """Trains (or, finished, reads) the paper's recipe with ``keras-preact train`` in
+    `workdir`: [{epoch, minutes, test_accuracy}], minutes of training summed over epochs."""
+    command = ["-m", "keras_preact", "train", "--model", f"preact_resnet{args.depth}",
+               "--dataset", "folder", "--data-path", args.data_path, "--epochs", args.epochs,
+               "--batch-size", args.batch, "--seed", seed, "--workdir", workdir, "--verbose", 2]
+    subprocess.run([sys.executable, *map(str, command)], check=True, cwd=REPO,
+                   env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    with open(os.path.join(workdir, "metrics.csv"), newline="", encoding="utf-8") as f:
+        rows, minutes = [], 0.0
+        for row in csv.DictReader(f):
+            minutes += float(row["time_s"]) / 60
+            rows.append({"epoch": int(row["epoch"]), "minutes": minutes,
+                         "test_accuracy": float(row["val_accuracy"])})
+    return rows
+
+
+def torch_curve(args, seed, log):
+    """The PyTorch reference's paper recipe on the folder, its JSON lines kept in `log`
+    (read, not rerun, once it holds the last epoch): [{epoch, minutes, test_accuracy}]."""
+    def epochs():
+        if not os.path.exists(log):
+            return []
+        with open(log, encoding="utf-8") as f:
+            lines = [json.loads(line) for line in f if line.startswith("{")]
+        return [r for r in lines if "epoch" in r]
+
+    if len(epochs()) < args.epochs:
+        with open(log, "w", encoding="utf-8") as f:
+            subprocess.run([sys.executable, os.path.join(REPO, "benchmarks",
+                                                         "torch_reference.py"),
+                            *map(str, ["--data-path", args.data_path, "--depth", args.depth,
+                                       "--epochs", args.epochs, "--batch", args.batch,
+                                       "--seed", seed])],
+                           stdout=f, check=True)
+    return [{"epoch": r["epoch"], "minutes": r["train_s"] / 60,
+             "test_accuracy": r["test_accuracy"]} for r in epochs()]
+
+
+def suite_cifar(args, report):
+    """For each of --seeds, keras-preact and the PyTorch reference train the paper's recipe
+    on --data-path (train/ and test/ class folders), in turns; runs kept under --runs."""
+    if not args.data_path:
+        raise SystemExit("--suite cifar needs --data-path, a folder with train/ and test/")
+    os.makedirs(args.runs, exist_ok=True)
+    sides = {"keras-preact paper": lambda s: keras_curve(
+                 args, s, os.path.join(args.runs, f"keras_paper_e{args.epochs}_s{s}")),
+             f"{TORCH} paper": lambda s: torch_curve(
+                 args, s, os.path.join(args.runs, f"torch_paper_e{args.epochs}_s{s}.jsonl"))}
+    curves = report.setdefault("curves", {})
+    for i, seed in enumerate(args.seeds):
+        for side in (list(sides) if i % 2 == 0 else list(sides)[::-1]):
+            curve = curves[f"{side} seed {seed}"] = sides[side](seed)
+            report["rows"].append({"case": f"{side} seed {seed}", "epochs": len(curve),
+                                   "minutes": curve[-1]["minutes"],
+                                   "test_accuracy": curve[-1]["test_accuracy"]})
+    report["recipe"] = {"model": f"preact_resnet{args.depth}", "epochs": args.epochs,
+                        "data_path": os.path.basename(os.path.normpath(args.data_path))}
+
+
 def suite_quick(args, report):
     report["rows"] += [{"case": "ResNet-20 b16 keras/tf", **keras_case("preact_resnet20", 16, 3)},
                        {"case": "ResNet-20 b16 torch", **torch_case(20, 16, 3)}]
@@ -256,7 +320,8 @@ COUNTS = (("--pairs", 3, "alternating rounds against the PyTorch reference"),
           ("--memory-reps", 6, "timed steps of ResNet-1001 plain and remat, in turns in a process"))
 
 
-SUITES = {"cpu": suite_cpu, "jax": suite_jax, "gpu": suite_gpu, "quick": suite_quick}
+SUITES = {"cpu": suite_cpu, "jax": suite_jax, "gpu": suite_gpu, "cifar": suite_cifar,
+          "quick": suite_quick}
 
 
 def main(argv=None):
@@ -280,6 +345,12 @@ def main(argv=None):
                    default=["preact_resnet110", "preact_resnet164", "preact_resnet1001"])
     p.add_argument("--precisions", nargs="+", default=["fp32", "mixed_bfloat16", "mixed_float16"],
                    choices=("fp32", "mixed_bfloat16", "mixed_float16"), help="gpu suite")
+    p.add_argument("--data-path", help="cifar suite: an image folder with train/ and test/")
+    p.add_argument("--runs", default=os.path.join("runs", "cifar"),
+                   help="cifar suite: where the runs are kept (finished runs are read again)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="cifar suite")
+    p.add_argument("--epochs", type=count, default=20, help="cifar suite")
+    p.add_argument("--depth", type=count, default=20, help="cifar suite: ResNet depth (6n+2)")
     args = p.parse_args(argv)
     CASE_ENV.clear()
     CASE_ENV.update(ISA_ENVS[args.max_isa])
@@ -291,7 +362,8 @@ def main(argv=None):
     print_table(report["rows"], [
         ("case", "case", "s"), ("img/s", "images_per_s", ".1f"), ("s/step", "s_per_step", ".3f"),
         ("call img/s", "call_images_per_s", ".1f"), ("peak MB", "peak_rss_mb", ".0f"),
-        ("device MB", "peak_device_mb", ".0f")])
+        ("device MB", "peak_device_mb", ".0f"), ("minutes", "minutes", ".1f"),
+        ("test acc", "test_accuracy", ".4f")])
     for key, value in report.items():
         if key not in ("suite", "machine", "started", "rows"):
             print(f"{key}: {value}")

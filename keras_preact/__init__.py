@@ -27,7 +27,6 @@ for _depth in (20, 32, 44, 56, 110, 164, 272, 542, 1001, 1202, 18, 34, 50, 101, 
     _LAZY[f"preact_resnet{_depth}"] = _MODELS
 _LAZY["CoupledSGD"] = "keras_preact.training.optimizers"
 _LAZY["WarmupPiecewiseConstant"] = "keras_preact.training.schedules"
-_LAZY["from_preset"] = "keras_preact.weights.presets"
 _LAZY["save_preset"] = "keras_preact.hub"
 _SUBMODULES = ("finetune", "layers", "models", "weights")
 #: The modules that register keras-preact's classes with Keras (files written by keras-preact
@@ -63,6 +62,33 @@ def load_model(path, *, compile=True, safe_mode=True):
     Raises ValueError naming the file if it is missing, damaged or (`safe_mode`) unsafe."""
     from keras_preact.weights.local import load_keras_file
     return load_keras_file(path, compile=compile, safe_mode=safe_mode)
+
+
+def from_preset(preset, *, load_weights=True, **kwargs):
+    """Builds the `PreActResNet` a preset holds, with its weights. keras-hub's own loaders
+    find keras-preact's classes once ``import keras_preact`` has run: import it first.
+
+    Args:
+        preset: a folder of `save_preset` (or keras-preact 0.1.0), an ``hf://`` or
+            ``kaggle://`` handle of one (the ``hub`` extra), or, as `keras_preact.hub`'s classes
+            take, a catalog key ("preact_resnet20.cifar10") or a model name (random weights).
+        load_weights: load the weights (checked against the model first).
+        **kwargs: config values to change (``features=True``: the backbone, same weights).
+
+    Raises ValueError naming a missing or damaged preset file, or weights that do not fit."""
+    from keras_preact.models import get_model, list_models
+    from keras_preact.weights import catalog, presets
+
+    bare, entries = presets.is_bare_name(preset), {e.key: e for e in catalog.list_entries()}
+    if bare and (entry := entries.get(preset)):
+        pretrained = {"weights": entry.tag} if load_weights else entry.architecture
+        return get_model(entry.model, **{**pretrained, **kwargs})
+    if bare and preset in list_models():
+        return get_model(preset, **kwargs)
+    if bare and (model := str(preset).partition(".")[0]) in list_models():
+        raise ValueError(f"Unknown catalog key. Received: preset={preset!r}. Valid: "
+                         f"{sorted(k for k in entries if k.startswith(model + '.'))}")
+    return presets.from_preset(preset, load_weights=load_weights, **kwargs)
 
 
 def _register():

@@ -134,7 +134,7 @@ def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
         classes = local.inspect_weights_file(path)["classes"]
     # A donor of the model's architecture and the weights' head checks and takes them.
     config = dict(model.get_config(), include_top=classes is not None, classes=classes or 1,
-                  pooling=None, preprocessing=None, name=f"{model.name}_pretrained", trainable=True)
+                  pooling=None, preprocessing=None, name=model.name, trainable=True)
     donor = PreActResNet.from_config(config)
     if source is not None:
         local.copy_weights_from_model(source, donor, source_label=path)

@@ -18,6 +18,8 @@ import tempfile
 
 import keras
 
+import keras_preact
+
 try:
     import keras_hub
 except ModuleNotFoundError:
@@ -26,10 +28,9 @@ except ModuleNotFoundError:
 
 from keras_preact.architecture import HEAD_ARGUMENTS, HEAD_LAYER
 from keras_preact.files import user_path
-from keras_preact.finetune import pretrained_architecture
-from keras_preact.models import PreActResNet, get_model, list_models
+from keras_preact.models import PreActResNet
 from keras_preact.models.preact_resnet import MODEL_ARGUMENTS
-from keras_preact.weights import catalog, local
+from keras_preact.weights import local, presets
 
 PACKAGE = "keras_preact"  # part of every preset's "registered_name": never change it
 #: `PreActResNet` arguments of a head or an input, which a backbone does not take.
@@ -40,37 +41,25 @@ PRESET_FILES = ("config.json", "metadata.json", "model.weights.h5", "image_conve
                 "preprocessor.json", "task.json", "task.weights.h5")
 
 
-class _RegistryPresets:
-    """`from_preset` of a preset (folder, ``hf://``, ``kaggle://``) as keras-hub loads one,
-    or of a registered model name ("preact_resnet56": random weights) or a catalog key
-    ("preact_resnet110.cifar10": its pretrained weights, the classifier with its head)."""
+def _presets_by_name(cls):
+    """`cls.from_preset` also takes what `kp.from_preset` takes: a registered model name or
+    a catalog key. (A decorator: keras-hub names a preset's tasks by the first base class.)"""
 
-    @classmethod
-    def from_preset(cls, preset, load_weights=True, **kwargs):
-        include_top = issubclass(cls, keras_hub.models.Task)
-        model = _registry_model(preset, load_weights, include_top, kwargs)
-        if model is None:
-            return super().from_preset(preset, load_weights=load_weights, **kwargs)
-        return to_keras_hub(model)
+    def from_preset(klass, preset, load_weights=True, **kwargs):
+        if presets.is_bare_name(preset):
+            return to_keras_hub(keras_preact.from_preset(
+                preset, load_weights=load_weights, **kwargs,
+                include_top=issubclass(klass, keras_hub.models.Task)))
+        presets.check_preset(preset, load_weights)  # one line for a damaged or missing file
+        return super(cls, klass).from_preset(preset, load_weights=load_weights, **kwargs)
 
-
-def _registry_model(preset, load_weights, include_top, kwargs):
-    """The `PreActResNet` a registered model name or a catalog key names, else None."""
-    if not isinstance(preset, str) or "/" in preset or os.path.exists(preset):
-        return None
-    if preset in list_models():
-        return get_model(preset, include_top=include_top, **kwargs)
-    if preset in {e.key for e in catalog.list_entries()}:
-        entry = catalog.get_entry(preset)
-        if load_weights:
-            return get_model(entry.model, weights=entry.tag, include_top=include_top, **kwargs)
-        return get_model(entry.model, include_top=include_top,
-                         **{**pretrained_architecture(entry.model, preset), **kwargs})
-    return None
+    cls.from_preset = classmethod(from_preset)
+    return cls
 
 
+@_presets_by_name
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class PreActResNetBackbone(_RegistryPresets, keras_hub.models.FeaturePyramidBackbone):
+class PreActResNetBackbone(keras_hub.models.FeaturePyramidBackbone):
     """A pre-activation ResNet without its head, as a keras-hub backbone.
 
     Args:
@@ -108,6 +97,9 @@ class PreActResNetImageConverter(keras_hub.layers.ImageConverter):
 
     backbone_cls = PreActResNetBackbone
 
+    def get_config(self):  # keras-hub 0.32's leaves data_format out
+        return {**super().get_config(), "data_format": self.data_format}
+
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class PreActResNetImageClassifierPreprocessor(keras_hub.models.ImageClassifierPreprocessor):
@@ -117,8 +109,9 @@ class PreActResNetImageClassifierPreprocessor(keras_hub.models.ImageClassifierPr
     image_converter_cls = PreActResNetImageConverter
 
 
+@_presets_by_name
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class PreActResNetImageClassifier(_RegistryPresets, keras_hub.models.ImageClassifier):
+class PreActResNetImageClassifier(keras_hub.models.ImageClassifier):
     """keras-hub's image classifier (pooling, dense head) on a `PreActResNetBackbone`; the
     paper's head is ``pooling="avg"`` with ``activation="softmax"``."""
 
@@ -182,7 +175,7 @@ def to_keras_hub(model):
         return backbone
     classifier = PreActResNetImageClassifier(
         backbone=backbone, num_classes=config["classes"], pooling=config["pooling"] or "avg",
-        activation=config["classifier_activation"],
+        activation=config["classifier_activation"], dropout=config["head_dropout"] or 0.0,
         preprocessor=PreActResNetImageClassifierPreprocessor(image_converter=_converter(backbone)))
     classifier.output_dense.set_weights(model.get_layer(HEAD_LAYER).get_weights())
     return classifier

@@ -113,11 +113,18 @@ def _check_weights(make, model, x, expected, tmp):
 
 
 def _check_preset(make, model, x, expected, tmp):
-    loaded = kp.from_preset(kp.save_preset(model, os.path.join(tmp, "preset")))
+    folder = kp.save_preset(model, os.path.join(tmp, "preset"))
+    loaded = kp.from_preset(folder)
     # The preset's model keeps every argument; its name and (float32) dtype are defaults.
     same = lambda config: {k: v for k, v in config.items() if k not in ("name", "dtype")}  # noqa
     assert same(loaded.get_config()) == same(model.get_config())
     assert_same_outputs(outputs(loaded, x), expected)
+    if model.get_config()["include_top"]:  # keras-hub's loader: the same head
+        import keras_hub
+
+        task = keras_hub.models.ImageClassifier.from_preset(folder)
+        assert task.dropout == (model.get_config()["head_dropout"] or 0)
+        assert_same_outputs(outputs(task, x), expected)
 
 
 def _check_data_format(make, model, x, expected, tmp):

@@ -195,3 +195,29 @@ def test_jax_ops_times_both_frameworks_ops_and_whole_steps(tmp_path):
     (row,) = json.loads(out.read_text())["rounds"]
     for side in ("jax", "torch"):
         assert row[side]["conv"] > 0 and row[side]["bn_relu"] > 0 and row[side]["step"] > 0
+
+
+def test_cifar_suite_trains_both_sides_and_reads_finished_runs_again(tmp_path):
+    from tests.data_fixtures import write_png_folder
+
+    for split, n in (("train", 6), ("test", 3)):
+        write_png_folder(tmp_path / "images" / split, ["cat", "dog"], n)
+    runs, out = tmp_path / "runs", tmp_path / "cifar.json"
+    argv = ["--suite", "cifar", "--data-path", str(tmp_path / "images"), "--runs", str(runs),
+            "--seeds", "0", "--epochs", "1", "--batch", "4", "--out", str(out)]
+    assert run.main(argv) == 0
+    report = json.loads(out.read_text())
+    curves = report["curves"]
+    assert set(curves) == {"keras-preact paper seed 0", "PyTorch ref paper seed 0"}
+    for curve in curves.values():
+        (epoch,) = curve
+        assert epoch["epoch"] == 1 and epoch["minutes"] > 0
+        # Measured on the 6 images of test/: a multiple of 1/6.
+        accuracy = epoch["test_accuracy"] * 6
+        assert 0 <= accuracy <= 6 and accuracy == pytest.approx(round(accuracy), abs=1e-5)
+    # Finished runs are read, not trained again: the reference's log is not rewritten.
+    log = runs / "torch_paper_e1_s0.jsonl"
+    stamp = log.stat().st_mtime_ns
+    assert run.main(argv) == 0
+    assert json.loads(out.read_text())["curves"] == curves
+    assert log.stat().st_mtime_ns == stamp

@@ -237,3 +237,49 @@ def test_weights_list_shows_no_none(tmp_path, capsys):
     assert "None" not in out
     row = next(line for line in out.splitlines() if line.startswith("preact_resnet101.imagenet "))
     assert row.split()[-1] == "-"  # the catalog gives no error rate for it
+
+
+def test_version(capsys):
+    import keras_preact
+
+    code, out, _ = run_cli(["--version"], capsys)
+    assert code == 0 and out == f"keras-preact {keras_preact.__version__}\n"
+
+
+@pytest.mark.parametrize("argv, command", [
+    (["train", "--epochs", "2"], "train"),  # no --workdir
+    (["train", "--workdir", "w", "--verbose", "7"], "train"),
+    (["tune", "--max-trials", "x"], "tune"),
+    (["--no-such-flag"], ""),
+])
+def test_a_usage_error_is_one_line_pointing_to_help(capsys, argv, command):
+    # Not the usage of every option (31 lines for `train`) above it.
+    code, _, err = run_cli(argv, capsys)
+    assert code == cli.EXIT_ERROR
+    assert err.count("\n") == 1 and err.startswith("error: ")
+    assert err.endswith(f"(see {' '.join(['keras-preact', command]).strip()} --help)\n")
+
+
+def test_an_error_found_after_planning_comes_without_the_epoch_warnings(cifar_dir, tmp_path,
+                                                                        capsys):
+    # Batch 6 drops 2 of the 20 images: a run warns of it, a refused one only says why.
+    assert run_cli(tiny_train_args(cifar_dir, tmp_path / "a", "--batch-size", "6"), capsys)[0] == 0
+    weights = str(tmp_path / "a" / "checkpoints" / "ckpt-00001.weights.h5")
+    code, _, err = run_cli(tiny_train_args(cifar_dir, tmp_path / "b", "--batch-size", "6",
+                                           "--weights", weights, "--freeze",
+                                           "stem,stage1,stage2,stage3,head"), capsys)
+    assert code == cli.EXIT_ERROR
+    assert err.startswith("error: Every part is frozen") and err.count("\n") == 1, err
+
+
+def test_demo_reports_one_accuracy_and_where_its_files_are(tmp_path, capsys, monkeypatch):
+    from keras_preact.training import demo
+
+    result = {"test_accuracy": 0.975, "test_loss": 0.1, "epochs": 8, "steps": 352,
+              "model_path": "runs/demo/model.keras", "curve_path": "runs/demo/training_curve.png",
+              "export": {"saved_model": "runs/demo/export/saved_model/1"}}
+    monkeypatch.setattr(demo, "run_demo", lambda *args, **kwargs: result)
+    code, out, _ = run_cli(["demo"], capsys)
+    assert code == 0 and out.lower().count("accuracy") == 1
+    assert out.startswith("Held-out accuracy on digits: 97.50%")
+    assert out.splitlines()[-1] == "export:  runs/demo/export/saved_model/1"  # not a dict

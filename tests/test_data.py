@@ -82,7 +82,8 @@ UNKNOWN = "Unknown dataset.*cifar10.*cifar100.*digits.*folder"
     (lambda tmp: data.make_dataset("mnist", "train"), UNKNOWN),
     (lambda tmp: data.dataset_info("folder"), "needs `path`"),
     (lambda tmp: data.load_arrays("folder", "train", path=str(tmp / "nope")), "does not exist"),
-    (lambda tmp: data.load_arrays("folder", "train", path=str(tmp)), "no class sub-folders"),
+    (lambda tmp: data.load_arrays("folder", "train", path=str(tmp)),
+     r"needs 2 or more class sub-folders.*Received: classes=\[\]"),
     (lambda tmp: data.load_arrays("cifar10", "train", source="archive", data_dir=str(tmp)),
      r"No cifar10 files.*cifar-10-batches-py/.*cifar-10-python.tar.gz"),
     (lambda tmp: data.load_arrays("cifar10", "train", source="archive"),
@@ -402,6 +403,66 @@ def test_image_folder_flat_and_split_layouts(tmp_path):
     assert y.tolist() == [0, 0, 1, 1, 2, 2]
     small = data.load_arrays("folder", "train", path=str(split), image_size=(16, 16))[0]
     assert small.shape == (6, 16, 16, 3)
+
+
+@pytest.mark.parametrize("held_out", ["val", "validation"])
+def test_image_folder_takes_val_or_validation_beside_train(tmp_path, held_out):
+    # train/ and val/ are the layout, not two classes named "train" and "val".
+    F.write_png_folder(str(tmp_path / "train"), ["cat", "dog"], per_class=3, seed=4)
+    val = F.write_png_folder(str(tmp_path / held_out), ["cat", "dog"], per_class=2, seed=5)
+    info = data.dataset_info("folder", path=str(tmp_path))
+    assert info["class_names"] == ("cat", "dog")
+    assert (info["num_train"], info["num_test"]) == (6, 4)
+    xt, yt = data.load_arrays("folder", "test", path=str(tmp_path))
+    np.testing.assert_array_equal(xt, np.concatenate([val["cat"], val["dog"]]))
+    assert yt.tolist() == [0, 0, 1, 1]
+
+
+def test_image_folder_with_train_but_no_held_out_folder_is_refused(tmp_path):
+    F.write_png_folder(str(tmp_path / "train"), ["cat", "dog"], per_class=3)
+    F.write_png_folder(str(tmp_path / "extra"), ["cat", "dog"], per_class=3)
+    with pytest.raises(ValueError, match=r"train/ but no held-out folder.*test/, val/, "
+                       r"validation/\. Received: path="):
+        data.dataset_info("folder", path=str(tmp_path))
+
+
+def test_image_folder_of_one_class_is_refused(tmp_path):
+    F.write_png_folder(str(tmp_path), ["cat"], per_class=5)
+    with pytest.raises(ValueError, match=r"a classifier needs 2 classes.*classes=\['cat'\]"):
+        data.dataset_info("folder", path=str(tmp_path))
+    F.write_png_folder(str(tmp_path / "split" / "train"), ["cat"], per_class=3)
+    F.write_png_folder(str(tmp_path / "split" / "test"), ["cat"], per_class=3)
+    with pytest.raises(ValueError, match="a classifier needs 2 classes"):
+        data.load_arrays("folder", "test", path=str(tmp_path / "split"))
+
+
+@pytest.mark.parametrize("content", [None, "notes.txt"])
+@pytest.mark.parametrize("where", ["", "train", "test"])
+def test_image_folder_class_without_images_is_named(tmp_path, content, where):
+    root = tmp_path / "data"
+    for split in (["train", "test"] if where else [""]):
+        F.write_png_folder(str(root / split), ["cat", "dog", "eel"][:2 + (split != where)], 3)
+    empty = root / where / "eel"
+    empty.mkdir()
+    if content:
+        (empty / content).write_text("not an image")
+    with pytest.raises(ValueError) as info:
+        data.load_arrays("folder", "test", path=str(root))
+    assert str(info.value) == (f"The class folder {str(empty)!r} holds no images "
+                               "(.bmp, .gif, .jpeg, .jpg, .png).")
+
+
+def test_image_folder_too_small_for_its_held_out_split_says_so(tmp_path):
+    F.write_png_folder(str(tmp_path), ["cat", "dog"], per_class=2)
+    F.write_png_folder(str(tmp_path / "eel"), [""], per_class=5)  # eel/ holds 5 images
+    for split in ("train", "test"):
+        with pytest.raises(ValueError, match=r"holds 9 images; .*every class needs at least 3, "
+                           r"and 'cat' has 2\. .*train/ and test/ sub-folders"):
+            data.load_arrays("folder", split, path=str(tmp_path))
+    # 3 images a class are enough: one of each is held out.
+    F.write_png_folder(str(tmp_path / "cat"), [""], per_class=3, seed=7)
+    F.write_png_folder(str(tmp_path / "dog"), [""], per_class=3, seed=8)
+    assert sorted(data.load_arrays("folder", "test", path=str(tmp_path))[1].tolist()) == [0, 1, 2]
 
 
 # --- pipeline -------------------------------------------------------------------------

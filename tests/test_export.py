@@ -336,6 +336,27 @@ def test_overwrite_refuses_a_folder_that_is_not_an_export(tmp_path):
     assert (target / "notes.txt").read_text() == "precious"
 
 
+def test_overwrite_refuses_an_export_holding_the_users_files(tmp_path):
+    # Before: overwrite=True replaced the whole folder, MY_NOTES.txt with it.
+    folder = export.export_saved_model(tiny_model(), tmp_path / "m", top_k=2)
+    with open(os.path.join(folder, "MY_NOTES.txt"), "w") as f:
+        f.write("precious")
+    before = {name: os.path.getmtime(os.path.join(folder, name)) for name in os.listdir(folder)}
+    with pytest.raises(ValueError) as raised:
+        export.export_saved_model(tiny_model(), tmp_path / "m", top_k=3, overwrite=True)
+    assert str(raised.value) == (
+        f"Refusing to write over {folder!r}: it holds files an export does not write "
+        f"(MY_NOTES.txt). Nothing was changed; move them out or choose another path. "
+        f"Received: path={folder!r}")
+    assert {name: os.path.getmtime(os.path.join(folder, name))
+            for name in os.listdir(folder)} == before
+    assert _listing(tmp_path / "m") == ["1"]  # no temporary folder left
+    assert serve(folder, images=images(1))["top_k_classes"].shape == (1, 2)
+    os.remove(os.path.join(folder, "MY_NOTES.txt"))  # with only its own files, it is replaced
+    export.export_saved_model(tiny_model(), tmp_path / "m", top_k=3, overwrite=True)
+    assert serve(folder, images=images(1))["top_k_classes"].shape == (1, 3)
+
+
 def test_parity_failure_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setitem(export.PARITY_TOLERANCES, "saved_model", -1.0)
     with pytest.raises(export.ExportParityError, match="Nothing was written"):

@@ -12,8 +12,10 @@ from PIL import Image
 from keras_preact import cli
 from keras_preact import export
 from keras_preact import files
+from tests import data_fixtures
 from tests.helpers import run_cli
 from tests.helpers import tiny_model
+from tests.helpers import TINY
 
 
 def write_png(path, array, mode=None):
@@ -267,3 +269,43 @@ def test_a_run_model_is_checked_on_its_held_out_images(tmp_path, capsys):
     code, out, err = run_cli(argv + ["--out", str(tmp_path / "b")], capsys)
     assert code == 0 and err.startswith("warning: no held-out check (") and "gone" in err, err
     assert export.read_model_card(tmp_path / "b")["parity"]["images"] == 8
+
+
+def test_a_folder_run_carries_its_class_names_into_the_export_and_predict(tmp_path, capsys):
+    images, workdir, out = tmp_path / "imgs", tmp_path / "run", tmp_path / "export"
+    for split, per_class in (("train", 4), ("val", 1)):
+        data_fixtures.write_png_folder(str(images / split), ["cat", "dog"], per_class)
+    code, _, err = run_cli(["train", "--model", "tiny", "--model-kwargs", json.dumps(TINY),
+                            "--dataset", "folder", "--data-path", str(images), "--batch-size", "4",
+                            "--epochs", "1", "--eval-every", "0", "--workdir", str(workdir),
+                            "--verbose", "0"], capsys)
+    assert code == 0, err
+    code, _, err = run_cli(["export", str(workdir), "--out", str(out)], capsys)
+    assert code == 0, err
+    assert export.read_model_card(out)["class_names"] == ["cat", "dog"]
+    import tensorflow as tf
+    signature = tf.saved_model.load(str(out / "1")).signatures[export.SIGNATURE_METADATA]
+    assert signature()["class_names"].numpy().tolist() == [b"cat", b"dog"]
+    png = write_png(tmp_path / "x.png", np.zeros((32, 32, 3), np.uint8))
+    for model in (out, workdir / "model.keras"):
+        code, text, err = run_cli(["predict", str(model), png], capsys)
+        assert code == 0, err
+        assert sorted(line.split()[1] for line in text.splitlines()[1:]) == ["cat", "dog"], text
+    # --class-names still overrides the run's names.
+    (tmp_path / "names.txt").write_text("tabby\nbeagle\n")
+    code, text, err = run_cli(["predict", str(out), png, "--class-names",
+                               str(tmp_path / "names.txt")], capsys)
+    assert code == 0 and "tabby" in text and "cat" not in text, (text, err)
+
+
+@pytest.mark.parametrize("command", ["export", "predict"])
+def test_a_class_names_file_that_is_not_utf8_is_one_clear_line(tmp_path, capsys, command):
+    names = tmp_path / "names.txt"
+    names.write_bytes(b"\xff\xfe\x00c\x00a\x00t")
+    argv = {"export": ["export", "preact_resnet20", "--out", str(tmp_path / "x")],
+            "predict": ["predict", str(tmp_path / "m.keras"), str(tmp_path / "a.png")]}[command]
+    code, _, err = run_cli([*argv, "--class-names", str(names)], capsys)
+    assert code == cli.EXIT_ERROR and len(err.strip().splitlines()) == 1, err
+    assert "must be UTF-8 text, one class name a line" in err
+    assert err.strip().endswith(f"Received: --class-names={str(names)!r}")
+    assert not os.path.exists(tmp_path / "x")

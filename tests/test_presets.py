@@ -2,6 +2,7 @@
 presets that keras-hub's loaders and `kp.from_preset` take whole (local, ``hf://`` through a
 stand-in Hub on 127.0.0.1, ``kaggle://``)."""
 
+import functools
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ from keras_hub.src.tests.test_case import TestCase
 
 import keras_preact as kp
 from keras_preact import hub
+from tests import harness
 from tests.helpers import REPO, serve_hugging_face_hub, to_numpy
 
 pytestmark = pytest.mark.multibackend
@@ -134,6 +136,10 @@ def test_registry_names_and_catalog_keys_are_presets(tmp_path, monkeypatch):
     classifier = hub.PreActResNetImageClassifier.from_preset("preact_resnet20.cifar10")
     np.testing.assert_allclose(to_numpy(classifier.predict(IMAGES, verbose=0)),
                                to_numpy(model(IMAGES)), atol=1e-5)
+    # kp.from_preset takes what the hub classes take.
+    np.testing.assert_array_equal(to_numpy(kp.from_preset("preact_resnet20.cifar10")(IMAGES)),
+                                  to_numpy(model(IMAGES)))
+    assert kp.from_preset("preact_resnet56").spec.stage_blocks == (9, 9, 9)
     # One command writes any catalog entry as a preset.
     from keras_preact import cli
     assert cli.main(["weights", "preset", "preact_resnet20.cifar10", str(tmp_path / "p")]) == 0
@@ -169,7 +175,7 @@ def test_folders_that_are_not_presets_are_refused(tmp_path):
         with pytest.raises(ValueError, match="a file or a folder of other files"):
             kp.save_preset(kp.preact_resnet20(), target)
     assert os.listdir(tmp_path) == ["notes.txt"]
-    with pytest.raises(ValueError, match="Not a preset: .*config.json' does not exist"):
+    with pytest.raises(ValueError, match=r"The preset file .*config.json' is missing"):
         kp.from_preset(tmp_path)
 
 
@@ -185,6 +191,66 @@ def test_dropout_units_give_every_seed_its_own_variable_path():
     if keras.backend.backend() == "torch":  # a torch Module tracks its variables by path
         assert len(list(model.parameters())) == len(paths)
 
+
+
+def test_head_dropout_survives_a_preset(tmp_path):
+    make = functools.partial(kp.PreActResNet, **TINY, classes=3, head_dropout=0.3)
+    harness.run_model_test(make, (16, 16, 3), tmp_path, ("preset",))
+
+
+def test_the_keras_hub_twin_owns_its_weights():
+    # On JAX a compiled step of a model holding the original's arrays deleted them.
+    model = kp.PreActResNet(**TINY, classes=3)
+    twin = hub.to_keras_hub(model)
+    predicted = twin.predict(IMAGES, verbose=0)
+    np.testing.assert_allclose(to_numpy(model(IMAGES)), to_numpy(predicted), atol=1e-5)
+
+
+def test_a_presets_metadata_names_keras_hubs_tasks(saved):
+    with open(os.path.join(saved[1], "metadata.json")) as f:
+        tasks = json.load(f)["tasks"]
+    # As keras-hub's own presets: public task classes (ResNet's: ["ImageClassifier"]).
+    assert "ImageClassifier" in tasks and all(hasattr(keras_hub.models, t) for t in tasks)
+
+
+def test_a_channels_first_classifier_preset_reloads(tmp_path):
+    model = kp.PreActResNet(**TINY, classes=3, input_shape=(3, 32, 32),
+                            data_format="channels_first")
+    classifier = keras_hub.models.ImageClassifier.from_preset(
+        kp.save_preset(model, tmp_path / "first"))
+    assert classifier.preprocessor.image_converter.data_format == "channels_first"
+    if keras.backend.backend() == "tensorflow":
+        return  # TensorFlow's CPU convolutions are NHWC only (tests/harness.py)
+    images = np.transpose(IMAGES, (0, 3, 1, 2))
+    np.testing.assert_allclose(to_numpy(classifier.predict(images, verbose=0)),
+                               to_numpy(model(images)), atol=1e-5)
+
+
+def test_a_damaged_or_incomplete_preset_names_its_file(saved, tmp_path):
+    loaders = (kp.from_preset, hub.PreActResNetImageClassifier.from_preset,
+               hub.PreActResNetBackbone.from_preset)
+    cut = shutil.copytree(saved[1], tmp_path / "cut")
+    text = (cut / "config.json").read_text()
+    (cut / "config.json").write_text(text[:len(text) // 2])
+    part = shutil.copytree(saved[1], tmp_path / "part")
+    os.remove(part / "model.weights.h5")
+    for load in loaders:
+        with pytest.raises(ValueError, match=r"config.json is damaged \(cut short\?\): save"):
+            load(str(cut))
+        with pytest.raises(ValueError, match=r"model.weights.h5' is missing"):
+            load(str(part))
+
+
+def test_keras_hubs_loaders_need_keras_preact_imported_as_the_docs_say(saved):
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the message is keras-hub's: the TensorFlow pass checks it")
+    code = "import sys, keras_hub; keras_hub.models.ImageClassifier.from_preset(sys.argv[1])"
+    out = subprocess.run([sys.executable, "-c", code, str(saved[1])], capture_output=True,
+                         text=True, cwd=REPO, timeout=300)
+    assert "no class registered with Keras for keras_preact>PreActResNetBackbone" in out.stderr
+    with open(os.path.join(REPO, "docs", "troubleshooting.md")) as f:
+        assert "no class registered with Keras for keras_preact>PreActResNetBackbone" in f.read()
+    assert "import keras_preact" in kp.from_preset.__doc__
 
 # --- uploads ------------------------------------------------------------------------------
 

@@ -194,6 +194,105 @@ def test_a_larger_epochs_extends_a_finished_run_keeping_its_history(digits_run, 
     assert file_hashes(copy) == before
 
 
+def test_extending_by_steps_trains_exactly_to_the_new_count(tmp_path):
+    from keras_preact.training import train_and_evaluate
+
+    # 1438 digits at batch 512: 2 steps an epoch. From the end of epoch 1, 5 steps are 2 more
+    # epochs, the last one cut at step 5.
+    workdir = str(tmp_path / "run")
+    train_and_evaluate(tiny_config(batch_size=512, epochs=None, steps=2, eval_every=0), workdir)
+    result = train_and_evaluate(tiny_config(batch_size=512, epochs=None, steps=5, eval_every=0),
+                                workdir)
+    assert result["steps"] == 5 and result["resumed_from_epoch"] == 1
+    state = json.load(open(os.path.join(workdir, "checkpoints", "state.json")))
+    assert (state["step"], state["complete"]) == (5, True)
+    assert [e["step"] for e in result["history"]] == [2, 4, 5]
+
+
+def test_a_run_stopped_inside_an_epoch_is_not_extended(tmp_path):
+    from keras_preact.training import train_and_evaluate
+
+    # Stopped at step 1 of a 2-step epoch: its data is not where a longer run's would be,
+    # so a longer --steps (which used to train 3 steps for 4) is refused and changes nothing.
+    workdir = str(tmp_path / "run")
+    train_and_evaluate(tiny_config(batch_size=512, epochs=None, steps=1, eval_every=0), workdir)
+    before = file_hashes(workdir)
+    with pytest.raises(ValueError, match=r"stopped at step 1, inside epoch 1 \(2 steps an epoch\)"
+                                         r": it cannot be extended. Nothing was changed. Train "
+                                         r"the longer run in a new --workdir"):
+        train_and_evaluate(tiny_config(batch_size=512, epochs=None, steps=4, eval_every=0),
+                           workdir)
+    assert file_hashes(workdir) == before
+
+
+@pytest.mark.parametrize("workdir", ["", "  "])
+def test_an_empty_workdir_is_refused(tmp_path, monkeypatch, workdir):
+    from keras_preact.training import train_and_evaluate
+
+    monkeypatch.chdir(tmp_path)  # '' would be this folder
+    with pytest.raises(ValueError, match=r"`workdir` \(--workdir\) must be a folder path. "
+                                         f"Received: workdir={workdir!r}"):
+        train_and_evaluate(tiny_config(), workdir)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_missing_checkpoint_says_how_to_go_on(digits_run, tmp_path):
+    from keras_preact.training import train_and_evaluate
+
+    config, workdir, _ = digits_run
+    copy = str(tmp_path / "copy")
+    shutil.copytree(workdir, copy)
+    for name in ("model.keras", os.path.join("checkpoints", "ckpt-00002.weights.h5")):
+        os.remove(os.path.join(copy, name))
+    before = file_hashes(copy)
+    with pytest.raises(ValueError, match=r"names the checkpoint .*ckpt-00002.weights.h5, which is "
+                                         r"missing .*Put that file back to resume, or start the "
+                                         r"run over in a new --workdir"):
+        train_and_evaluate(config, copy)
+    assert file_hashes(copy) == before
+
+
+@pytest.mark.parametrize("stored", ["[]", '"train_config"', "{}"])
+def test_a_config_json_that_is_not_a_run_configuration_is_named(tmp_path, capsys, stored):
+    from keras_preact.cli import main
+
+    (tmp_path / "config.json").write_text(stored)
+    for argv in (["evaluate", "--workdir", str(tmp_path)],
+                 ["train", "--model", "tiny", "--model-kwargs", json.dumps(TINY), "--dataset",
+                  "digits", "--workdir", str(tmp_path)]):
+        assert main(argv) == 2
+        assert capsys.readouterr().err == (
+            f"error: {tmp_path / 'config.json'} is not a keras-preact run configuration (a JSON "
+            f'object with "train_config" expected): choose another --workdir. Received: '
+            f"{json.loads(stored)}\n")
+    assert sorted(os.listdir(tmp_path)) == [".lock", "config.json"]  # the lock is hidden
+    assert (tmp_path / "config.json").read_text() == stored
+
+
+def test_training_ignores_a_channels_first_keras_json(tmp_path):
+    # ~/.keras/keras.json's image_data_format used to build channels_first models that the
+    # channels_last pipelines cannot feed ("`input_shape` is too small").
+    import keras
+
+    from keras_preact.training import train_and_evaluate
+
+    keras.config.set_image_data_format("channels_first")
+    try:
+        result = train_and_evaluate(tiny_config(batch_size=512, epochs=None, steps=1),
+                                    str(tmp_path))
+    finally:
+        keras.config.set_image_data_format("channels_last")
+    model = keras.saving.load_model(result["model_path"], compile=False)
+    assert result["steps"] == 1 and model.get_config()["data_format"] == "channels_last"
+
+
+def test_tensorflow_datasets_can_prepare_a_download():
+    # TFDS imports importlib_resources lazily, to download, but does not require it.
+    from tensorflow_datasets.core import dataset_builder
+
+    assert dataset_builder.importlib_resources.files("keras_preact").is_dir()
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -205,6 +304,15 @@ def test_a_larger_epochs_extends_a_finished_run_keeping_its_history(digits_run, 
          r"one entry per stage"),
         ({"model_kwargs": {"architecture": TINY["architecture"], "no_such_argument": 1}},
          r"Unknown argument `no_such_argument` for the model_kwargs of .tiny."),
+        # A random backbone kept frozen would never learn.
+        ({"freeze": "backbone"}, r"Freezing the stem or stages \(--freeze\) needs pretrained "
+         r"`weights` \(--weights\).*Received: freeze=\['backbone'\], weights=None"),
+        ({"freeze": "stem,head"}, r"needs pretrained `weights`"),
+        # The height and width too, not only the channels (else Keras' shape error in `fit`).
+        ({"model_kwargs": {**TINY, "input_shape": [8, 8, 3]}},
+         r"The 'digits' images are \(32, 32, 3\).*Received: model_kwargs input_shape=\[8, 8, 3\]"),
+        ({"data_path": "my_images"},
+         r"takes no .*path.*For a folder of images, add --dataset folder"),
     ],
 )
 def test_bad_input_fails_before_anything_is_written(tmp_path, kwargs, message):
@@ -342,7 +450,7 @@ def test_train_and_evaluate_commands(cifar_dir, tmp_path, capsys):
         (["train", "--dataset", "svhn"], "Unknown dataset"),
         (["train", "--dataset", "digits", "--strategy", "tpu", "--model", "preact_resnet20"],
          "no TPU was found"),
-        (["evaluate"], "give --workdir"),
+        (["evaluate"], "Give `workdir`, or `dataset` with `weights`"),
         (["evaluate", "--workdir", "{tmp}/nothing-here"], "No training run in"),
         (["evaluate", "--dataset", "digits", "--weights", "{tmp}/missing.keras"], "Weights file not found"),
         (["evaluate", "--dataset", "digits", "--model", "preact_resnet20",

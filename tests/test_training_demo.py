@@ -37,6 +37,9 @@ def test_demo_reaches_97_percent_on_held_out_digits(demo_run):
     assert metrics["test_accuracy"] >= 0.97, metrics["test_accuracy"]
     match = re.search(r"Held-out accuracy on digits: ([\d.]+)%", proc.stdout)
     assert match and float(match.group(1)) == pytest.approx(100 * metrics["test_accuracy"], abs=0.01)
+    # One name for that accuracy, and the output ends on where the files are.
+    assert "test accuracy" not in proc.stdout
+    assert proc.stdout.splitlines()[-1] == f"curve:   {os.path.join(workdir, 'training_curve.png')}"
     with open(os.path.join(workdir, "training_curve.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert os.path.exists(os.path.join(workdir, "model.keras"))

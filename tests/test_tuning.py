@@ -359,3 +359,22 @@ def test_chief_and_two_workers_record_every_trial_once(tmp_path):
     # Each trial ran on one worker and was recorded once (one trial folder each).
     assert sorted(d for d in os.listdir(os.path.join(workdir, "search")) if d.startswith("trial_")) == [
         "trial_0", "trial_1"]
+
+
+def test_a_worker_says_once_whom_it_waits_for_and_how_long(tmp_path, monkeypatch, capsys):
+    from keras_preact.tuning import study
+    from tests.helpers import run_cli
+
+    # Before: a worker started without its chief printed nothing for ten minutes.
+    monkeypatch.setattr(study, "WORKER_WAIT_S", 1)
+    monkeypatch.setenv("KERASTUNER_TUNER_ID", "tuner0")
+    monkeypatch.setenv("KERASTUNER_ORACLE_IP", "127.0.0.1")
+    monkeypatch.setenv("KERASTUNER_ORACLE_PORT", "8000")
+    workdir = tmp_path / "study"
+    code, out, err = run_cli(["tune", "--workdir", str(workdir), *TINY_ARGS], capsys)
+    assert code == 2 and out == ""
+    assert err.splitlines() == [
+        f"Waiting up to 1 s for the chief at 127.0.0.1:8000 to write study.json in {workdir}.",
+        f"error: No study.json appeared in {workdir} within 1 s: start the chief "
+        "(KERASTUNER_TUNER_ID=chief) with the same --workdir on a shared disk."]
+    assert not workdir.exists()

@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 
 from keras_preact import cli
+from keras_preact.files import file_hash
 from tests.helpers import REPO, run_cli, run_command, run_python, tiny_model
 from tests.helpers import TINY
 
@@ -179,6 +180,7 @@ def test_a_tilde_after_an_equals_sign_means_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     assert Workdir("~/runs/x").path == str(tmp_path / "runs" / "x")
     assert check_path("out", "~/exports/x") == str(tmp_path / "exports" / "x")
+    pytest.importorskip("keras_hub", reason="save_preset needs the hub extra")
     path = kp.save_preset(tiny_model(), "~/preset")
     assert path == str(tmp_path / "preset") and not os.path.exists("~")
 
@@ -225,6 +227,7 @@ def test_an_export_missing_its_variables_is_the_users_environment(tiny_run, tmp_
 
 
 def test_a_checkpoint_or_a_workdir_exports(tiny_run, tmp_path, capsys):
+    pytest.importorskip("ai_edge_litert", reason="a LiteRT export's check needs the export extra")
     checkpoint = os.path.join(tiny_run, "checkpoints", "ckpt-00001.weights.h5")
     code, out, err = run_cli(["export", checkpoint, "--format", "litert",
                               "--out", str(tmp_path / "lite")], capsys)
@@ -302,14 +305,26 @@ def test_weights_clear_deletes_only_what_the_cache_wrote(tmp_path, capsys):
     (mine / "mymodel.weights.h5").write_bytes(b"my weights")
     (mine / "preact_resnet20.cifar10.weights.h5").write_bytes(b"no record beside it")
     code, out, _ = run_cli(["weights", "clear", "--cache-dir", str(mine)], capsys)
-    assert (code, out) == (0, "Removed 0 file(s).\n")
+    assert (code, out) == (0, f"Removed 0 file(s).\nKept 2 file(s) the cache did not write or "
+                              "that changed since (no record of their SHA-256): "
+                              f"{mine / 'mymodel.weights.h5'}, "
+                              f"{mine / 'preact_resnet20.cifar10.weights.h5'}\n")
     assert sorted(os.listdir(mine)) == ["mymodel.weights.h5",
                                         "preact_resnet20.cifar10.weights.h5", "thesis.txt"]
     # A cached file with its record goes, with the record; the user's files stay.
-    (mine / "preact_resnet20.cifar10.weights.h5.json").write_text('{"sha256": "00"}')
+    cached = mine / "preact_resnet20.cifar10.weights.h5"
+    (mine / "preact_resnet20.cifar10.weights.h5.json").write_text(json.dumps(
+        {"sha256": file_hash(str(cached))}))
+    # Before: a record beside the user's own file, whatever its hash, had the file deleted.
+    (mine / "my_run.weights.h5").write_bytes(b"a week of training")
+    (mine / "my_run.weights.h5.json").write_text('{"sha256": "00"}')
     code, out, _ = run_cli(["weights", "clear", "--cache-dir", str(mine)], capsys)
-    assert (code, out) == (0, "Removed 2 file(s).\n")
-    assert sorted(os.listdir(mine)) == ["mymodel.weights.h5", "thesis.txt"]
+    assert (code, out) == (0, "Removed 2 file(s).\nKept 2 file(s) the cache did not write or "
+                              "that changed since (no record of their SHA-256): "
+                              f"{mine / 'my_run.weights.h5'}, {mine / 'mymodel.weights.h5'}\n")
+    assert sorted(os.listdir(mine)) == ["my_run.weights.h5", "my_run.weights.h5.json",
+                                        "mymodel.weights.h5", "thesis.txt"]
+    assert (mine / "my_run.weights.h5").read_bytes() == b"a week of training"
     code, _, err = run_cli(["weights", "clear", "preact_resnet21.cifar10", "--cache-dir",
                             str(mine)], capsys)
     assert code == cli.EXIT_ERROR and err.startswith(
@@ -400,6 +415,13 @@ def test_python_api_refuses_what_it_used_to_misread(tmp_path):
          "Valid: batch_size, blocks, budget, data_dir, data_path, data_source, dataset, "
          "depths, epochs, learning_rates, seed, units, validation_fraction, warmups, "
          "weight_decays, width_multipliers"),
+        (lambda: kp.list_models(5), ValueError,  # TypeError from posixpath
+         "`pattern` must be a string or None. Received: pattern=5"),
+        (lambda: kp.list_models(family=["cifar"]), ValueError,
+         "`family` must be a string or None. Received: family=['cifar']"),
+        (lambda: tune(str(tmp_path / "t"), depths="20"), ValueError,  # 20 refused as invalid
+         "`depths` must be a list of integers (CIFAR depths, e.g. [20, 56]). Received: "
+         "depths='20'"),
         (lambda: train_and_evaluate(TrainConfig(model="tiny", model_kwargs=TINY), None),
          TypeError, "`workdir` must be a path (str or os.PathLike). Received: workdir=None of "
          "type NoneType"),
@@ -441,13 +463,13 @@ def test_contradictions_and_empty_work_are_refused(tiny_run, tmp_path, capsys):
     code, _, err = run_cli([*TINY_TRAIN, "--epochs", "1", "--workdir", str(workdir), "--augment",
                             "pad_crop", "--no-augment"], capsys)
     assert code == 2 and "argument --no-augment: not allowed with argument --augment" in err
+    weights = os.path.join(tiny_run, "checkpoints", "ckpt-00002.weights.h5")
     code, _, err = run_cli([*TINY_TRAIN, "--epochs", "1", "--workdir", str(workdir), "--freeze",
-                            "stem,stage1,stage2,stage3,head"], capsys)
+                            "stem,stage1,stage2,stage3,head", "--weights", weights], capsys)
     assert code == cli.EXIT_ERROR and error_lines(err) == [
         "error: Every part is frozen: nothing would train. Received: freeze=['stem', 'stage1', "
         "'stage2', 'stage3', 'head']. Leave one part out."]
     assert not workdir.exists()
-    weights = os.path.join(tiny_run, "checkpoints", "ckpt-00002.weights.h5")
     code, _, err = run_cli(["evaluate", "--workdir", tiny_run, "--weights", weights], capsys)
     assert code == cli.EXIT_ERROR and err.startswith(
         "error: Give `workdir` (its model is evaluated) or `model` / `weights`, not both.")
@@ -455,7 +477,7 @@ def test_contradictions_and_empty_work_are_refused(tiny_run, tmp_path, capsys):
     assert code == cli.EXIT_ERROR and err.startswith(
         "error: A weights file needs `model`, the architecture it belongs to")
     folder = str(tmp_path / "three")
-    write_png_folder(folder, ["a", "b", "c"], per_class=2)
+    write_png_folder(folder, ["a", "b", "c"], per_class=3)
     code, _, err = run_cli(["evaluate", "--workdir", tiny_run, "--dataset", "folder",
                             "--data-path", folder], capsys)
     assert code == cli.EXIT_ERROR and err == (
@@ -493,6 +515,26 @@ def test_the_dataset_and_the_weights_must_fit_the_model(tmp_path, capsys):
     assert code == cli.EXIT_ERROR and error_lines(err) == [
         f"error: {other} holds a Sequential, not a keras-preact PreActResNet: its weights "
         f"cannot be loaded. Received: weights='{other}'"]
+    assert not workdir.exists()
+
+
+def test_weights_of_another_depth_are_named_as_by_the_python_api(tmp_path, capsys):
+    import keras_preact as kp
+
+    weights = str(tmp_path / "r20.weights.h5")
+    kp.preact_resnet20().save_weights(weights)
+    with pytest.raises(ValueError, match=r"made for stage_blocks=\[3, 3, 3\], the model has "
+                                         r"stage_blocks=\(9, 9, 9\)"):
+        kp.preact_resnet56(weights=weights)
+    workdir = tmp_path / "run"
+    code, _, err = run_cli(["train", "--model", "preact_resnet56", "--weights", weights,
+                            "--dataset", "digits", "--epochs", "1", "--workdir", str(workdir)],
+                           capsys)
+    # Before: "... of 'preact_resnet56_pretrained': the file holds 69 variables, the model 69".
+    assert code == cli.EXIT_ERROR and error_lines(err) == [
+        "error: The weights file does not match the architecture of 'preact_resnet56': it was "
+        "made for stage_blocks=[3, 3, 3], the model has stage_blocks=[9, 9, 9]. Nothing was "
+        f"loaded. Received: weights='{weights}'"]
     assert not workdir.exists()
 
 
@@ -576,3 +618,63 @@ def test_list_builds_no_model_and_loads_no_tensorflow():
     rows = out.stdout.splitlines()
     assert rows[-1] == "[]" and len(rows) == 2 + 16 + 1
     assert rows[2].split() == ["preact_resnet20", "20", "basic", "272,282", "40.8M"]
+
+
+def test_weights_readme_replaces_a_zoo_table_but_never_a_users_file(tmp_path, capsys):
+    from keras_preact.weights.catalog import README_HEADER, render_zoo_readme
+
+    notes = tmp_path / "notes.md"
+    notes.write_text("user notes\n")
+    code, _, err = run_cli(["weights", "readme", "--output", str(notes)], capsys)
+    assert code == cli.EXIT_ERROR and notes.read_text() == "user notes\n"
+    assert err.startswith("error: The file is not a zoo table") and "--output=" in err
+    assert len(err.splitlines()) == 1
+    table = tmp_path / "README.md"
+    table.write_text(README_HEADER + "| an old table |\n")
+    code, out, _ = run_cli(["weights", "readme", "--output", str(table)], capsys)
+    assert code == 0 and table.read_text() == render_zoo_readme()
+
+
+def test_evaluate_refuses_a_model_name_without_weights(capsys):
+    # It used to score the untrained network ("accuracy 10.31% ... None").
+    code, out, err = run_cli(["evaluate", "--model", "preact_resnet20", "--dataset", "digits"],
+                             capsys)
+    assert code == cli.EXIT_ERROR and out == ""
+    assert error_lines(err) == ["error: A model name needs `weights` (--weights), or the untrained "
+                                "network would be scored. Received: model='preact_resnet20', "
+                                "weights=None"]
+
+
+def test_a_folder_of_larger_images_says_they_are_resized(tmp_path, caplog):
+    from keras_preact.data.folder import read_image_folder
+    from tests.data_fixtures import write_png_folder
+
+    for split in ("train", "test"):
+        write_png_folder(tmp_path / split, ["cat", "dog"], 3, size=64)
+    with caplog.at_level("WARNING", logger="keras_preact"):
+        images, _, _ = read_image_folder(str(tmp_path), "train")
+    assert images.shape[1:] == (32, 32, 3)
+    assert "are resized to 32x32 (bilinear, aspect ratio not kept)" in caplog.text
+    assert "is 64x64" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="keras_preact"):
+        read_image_folder(str(tmp_path), "train", image_size=(64, 64))
+    assert "resized" not in caplog.text
+
+
+def test_a_mistyped_catalog_key_is_named_with_the_valid_keys(tmp_path, monkeypatch):
+    import keras_preact as kp
+
+    monkeypatch.chdir(tmp_path)  # no folder of that name
+    with pytest.raises(ValueError) as info:
+        kp.from_preset("preact_resnet20.cifar1O", load_weights=False)
+    assert str(info.value).startswith("Unknown catalog key. Received: "
+                                      "preset='preact_resnet20.cifar1O'. Valid: [")
+    assert "'preact_resnet20.cifar10'" in str(info.value)
+
+
+def test_the_folder_dataset_without_a_path_names_the_flag(capsys, tmp_path):
+    code, _, err = run_cli(["train", "--model", "preact_resnet20", "--dataset", "folder",
+                            "--workdir", str(tmp_path / "run")], capsys)
+    assert code == cli.EXIT_ERROR and "needs `path` (--data-path)" in err
+    assert not (tmp_path / "run").exists()

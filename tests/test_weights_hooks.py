@@ -158,7 +158,8 @@ def test_wrong_depth_unit_and_head_fail_loudly(tmp_path):
                                          "first_shared_preact=False"):
         kp.preact_resnet20(weights=path, first_shared_preact=False)
     other = kp.preact_resnet20(first_shared_preact=False, input_shape=(16, 16, 3))
-    with pytest.raises(ValueError, match="first_shared_preact=True vs False"):
+    with pytest.raises(ValueError, match="made for first_shared_preact=True, the model has "
+                                         "first_shared_preact=False"):
         W.load_weights_file(other, path)
     # A headless file into a model with a head.
     headless = W.save_weights_file(kp.preact_resnet20(include_top=False, input_shape=(16, 16, 3)),

@@ -10,6 +10,7 @@ import sys
 import tempfile
 import traceback
 
+import keras_preact
 from keras_preact.checks import check_environment
 from keras_preact.cli import diagnostics, export, models, train, tune, weights
 from keras_preact.cli.common import (
@@ -42,11 +43,20 @@ _TENSORFLOW_ENVIRONMENT_ERRORS = ("NotFoundError", "PermissionDeniedError", "Dat
                                   "ResourceExhaustedError", "AlreadyExistsError")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Also its subcommands': a usage error is one line and where help is, not every option."""
+
+    def error(self, message):
+        self.exit(EXIT_ERROR, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser():
     """The `keras-preact` parser; each subcommand sets ``func`` (args -> exit status)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="keras-preact", description="Pre-activation ResNets (He et al. 2016) for Keras 3.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version",
+                        version=f"keras-preact {keras_preact.__version__}")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks and "
                         "TensorFlow's start-up log (before the command: keras-preact --debug "
                         "train ...)")

@@ -84,7 +84,8 @@ def _preprocessing_and_names(args):
         from keras_preact.layers.preprocessing import resolve_preprocessing
         resolve_preprocessing(preprocessing)
     from keras_preact.export import read_class_names
-    names = None if args.class_names is None else read_class_names(args.class_names)
+    names = None if args.class_names is None else read_class_names(
+        args.class_names, argument="--class-names")
     return preprocessing, names
 
 
@@ -107,15 +108,16 @@ def _check_format_flags(args):
 
 def _run_dataset(model_path):
     """`load_arrays`' arguments for the dataset of the training run whose workdir holds
-    `model_path` (a run's model.keras, the workdir or a checkpoint), or None."""
+    `model_path` (a run's model.keras, the workdir or a checkpoint) and the class names the
+    run recorded, or ``(None, None)``."""
     from keras_preact.training.workdir import Workdir, workdir_of
     workdir = workdir_of(model_path)
     stored = (Workdir(workdir).read_config() or {}) if workdir else {}
     if "train_config" not in stored:
-        return None
+        return None, None
     run = TrainConfig.from_dict(stored["train_config"])
     return {"name": run.dataset, "data_dir": run.data_dir, "source": run.data_source,
-            "path": run.data_path}
+            "path": run.data_path}, stored.get("class_names")
 
 
 def _model_to_export(args, preprocessing):
@@ -139,12 +141,14 @@ def _model_to_export(args, preprocessing):
                                     "sha256": file_hash(source)}}
 
 
-def _export_data(args):
-    """Export options from datasets: int8 calibration images, held-out parity images."""
+def _export_data(args, class_names):
+    """Export options from datasets: int8 calibration images, held-out parity images, and
+    `class_names` (default: those the training run recorded)."""
     import numpy as np
 
     from keras_preact.data import load_arrays
-    run, options = _run_dataset(args.model), {}
+    run, names = _run_dataset(args.model)
+    options = {"class_names": class_names or names}
     if args.quantization == "int8":
         given = {"name": args.calibration_data, "data_dir": args.data_dir,
                  "source": args.data_source or "auto", "path": args.data_path}
@@ -175,13 +179,12 @@ def cmd_export(args):
                              f"Received: {getattr(args, flag)}")
     preprocessing, class_names = _preprocessing_and_names(args)
     from keras_preact import export
-    options.update(_export_data(args))
+    options.update(_export_data(args, class_names))
     model, described = _model_to_export(args, preprocessing)
     folder = export.export_model(
         model, args.out, format=args.format, top_k=args.top_k,
-        include_features=args.include_features, class_names=class_names,
-        overwrite=args.overwrite, check_parity=not args.no_parity_check,
-        verbose=sys.stdout.isatty(), **described, **options)
+        include_features=args.include_features, overwrite=args.overwrite,
+        check_parity=not args.no_parity_check, verbose=sys.stdout.isatty(), **described, **options)
     card = export.read_model_card(folder)
     size = card["serving"].get("bytes")
     print(f"Exported {args.model} as {args.format}"
@@ -221,7 +224,8 @@ def cmd_predict(args):
     served = served or export.load_export(args.model, preprocessing=preprocessing)
     names, images = zip(*named)
     top = export.top_k_predictions(served.predict(np.stack(images)), top_k=args.top_k,
-                                   class_names=class_names or served.class_names)
+                                   class_names=class_names or served.class_names
+                                   or _run_dataset(args.model)[1])
     if args.json:
         print(json.dumps([{"image": n, "top_k": t} for n, t in zip(names, top)], indent=2))
     else:

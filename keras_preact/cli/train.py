@@ -87,14 +87,6 @@ def _add_config_arguments(parser):
                               help="no augmentation")
 
 
-def _print_result(result):
-    """Prints a finished run's test metrics and where its outputs are."""
-    print(f"test accuracy {100 * result['test_accuracy']:.2f}%  test loss "
-          f"{result['test_loss']:.4f}  ({result['epochs']} epochs, {result['steps']} steps)")
-    print(f"workdir: {result['workdir']}")
-    print(f"model:   {result['model_path']}")
-
-
 def cmd_train(args):
     from keras_preact.training.trainer import train_and_evaluate
     config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
@@ -107,19 +99,15 @@ def cmd_train(args):
         # A multi-worker run: only the chief writes (and reports) the outputs.
         print(f"{result['task']} done; the chief wrote the outputs.")
     else:
-        _print_result(result)
+        print(f"test accuracy {100 * result['test_accuracy']:.2f}%  test loss "
+              f"{result['test_loss']:.4f}  ({result['epochs']} epochs, {result['steps']} steps)")
+        print(f"workdir: {result['workdir']}\nmodel:   {result['model_path']}")
     if result.get("weights_digest"):
         print(f"weights digest: {result['weights_digest']}")
     return 0
 
 
 def cmd_evaluate(args):
-    no_weights = args.model is None and args.weights is None
-    if args.workdir is None and (args.dataset is None or no_weights):
-        raise ValueError(
-            "give --workdir, or --dataset with --weights (a .keras file, or --model and "
-            f"its .weights.h5). Received: --dataset {args.dataset}, --model {args.model}, "
-            f"--weights {args.weights}")
     from keras_preact.training.trainer import evaluate
     result = evaluate(
         args.workdir, model=args.model, weights=args.weights, dataset=args.dataset,
@@ -134,9 +122,9 @@ def cmd_demo(args):
     from keras_preact.training.demo import run_demo
     result = run_demo(args.workdir, epochs=args.epochs, seed=args.seed, export=not args.no_export,
                       verbose=args.verbose)
-    print(f"Held-out accuracy on digits: {100 * result['test_accuracy']:.2f}%")
-    print(f"Training curve: {result['curve_path']}")
-    _print_result(result)
+    print(f"Held-out accuracy on digits: {100 * result['test_accuracy']:.2f}%  (loss "
+          f"{result['test_loss']:.4f}; {result['epochs']} epochs, {result['steps']} steps)")
+    print(f"model:   {result['model_path']}\ncurve:   {result['curve_path']}")
     if result.get("export"):
-        print(f"Export: {result['export']}")
+        print(f"export:  {result['export']['saved_model']}")
     return 0

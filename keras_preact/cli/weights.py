@@ -113,9 +113,14 @@ def cmd_path(args):
 
 
 def cmd_clear(args):
-    from keras_preact.weights.download import clear_cache
+    from keras_preact.weights.download import cached_entries, clear_cache
     removed = [path for key in args.keys or [None] for path in clear_cache(key, args.cache_dir)]
+    kept = [e["path"] for e in cached_entries(args.cache_dir)
+            if not args.keys or e["key"] in args.keys]
     print(f"Removed {len(removed)} file(s).")
+    if kept:
+        print(f"Kept {len(kept)} file(s) the cache did not write or that changed since (no "
+              f"record of their SHA-256): {', '.join(kept)}")
     return 0
 
 
@@ -134,10 +139,16 @@ def cmd_preset(args):
 
 def cmd_readme(args):
     from keras_preact.files import atomic_write_text
-    from keras_preact.weights.catalog import render_zoo_readme
+    from keras_preact.weights.catalog import README_HEADER, render_zoo_readme
     if args.output is None:
         sys.stdout.write(render_zoo_readme())
     else:
+        if os.path.isfile(args.output):
+            with open(args.output, encoding="utf-8", errors="replace") as f:
+                if not f.read().startswith(README_HEADER):
+                    raise ValueError("The file is not a zoo table (it does not start with its "
+                                     "header); it was not changed. Choose another file. "
+                                     f"Received: --output={args.output!r}")
         atomic_write_text(args.output, render_zoo_readme())
         print(f"Wrote {args.output}")
     return 0

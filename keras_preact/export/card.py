@@ -121,11 +121,16 @@ def read_model_card(path):
     return None
 
 
-def read_class_names(path):
-    """Class names from the file `path`: one a line, or a JSON list of strings (``.json``);
-    ValueError for a ``.json`` file holding anything else."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+def read_class_names(path, *, argument="path"):
+    """Class names from the file `path` (named `argument` in errors): UTF-8 text, one a line,
+    or a JSON list of strings (``.json``); ValueError for a file holding anything else."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"The class names file must be UTF-8 text, one class name a line or a "
+                         f"JSON list (.json); byte {err.start} is not UTF-8. "
+                         f"Received: {argument}={path!r}") from None
     if not str(path).endswith(".json"):
         return [line.strip() for line in text.splitlines() if line.strip()]
     try:

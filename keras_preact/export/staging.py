@@ -12,18 +12,22 @@ import uuid
 import keras
 import numpy as np
 
-from keras_preact.checks import check_bool
-from keras_preact.export.card import (
-    CLASS_NAMES_FILE, MODEL_CARD_JSON, make_model_card, write_model_card)
+from keras_preact.checks import check_bool, shorten
+from keras_preact.export.card import (CLASS_NAMES_FILE, LITERT_FILE, MODEL_CARD_JSON,
+                                      MODEL_CARD_MD, ONNX_FILE, make_model_card, write_model_card)
 from keras_preact.export.serving import (
     AUTO, PARITY_TOLERANCES, ServingParts, check_class_names, check_json, compare)
 from keras_preact.files import NO_SPACE, atomic_write_text, is_no_space
 
 logger = logging.getLogger("keras_preact.export")
+#: What an export of any format holds at its top: `overwrite` replaces a folder with nothing else.
+EXPORT_NAMES = {MODEL_CARD_JSON, MODEL_CARD_MD, CLASS_NAMES_FILE, LITERT_FILE, ONNX_FILE,
+                "saved_model.pb", "fingerprint.pb", "variables", "assets", "assets.extra"}
 
 
 def check_target(target, *, overwrite):
-    """Raises unless `target` is free, or an export of ours and `overwrite` is set."""
+    """Raises unless `target` is free, or an export of ours (holding only `EXPORT_NAMES`)
+    and `overwrite` is set."""
     if not os.path.lexists(target):
         return
     if not os.path.isfile(os.path.join(target, MODEL_CARD_JSON)):
@@ -31,6 +35,10 @@ def check_target(target, *, overwrite):
         raise ValueError(f"Refusing to write over {target!r}: it exists and is not a keras-preact "
                          f"export (no {MODEL_CARD_JSON}); choose another path. "
                          f"Received: path={target!r}")
+    if foreign := sorted(set(os.listdir(target)) - EXPORT_NAMES):
+        raise ValueError(f"Refusing to write over {target!r}: it holds files an export does not "
+                         f"write ({shorten(', '.join(foreign), 80)}). Nothing was changed; move "
+                         f"them out or choose another path. Received: path={target!r}")
     if not overwrite:
         raise FileExistsError(f"An export already exists at {target!r}; "
                               "pass overwrite=True (--overwrite) to replace it.")

@@ -22,6 +22,9 @@ def register_model(*, depth, block, family="cifar"):
 def list_models(pattern=None, family=None):
     """Names of the registered models, shallowest first, optionally filtered by a
     shell-style `pattern` (e.g. "preact_resnet1*") and `family`."""
+    for name, value in (("pattern", pattern), ("family", family)):
+        if not isinstance(value, (str, type(None))):
+            raise ValueError(f"`{name}` must be a string or None. Received: {name}={value!r}")
     items = sorted(_REGISTRY.items(), key=lambda kv: (kv[1]["family"], kv[1]["depth"], kv[0]))
     names = [n for n, info in items if family is None or info["family"] == family]
     if pattern is not None:
@@ -46,5 +49,5 @@ def get_model(name, **kwargs):
 
 
 def _check_name(name):
-    if name not in _REGISTRY:
+    if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"Unknown model name. Received: name={name!r}. Valid: {list_models()}")

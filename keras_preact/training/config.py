@@ -143,6 +143,10 @@ class TrainConfig:
                     and re.fullmatch(r"stem|head|backbone|stage[1-9][0-9]*", part)):
                 raise ValueError(f"Unknown part to freeze. Received: freeze={list(self.freeze)!r}. "
                                  "Valid: 'stem', 'stage1', 'stage2', ..., 'head', or 'backbone'")
+        if self.weights is None and set(self.freeze) - {"head"}:
+            raise ValueError("Freezing the stem or stages (--freeze) needs pretrained `weights` "
+                             "(--weights): else they stay as randomly initialised. Received: "
+                             f"freeze={list(self.freeze)!r}, weights=None")
         return self
 
     def model_normalizes(self):

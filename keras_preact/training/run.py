@@ -47,7 +47,9 @@ def build_model(config, info):
     # The factories take `name` and `weights` beside the model's own arguments.
     check_known_arguments({**kwargs, **(architecture or {})}, MODEL_ARGUMENTS | {"name", "weights"},
                           where=f"the model_kwargs of {config.model!r}")
-    defaults = {"classes": info["classes"], "input_shape": tuple(info["input_shape"])}
+    # The pipelines yield channels_last images, whatever keras.json's image_data_format says.
+    defaults = {"classes": info["classes"], "input_shape": tuple(info["input_shape"]),
+                "data_format": "channels_last"}
     if config.preprocessing_in_model:
         defaults["preprocessing"] = dataset_preprocessing(info)
     if config.weights is not None and architecture is None:
@@ -69,8 +71,9 @@ def check_classes(config, info):
     """ValueError unless the model's `classes` and input channels fit the dataset."""
     kwargs = {**config.model_kwargs.get("architecture", {}), **config.model_kwargs}
     classes = kwargs.get("classes", info["classes"])
-    shape = kwargs.get("input_shape")
-    if shape is not None and list(shape)[-1:] != list(info["input_shape"])[-1:]:
+    shape, size = kwargs.get("input_shape"), info["input_shape"]
+    if shape is not None and (len(shape) != len(size)
+                              or any(a not in (None, b) for a, b in zip(shape, size))):
         raise ValueError(f"The {config.dataset!r} images are {tuple(info['input_shape'])} "
                          f"(height, width, channels). Received: model_kwargs input_shape="
                          f"{shape!r}. Leave `input_shape` out (the dataset's is used).")
@@ -137,8 +140,12 @@ class Stepper:
                                  download=c.download, seed=c.seed,
                                  normalize=not c.model_normalizes())
         test = functools.partial(make, "test", shuffle=False, augment=False, drop_remainder=False)
-        # The test split first: missing or corrupt files fail before the workdir is touched.
-        run.test_data = test()
+        try:  # the test split first: missing or corrupt files fail before the workdir is touched
+            run.test_data = test()
+        except ValueError as err:
+            if c.data_path is None or c.dataset == "folder":
+                raise
+            raise ValueError(f"{err} For a folder of images, add --dataset folder.") from None
         run.train_data = functools.partial(make, "train", augment=c.augment, drop_remainder=True)
         return (int(run.train_data(batch_size=1).cardinality()),
                 int(test(batch_size=1).cardinality()))
@@ -163,7 +170,7 @@ class Stepper:
 
     def evaluate(self, run, model):
         """``{"loss", "accuracy"}`` of `model` on the test split."""
-        out = model.evaluate(run.test_data, return_dict=True, verbose=run.config.verbose)
+        out = model.evaluate(run.test_data, return_dict=True, verbose=0)
         return {"loss": float(out["loss"]), "accuracy": float(out["accuracy"])}
 
     def finish(self, run, model):
@@ -218,6 +225,11 @@ class Run:
             refused = ValueError(
                 f"The workdir's checkpoint is at epoch {state['epoch']}, past this run's "
                 f"{self.epochs} epochs; the workdir does not belong to this run.")
+        elif refused is None and self.extends and state["step"] != state["epoch"] * self.spe:
+            refused = ValueError(  # epoch e's data is a function of (seed, e): whole epochs only
+                f"The run in {self.workdir.path} stopped at step {state['step']}, inside epoch "
+                f"{state['epoch']} ({self.spe} steps an epoch): it cannot be extended. Nothing "
+                "was changed. Train the longer run in a new --workdir.")
         state = self.stepper.agree(self, state, refused)
         if self.complete(state):
             return self.stored_results(state)
@@ -231,6 +243,7 @@ class Run:
         self.schedule = self.config.make_schedule(self.spe)
         t0 = self._epoch_t0 = time.time()
         if start_epoch < self.epochs:
+            self._warn_about_epochs()
             self.stepper.train_epochs(self, self.model, start_epoch)
         train_time = time.time() - t0
         extra = self.stepper.finish(self, self.model)
@@ -279,17 +292,14 @@ class Run:
     def check_workdir(self):
         """The workdir's state or None; ValueError (before any write) if it is another run's."""
         wd = self.workdir
-        if (stored := wd.read_config()) is None:
+        if (stored := wd.read_train_config()) is None:
             if others := wd.listing():
                 raise ValueError(f"The workdir {wd.path} is not empty and holds no keras-preact "
                                  f"run (no {os.path.basename(wd.config_path)}; it holds "
                                  f"{', '.join(others[:3])}{', ...' if len(others) > 3 else ''}). "
                                  "Nothing was changed. Use an empty or new --workdir.")
             return None
-        if not isinstance(stored, dict) or "train_config" not in stored:
-            raise ValueError(f"{wd.config_path} is not a keras-preact training config. "
-                             "Use an empty or new --workdir.")
-        diff = self.config.differences(TrainConfig.from_dict(stored["train_config"]))
+        diff = self.config.differences(TrainConfig.from_dict(stored))
         state = wd.read_state()
         # A longer --epochs (or --steps) extends the run: its history is kept.
         self.extends = bool(diff) and state is not None and all(
@@ -332,22 +342,26 @@ class Run:
     def _plan(self):
         """Steps per epoch and the schedule for the training split's size."""
         c, n = self.config, self.num_train
-        self.spe, dropped = divmod(n, c.batch_size)
+        self.spe = n // c.batch_size
         if self.spe < 1:
             raise ValueError(f"batch_size={c.batch_size} is larger than the {c.dataset!r} "
                              f"training split ({n} images).")
-        if dropped:  # whole batches only: say so rather than lose images silently
+        sched = c.resolve_schedule(self.spe)
+        self.epochs, self.total_steps = sched["epochs"], sched["total_steps"]
+        self.schedule_info = {**sched, "num_replicas": self.stepper.replicas,
+                              "per_replica_batch": c.batch_size // self.stepper.replicas,
+                              **self.stepper.schedule_labels}
+
+    def _warn_about_epochs(self):
+        """Warns of training images left out of every epoch, and of very short epochs."""
+        c, n = self.config, self.num_train
+        if dropped := n % c.batch_size:  # whole batches only: say so, lose no image silently
             logger.warning("Training drops the last %d of %d training images each epoch "
                            "(batch %d).", dropped, n, c.batch_size)
         if self.spe < 10:
             logger.warning("An epoch is only %d step(s) (%d training images at batch %d): its "
                            "checkpoint and evaluation cost more than its training; a smaller "
                            "batch size gives more steps.", self.spe, n, c.batch_size)
-        sched = c.resolve_schedule(self.spe)
-        self.epochs, self.total_steps = sched["epochs"], sched["total_steps"]
-        self.schedule_info = {**sched, "num_replicas": self.stepper.replicas,
-                              "per_replica_batch": c.batch_size // self.stepper.replicas,
-                              **self.stepper.schedule_labels}
 
     def build(self, scope=None):
         """The compiled model and its built optimizer, in `scope` (default: the stepper's)."""
@@ -408,7 +422,7 @@ class Run:
         if state is None or self.extends:
             atomic_write_json(self.workdir.config_path, {
                 "format": CONFIG_FORMAT, "keras_preact_version": keras_preact.__version__,
-                "train_config": self.config.to_dict()})
+                "train_config": self.config.to_dict(), "class_names": self.info["class_names"]})
             self.wrote_config = state is None
         if state is None:
             self.write_reports()

@@ -75,7 +75,7 @@ def train_and_evaluate(config, workdir):
             data, a workdir holding another run or a batch the replicas cannot split.
         WorkdirInUseError: if another process is training in `workdir`.
         TypeError: if `workdir` is not a path."""
-    workdir = user_path(workdir, "workdir")
+    user_path(workdir, "workdir")  # TypeError for a non-path; `Run` refuses an empty one
     config = as_config(config)
     if config.strategy == "multiworker":
         from keras_preact.training.multiworker import train_multiworker
@@ -88,11 +88,10 @@ def load_workdir_model(workdir, checkpoint=None):
     its newest checkpoint, or `checkpoint` (a file of its ``checkpoints/``); ValueError if
     the workdir holds no run or no weights."""
     wd = Workdir(workdir)
-    stored = wd.read_config()
-    if stored is None or "train_config" not in stored:
+    if (stored := wd.read_train_config()) is None:
         raise ValueError(
             f"No training run in {wd.path} (config.json missing). Received: workdir={workdir!r}")
-    config = TrainConfig.from_dict(stored["train_config"])
+    config = TrainConfig.from_dict(stored)
     if checkpoint is None and os.path.exists(path := wd.final_model_path):
         return keras.saving.load_model(path, compile=False), config, path
     if checkpoint is None and (state := wd.read_state()) is None:
@@ -136,6 +135,9 @@ def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=N
                              "model name and its .weights.h5). Received: workdir=None, "
                              f"model={model!r}, weights={weights!r}, dataset={dataset!r}")
         check_dataset_name(dataset, "dataset")
+        if isinstance(model, str) and weights is None:
+            raise ValueError("A model name needs `weights` (--weights), or the untrained network "
+                             f"would be scored. Received: model={model!r}, weights=None")
         if weights is not None and not os.path.isfile(weights):
             raise ValueError(f"Weights file not found. Received: weights={weights!r}")
         if model is None and not str(weights).endswith(".keras"):

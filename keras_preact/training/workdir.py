@@ -44,8 +44,9 @@ class Workdir:
     """Paths and state of one run's folder (created on first write, not here)."""
 
     def __init__(self, path):
-        if not isinstance(path, (str, os.PathLike)) or not str(path):
-            raise ValueError(f"`workdir` must be a folder path. Received: workdir={path!r}")
+        if not isinstance(path, (str, os.PathLike)) or not str(path).strip():  # '' is cwd
+            raise ValueError(f"`workdir` (--workdir) must be a folder path. Received: "
+                             f"workdir={path!r}")
         self.path = user_path(path)
         self.config_path, self.state_path, self.final_model_path = (
             self.file(CONFIG_FILE), self.file(CHECKPOINT_DIR, STATE_FILE), self.file(FINAL_MODEL))
@@ -90,6 +91,15 @@ class Workdir:
         """The stored config dict, or None when the workdir holds no run."""
         return read_json(self.config_path) if os.path.exists(self.config_path) else None
 
+    def read_train_config(self):
+        """The stored `TrainConfig` dict, or None; ValueError if config.json is not a run's."""
+        stored = self.read_config()
+        if stored is None or isinstance(stored, dict) and "train_config" in stored:
+            return stored and stored["train_config"]
+        raise ValueError(f"{self.config_path} is not a keras-preact run configuration (a JSON "
+                         "object with \"train_config\" expected): choose another --workdir. "
+                         f"Received: {str(stored)[:200]}")
+
     def read_state(self):
         """The last completed epoch's state, or None; ValueError if it is unreadable."""
         if not os.path.exists(self.state_path):
@@ -99,8 +109,9 @@ class Workdir:
             raise ValueError(f"{self.state_path} is not a keras-preact training state (format "
                              f"{STATE_FORMAT}). Received: {str(state)[:200]}")
         if not os.path.exists(ckpt := self.file(CHECKPOINT_DIR, state["checkpoint"])):
-            raise ValueError(f"{self.state_path} names the checkpoint {ckpt}, which is missing. "
-                             "The workdir was modified outside keras-preact.")
+            raise ValueError(f"{self.state_path} names the checkpoint {ckpt}, which is missing "
+                             "(the workdir was changed outside keras-preact). Put that file "
+                             "back to resume, or start the run over in a new --workdir.")
         return state
 
     def write_state(self, state):

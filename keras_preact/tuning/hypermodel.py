@@ -17,7 +17,7 @@ import numpy as np
 
 import keras_preact
 from keras_preact import data
-from keras_preact.checks import check_choice, check_int
+from keras_preact.checks import check_choice, check_int, is_int
 from keras_preact.data.registry import stratified_split
 from keras_preact.layers import UNIT_TYPES
 from keras_preact.models.cifar import CIFAR_WIDTHS, cifar_units_per_stage
@@ -114,7 +114,10 @@ def search_space_spec(*, dataset="digits", depths=DEFAULT_DEPTHS, blocks=("auto"
     """Validates the `PreActResNetHyperModel` arguments; returns them as a dict (a study's
     identity in ``study.json``). Raises ValueError."""
     check_choice("dataset", dataset, data.list_datasets())
-    depths = _values("depths", depths)
+    given, depths = depths, _values("depths", depths)
+    if not all(is_int(d) for d in depths):
+        raise ValueError("`depths` must be a list of integers (CIFAR depths, e.g. [20, 56]). "
+                         f"Received: depths={given!r}")
     blocks = _values("blocks", blocks, partial(_check_one_of, "block", BLOCKS))
     # Pairs that do not fit are left out (depth 32 with "bottleneck" when "basic" is also given).
     concrete = set()

@@ -134,6 +134,10 @@ def tune(workdir, *, tuner="random", max_trials=10, overwrite=False, export=True
     document = study_document(spec, tuner=tuner, max_trials=max_trials)
     # The chief owns the workdir: a worker waits for its study.json and writes nothing.
     deadline = time.time() + WORKER_WAIT_S
+    if role == "worker" and not os.path.exists(os.path.join(workdir, STUDY_FILE)):
+        logger.info("Waiting up to %s s for the chief at %s:%s to write %s in %s.", WORKER_WAIT_S,
+                    os.environ["KERASTUNER_ORACLE_IP"], os.environ["KERASTUNER_ORACLE_PORT"],
+                    STUDY_FILE, workdir)
     while role == "worker" and not os.path.exists(os.path.join(workdir, STUDY_FILE)):
         if time.time() > deadline:
             raise ValueError(f"No {STUDY_FILE} appeared in {workdir} within {WORKER_WAIT_S} s: "

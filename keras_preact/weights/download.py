@@ -72,7 +72,7 @@ def verify_cached(path):
         raise WeightsIntegrityError(
             f"The cached weights file {path} was altered on disk: its SHA-256 is {actual}, "
             f"the cache recorded {record.get('sha256')}. It was not loaded. Delete it "
-            "(`keras-preact weights clear`) and fetch it again.")
+            f"and {path}{SIDECAR_SUFFIX}, then fetch it again.")
     return record
 
 
@@ -266,15 +266,17 @@ def cached_entries(cache=None):
 
 def clear_cache(key=None, cache=None):
     """Deletes cached weights (all, or `key`'s) and their records; returns the paths
-    removed. Only files the cache wrote go (a weights file beside its record); ValueError
-    for a key neither cached nor in the catalog, or a `cache` folder that does not exist."""
+    removed. Only files the cache wrote go: a weights file whose record holds its SHA-256 (a
+    user's file, or one changed since, stays); ValueError for a key neither cached nor in the
+    catalog, or a `cache` folder that does not exist."""
     if cache is not None and not os.path.isdir(resolve_cache_dir(cache)):
         raise ValueError(f"The weights cache folder does not exist. Received: cache_dir={cache!r}")
-    cached = {e["key"]: e["path"] for e in cached_entries(cache) if e["sha256"]}
+    cached = {e["key"]: e for e in cached_entries(cache)}
     if key is not None and key not in cached:
         get_entry(key)  # an unknown key is an error, a known one not cached is not
-    removed = [p for k, path in cached.items() if key in (None, k)
-               for p in (path, path + SIDECAR_SUFFIX)]
+    removed = [p for k, e in cached.items() if key in (None, k)
+               and e["sha256"] == file_hash(e["path"], "sha256")
+               for p in (e["path"], e["path"] + SIDECAR_SUFFIX)]
     for path in removed:
         os.remove(path)
     return removed

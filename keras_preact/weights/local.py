@@ -192,8 +192,14 @@ def _is_head(path):
 
 
 def compare_layouts(model, stored_layout, stored_arch, *, source, trunk_only=False):
-    """Raises ValueError unless a stored layout and architecture fit `model` (without a
+    """Raises ValueError unless a stored architecture and layout fit `model` (without a
     head, or with `trunk_only`, the head's variables are skipped)."""
+    arch = model_architecture(model)
+    if arch is not None and stored_arch is not None:  # first: it names what the file is for
+        stored, own = (architecture_record(a, only_set=False) for a in (stored_arch, arch))
+        if diff := sorted(k for k in own if stored[k] != own[k]):
+            made, has = (", ".join(f"{k}={d[k]!r}" for k in diff) for d in (stored, own))
+            raise _mismatch(model, source, f"it was made for {made}, the model has {has}")
     expected = [x for x in model_layout(model) if not (trunk_only and _is_head(x[0]))]
     found = [[p, list(s)] for p, s in stored_layout
              if not ((trunk_only or not has_head(model)) and _is_head(p))]
@@ -202,14 +208,6 @@ def compare_layouts(model, stored_layout, stored_arch, *, source, trunk_only=Fal
         raise _mismatch(model, source, f"the file holds {len(found)} variables, the model "
                         f"{len(expected)}; the first difference is variable {i} "
                         f"(model: {want}, file: {got})")
-    arch = model_architecture(model)
-    if arch is None or stored_arch is None:
-        return
-    stored, own = (architecture_record(a, only_set=False) for a in (stored_arch, arch))
-    diff = {k: (stored[k], own[k]) for k in own if stored[k] != own[k]}
-    if diff:
-        raise _mismatch(model, source, "architecture arguments differ (file, model): "
-                        + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in sorted(diff.items())))
 
 
 def check_weights_file_layout(model, path):
@@ -322,7 +320,7 @@ def copy_weights_from_model(source, target, *, source_label):
     trunk_only = not (has_head(source) and has_head(target))
     compare_layouts(target, model_layout(source), model_architecture(source),
                     source=source_label, trunk_only=trunk_only)
-    # Equal layouts: the variables correspond one to one, in order.
+    # Equal layouts: one to one, in order. Copies: JAX deletes an array a compiled step donates.
     for variable, value in zip(*([v for v in m.weights if not (trunk_only and _is_head(v.path))]
                                  for m in (target, source))):
-        variable.assign(value)
+        variable.assign(keras.ops.copy(value))

@@ -40,11 +40,12 @@ def preset_file(preset, name):
 def model_config(preset):
     """The serialized `PreActResNet` a preset holds (a backbone with its classifier, if any);
     ValueError for a folder that is not a preset of a keras-preact model."""
-    config_path = preset_file(preset, CONFIG_FILE)
-    if not os.path.isfile(config_path):
-        raise ValueError(f"Not a preset: {config_path!r} does not exist. Received: "
-                         f"preset={preset!r}")
-    config = read_json(config_path)
+    path = existing_file(preset, CONFIG_FILE)
+    try:
+        config = read_json(path)
+    except ValueError:
+        raise ValueError(f"The preset file {path} is damaged (cut short?): save the preset "
+                         f"again. Received: preset={preset!r}") from None
     if config.get("registered_name") == MODEL_CLASS:
         return config
     if config.get("registered_name") != BACKBONE_CLASS:
@@ -60,9 +61,31 @@ def model_config(preset):
     if task_path is not None and os.path.isfile(task_path):
         task = read_json(task_path)["config"]
         inner.update(include_top=True, classes=task["num_classes"], classifier_activation=(
-            task["activation"]), pooling=None if task["pooling"] == "avg" else task["pooling"])
+            task["activation"]), pooling=None if task["pooling"] == "avg" else task["pooling"],
+            head_dropout=task.get("dropout") or None)
     return {"module": "keras_preact.models.preact_resnet", "class_name": "PreActResNet",
             "config": inner, "registered_name": MODEL_CLASS}
+
+
+def existing_file(preset, name):
+    """`preset_file`, or ValueError naming the file when the preset lacks it."""
+    if not os.path.isfile(path := preset_file(preset, name)):
+        raise ValueError(f"The preset file {path!r} is missing: not a preset, or an incomplete "
+                         f"copy (save it again). Received: preset={preset!r}")
+    return path
+
+
+def check_preset(preset, load_weights=True):
+    """`model_config`, after checking that the weights file is there (with `load_weights`)."""
+    config = model_config(preset)
+    if load_weights:
+        existing_file(preset, local.PRESET_WEIGHTS)
+    return config
+
+
+def is_bare_name(preset):
+    """Whether `preset` is a bare name (no "/", no such folder): a model name or catalog key."""
+    return isinstance(preset, str) and "/" not in preset and not os.path.exists(preset)
 
 
 def load_preset_weights(model, preset):
@@ -84,17 +107,8 @@ def load_preset_weights(model, preset):
 
 
 def from_preset(preset, *, load_weights=True, **kwargs):
-    """Builds the `PreActResNet` a preset holds, with its weights.
-
-    Args:
-        preset: a folder written by `keras_preact.save_preset` (or keras-preact 0.1.0), or an
-            ``hf://`` or ``kaggle://`` handle of one (needs the ``hub`` extra and the network).
-        load_weights: load the weights (checked against the model first).
-        **kwargs: config values to change, e.g. ``features=True`` for the backbone of the
-            same weights.
-
-    Raises ValueError for a folder that is not a preset or weights that do not fit."""
-    config = model_config(preset)
+    """The `PreActResNet` of a preset (`keras_preact.from_preset`, less the bare names)."""
+    config = check_preset(preset, load_weights)
     config["config"] = {**config["config"], **kwargs}
     model = keras.saving.deserialize_keras_object(config)
     return load_preset_weights(model, preset) if load_weights else model
