@@ -55,6 +55,8 @@ setup(
         "tensorflow>=2.21,<2.22",
         "keras>=3.15.1",
         "tensorflow-datasets>=4.9.10",
+        # tensorflow-datasets imports it to download and prepare, but does not require it.
+        "importlib_resources",
         "keras-tuner>=1.4.8",
         "numpy",
         "h5py",
