@@ -214,14 +214,20 @@ def suite_jax(args, report):
         report["rows"].append({"case": f"preact_resnet1001 b128 remat {backend}", **r})
 
 
-def keras_curve(args, seed, workdir):
-    """Trains (or, finished, reads) the paper's recipe with ``keras-preact train`` in
-    `workdir`: [{epoch, minutes, test_accuracy}], minutes of training summed over epochs."""
-    command = ["-m", "keras_preact", "train", "--model", f"preact_resnet{args.depth}",
-               "--dataset", "folder", "--data-path", args.data_path, "--epochs", args.epochs,
-               "--batch-size", args.batch, "--seed", seed, "--workdir", workdir, "--verbose", 2]
-    subprocess.run([sys.executable, *map(str, command)], check=True, cwd=REPO,
-                   env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+def keras_curve(args, seed, recipe="paper"):
+    """Trains (or, finished, reads) `recipe` with ``keras-preact train`` in a workdir of
+    --runs: [{epoch, minutes, test_accuracy}], minutes of training summed over epochs."""
+    epochs = args.epochs if recipe == "paper" else args.fast_epochs
+    workdir = os.path.join(args.runs, f"keras_{recipe}_e{epochs}_s{seed}")
+    command = ["-m", "keras_preact", "train", "--recipe", recipe,
+               "--model", f"preact_resnet{args.depth}", "--dataset", "folder",
+               "--data-path", args.data_path, "--epochs", epochs, "--batch-size", args.batch,
+               "--seed", seed, "--workdir", workdir, "--verbose", 2]
+    if not args.read_only:
+        subprocess.run([sys.executable, *map(str, command)], check=True, cwd=REPO,
+                       env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    if not os.path.exists(os.path.join(workdir, "metrics.csv")):
+        return []  # --read-only: not started
     with open(os.path.join(workdir, "metrics.csv"), newline="", encoding="utf-8") as f:
         rows, minutes = [], 0.0
         for row in csv.DictReader(f):
@@ -241,7 +247,7 @@ def torch_curve(args, seed, log):
             lines = [json.loads(line) for line in f if line.startswith("{")]
         return [r for r in lines if "epoch" in r]
 
-    if len(epochs()) < args.epochs:
+    if len(epochs()) < args.epochs and not args.read_only:
         with open(log, "w", encoding="utf-8") as f:
             subprocess.run([sys.executable, os.path.join(REPO, "benchmarks",
                                                          "torch_reference.py"),
@@ -255,22 +261,25 @@ def torch_curve(args, seed, log):
 
 def suite_cifar(args, report):
     """For each of --seeds, keras-preact and the PyTorch reference train the paper's recipe
-    on --data-path (train/ and test/ class folders), in turns; runs kept under --runs."""
+    on --data-path (train/ and test/ class folders), in turns, then keras-preact the fast
+    recipe for --fast-epochs (0: not); runs kept under --runs."""
     if not args.data_path:
         raise SystemExit("--suite cifar needs --data-path, a folder with train/ and test/")
     os.makedirs(args.runs, exist_ok=True)
-    sides = {"keras-preact paper": lambda s: keras_curve(
-                 args, s, os.path.join(args.runs, f"keras_paper_e{args.epochs}_s{s}")),
+    paper = {"keras-preact paper": lambda s: keras_curve(args, s),
              f"{TORCH} paper": lambda s: torch_curve(
                  args, s, os.path.join(args.runs, f"torch_paper_e{args.epochs}_s{s}.jsonl"))}
+    fast = {"keras-preact fast": lambda s: keras_curve(args, s, "fast")} if args.fast_epochs else {}
     curves = report.setdefault("curves", {})
     for i, seed in enumerate(args.seeds):
-        for side in (list(sides) if i % 2 == 0 else list(sides)[::-1]):
-            curve = curves[f"{side} seed {seed}"] = sides[side](seed)
-            report["rows"].append({"case": f"{side} seed {seed}", "epochs": len(curve),
-                                   "minutes": curve[-1]["minutes"],
-                                   "test_accuracy": curve[-1]["test_accuracy"]})
+        for side in (list(paper) if i % 2 == 0 else list(paper)[::-1]) + list(fast):
+            curve = curves[f"{side} seed {seed}"] = {**paper, **fast}[side](seed)
+            if curve:  # (a --read-only report of a run not started yet has none)
+                report["rows"].append({"case": f"{side} seed {seed}", "epochs": len(curve),
+                                       "minutes": curve[-1]["minutes"],
+                                       "test_accuracy": curve[-1]["test_accuracy"]})
     report["recipe"] = {"model": f"preact_resnet{args.depth}", "epochs": args.epochs,
+                        "fast_epochs": args.fast_epochs,
                         "data_path": os.path.basename(os.path.normpath(args.data_path))}
 
 
@@ -349,7 +358,10 @@ def main(argv=None):
     p.add_argument("--runs", default=os.path.join("runs", "cifar"),
                    help="cifar suite: where the runs are kept (finished runs are read again)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="cifar suite")
-    p.add_argument("--epochs", type=count, default=20, help="cifar suite")
+    p.add_argument("--epochs", type=count, default=20, help="cifar suite: the paper's recipe")
+    p.add_argument("--fast-epochs", type=int, default=12, help="cifar suite: the fast recipe")
+    p.add_argument("--read-only", action="store_true",
+                   help="cifar suite: report the runs as they stand (unfinished too); train none")
     p.add_argument("--depth", type=count, default=20, help="cifar suite: ResNet depth (6n+2)")
     args = p.parse_args(argv)
     CASE_ENV.clear()

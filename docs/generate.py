@@ -32,6 +32,10 @@ SERVING = os.path.join(REPO, "benchmarks", "measured", "2026-12-05-serving",
                        "serving_throughput.json")
 #: The JAX backend's reports (build times on every backend, `run.py --suite jax`, `jax_ops.py`).
 JAX_MEASURED = os.path.join(REPO, "benchmarks", "measured", "2026-12-05-jax")
+#: `benchmarks/run.py --suite cifar`'s report: training on real CIFAR-10 images.
+CIFAR = os.path.join(REPO, "benchmarks", "measured", "2026-12-06-cifar", "cifar.json")
+#: `benchmarks/step_ab.py`'s fp32 and mixed bfloat16 training steps, taking turns.
+BF16 = os.path.join(REPO, "benchmarks", "measured", "2026-12-06-cifar", "bf16_ab.json")
 MARKER = re.compile(r"^<!-- generated: ([\w-]+) -->$", re.M)
 #: README.md's model table lies between these two lines (the site includes it from there).
 TABLE_START, TABLE_END = "<!-- --8<-- [start:models] -->", "<!-- --8<-- [end:models] -->"
@@ -337,13 +341,51 @@ def ablation_table():
                  rows)
 
 
+def _cifar_curves():
+    with open(CIFAR, encoding="utf-8") as f:
+        report = json.load(f)
+    return report, {name: curve for name, curve in report["curves"].items() if curve}
+
+
+def cifar_table():
+    """Each run of the cifar suite (cifar.json): its test accuracy at its end and at the
+    last epoch finished within 30 minutes of training."""
+    report, curves = _cifar_curves()
+    rows = []
+    for name, curve in curves.items():
+        early = [e for e in curve if e["minutes"] <= 30]
+        rows.append((name, len(curve), f"{curve[-1]['minutes']:.0f}",
+                     f"{100 * curve[-1]['test_accuracy']:.2f}%",
+                     f"{100 * early[-1]['test_accuracy']:.2f}%" if early else "-"))
+    recipe = report["recipe"]
+    return table(("run", "epochs", "training minutes", "test accuracy", "at 30 minutes"),
+                 rows) + (f"\n\n`{recipe['model']}` on the `{recipe['data_path']}` folder, "
+                          f"written on {report['started'][:10]} by `benchmarks/run.py --suite "
+                          f"cifar --read-only` (the JSON is in `{os.path.relpath(CIFAR, REPO)}`).")
+
+
+def bf16_table():
+    """fp32 and mixed bfloat16 training steps of each model in turns (bf16_ab.json)."""
+    with open(BF16, encoding="utf-8") as f:
+        report = json.load(f)
+    rows, fp32 = [], {}
+    for r in report["rows"]:
+        name, brace, kwargs = r["model"].partition("{")
+        precision = json.loads(brace + kwargs)["dtype"] if brace else "fp32"
+        base = fp32.setdefault(name, r["images_per_s"])
+        rows.append((f"`{name}`", precision, f"{r['images_per_s']:.1f}",
+                     f"{r['images_per_s'] / base:.2f}x"))
+    return table((f"batch {report['batch']}, {report['reps']} steps each", "precision", "img/s",
+                  "x fp32"), rows)
+
+
 PARTS = {"speed": speed_table, "speed-avx2": lambda: speed_table("cpu_avx2"),
          "fused-bn": fused_bn_table, "scaling": scaling_table, "memory": memory_table,
          "build": build_table, "build-backends": build_backends_table,
          "jax": jax_training_table, "jax-ops": jax_ops_table, "serving": serving_table, "machine": machine_line,
          "cli": cli_reference, "feature-levels": feature_levels_table,
          "gradient-flow": gradient_flow_table, "gradient-flow-1001": gradient_flow_1001_table,
-         "ablation": ablation_table}
+         "ablation": ablation_table, "cifar": cifar_table, "bf16": bf16_table}
 
 
 # --- the figures ------------------------------------------------------------------------
@@ -384,6 +426,35 @@ def depth_sweep():
 
     rows = [typed(row) for row in _read_csv("depth_sweep_results.csv")]
     return plot_results(rows, title="digits, --max-params 300000")
+
+
+def cifar_time_to_accuracy():
+    """Test accuracy against minutes of training and against epochs, a line per run of
+    cifar.json."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    report, curves = _cifar_curves()
+    fig = Figure(figsize=(11, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    by_time, by_epoch = fig.subplots(1, 2)
+    for name, curve in curves.items():
+        accuracy = [100 * e["test_accuracy"] for e in curve]
+        by_time.plot([e["minutes"] for e in curve], accuracy, marker="o", markersize=3,
+                     label=name)
+        by_epoch.plot([e["epoch"] for e in curve], accuracy, marker="o", markersize=3)
+    by_time.axvline(30, color="#999", linewidth=0.8, linestyle="--")
+    by_time.set(xlabel="minutes of training (a shared machine)", ylabel="test accuracy (%)")
+    by_epoch.set(xlabel="epoch", ylabel="test accuracy (%)")
+    by_epoch.xaxis.get_major_locator().set_params(integer=True)
+    for ax in (by_time, by_epoch):
+        ax.axhline(90, color="#999", linewidth=0.8, linestyle="--")
+        ax.grid(alpha=0.3)
+    by_time.legend(fontsize=8)
+    fig.suptitle(f"{report['recipe']['model']} on real CIFAR-10 (JPEG), 2 CPU cores")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
 
 
 def _import_graph():
@@ -462,7 +533,8 @@ def _box(x, y, w, h, color):
 
 
 FIGURES = {"training_curve.png": training_curve, "gradient_flow.png": gradient_flow,
-           "depth_sweep.png": depth_sweep, "house_of_modules.png": house_of_modules}
+           "depth_sweep.png": depth_sweep, "house_of_modules.png": house_of_modules,
+           "cifar_time_to_accuracy.png": cifar_time_to_accuracy}
 
 
 # --- the MkDocs hooks -------------------------------------------------------------------
@@ -503,7 +575,7 @@ def main(argv=None):
             f.write(text)
     elif args.what == "performance":
         for name in ("machine", "speed", "speed-avx2", "fused-bn", "scaling", "memory", "build",
-                     "serving", "build-backends", "jax", "jax-ops"):
+                     "serving", "build-backends", "jax", "jax-ops", "cifar", "bf16"):
             print(PARTS[name](), end="\n\n")
     else:
         if not args.out:

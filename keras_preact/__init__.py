@@ -19,15 +19,13 @@ if "tensorflow" not in _sys.modules:
 
 _MODELS = "keras_preact.models"
 #: Public name -> module, loaded on first use (PEP 562): no Keras or TF at import or --help.
-_LAZY = {
-    name: _MODELS
-    for name in ("PreActResNet", "count_macs", "count_params", "get_model", "list_models",
-                 "model_info", "register_model", "preact_resnet_cifar", "preact_resnet_imagenet")}
-for _depth in (20, 32, 44, 56, 110, 164, 272, 542, 1001, 1202, 18, 34, 50, 101, 152, 200):
-    _LAZY[f"preact_resnet{_depth}"] = _MODELS
-_LAZY["CoupledSGD"] = "keras_preact.training.optimizers"
-_LAZY["WarmupPiecewiseConstant"] = "keras_preact.training.schedules"
-_LAZY["save_preset"] = "keras_preact.hub"
+_LAZY = dict.fromkeys(
+    ("PreActResNet", "count_macs", "count_params", "get_model", "list_models", "model_info",
+     "register_model", "preact_resnet_cifar", "preact_resnet_imagenet",
+     *(f"preact_resnet{d}" for d in (20, 32, 44, 56, 110, 164, 272, 542, 1001, 1202, 18, 34, 50,
+                                     101, 152, 200))), _MODELS)
+_LAZY.update(CoupledSGD="keras_preact.training.optimizers", save_preset="keras_preact.hub",
+             WarmupPiecewiseConstant="keras_preact.training.schedules")
 _SUBMODULES = ("finetune", "layers", "models", "weights")
 #: The modules that register keras-preact's classes with Keras (files written by keras-preact
 #: name them), by the module whose import makes them importable: keras-hub's classes only

@@ -56,6 +56,7 @@ class Architecture:
     residual_scale: Optional[float] = _argument(None)
     gate_bias: Optional[float] = _argument(None)
     dropout_rate: Optional[float] = _argument(None)
+    stochastic_depth: float = _argument(0.0)
     remat: object = _argument(None)
     dtype: object = _argument(None)
 

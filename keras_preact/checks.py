@@ -23,6 +23,11 @@ def is_int(value, minimum=None):
     return ok and (minimum is None or value >= minimum)
 
 
+def is_number(value):
+    """Whether `value` is a Python int or float (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def check_int(name, value, *, minimum=None, maximum=None, extra=""):
     """ValueError unless `value` is an integer (not a bool) in [minimum, maximum]."""
     if not (is_int(value, minimum) and (maximum is None or value <= maximum)):
@@ -73,11 +78,9 @@ def pop_deprecated(kwargs, old, new, where):
 
 def env_flag(name, default=False):
     """The on/off environment variable `name` (unset: `default`); ValueError for another value."""
-    text = os.environ.get(name)
-    if text is None:
+    if (text := os.environ.get(name)) is None:
         return default
-    value = text.strip().lower()
-    if value not in ON + OFF:
+    if (value := text.strip().lower()) not in ON + OFF:
         raise ValueError(f"{name} must be 1, true, yes or on, or else 0, false, no, off or "
                          f"empty. Received: {name}={text!r}")
     return value in ON
@@ -96,9 +99,8 @@ def check_environment():
     if backend is None:  # Keras' own file, as Keras reads it (an unreadable one it ignores)
         source = os.path.join(os.environ.get("KERAS_HOME") or os.path.expanduser(
             os.path.join("~", ".keras")), "keras.json")
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            with open(source) as f:
-                backend = json.load(f).get("backend")
+        with contextlib.suppress(OSError, ValueError, AttributeError), open(source) as f:
+            backend = json.load(f).get("backend")
         source = f"the backend of {source}"
     if backend is not None and backend not in KERAS_BACKENDS:
         received = f"{source}={backend!r}" if source == "KERAS_BACKEND" else repr(backend)
@@ -109,7 +111,6 @@ def check_environment():
                          "not installed: install it, or choose another backend.")
     for name, valid in (("TF_ENABLE_ONEDNN_OPTS", ("0", "1", "true", "false")),
                         ("TF_CPP_MIN_LOG_LEVEL", ("0", "1", "2", "3"))):
-        value = os.environ.get(name)
-        if value is not None and value.strip().lower() not in valid:
+        if (value := os.environ.get(name)) is not None and value.strip().lower() not in valid:
             raise ValueError(f"{name} must be {', '.join(valid[:-1])} or {valid[-1]}. "
                              f"Received: {name}={value!r}")

@@ -60,8 +60,7 @@ def random_batch(model, batch_size=16, seed=0):
     or uniform 0..255 for a model with a preprocessing layer. ValueError for a bad batch
     size or seed, or a model with a free input size."""
     _check_batch(batch_size, seed)
-    shape = tuple(model.inputs[0].shape[1:])
-    if None in shape:
+    if None in (shape := tuple(model.inputs[0].shape[1:])):
         raise ValueError("The model has a free input size; build it with a fixed `input_shape` or "
                          f"pass `images`. Received: input shape {shape}")
     rng = np.random.RandomState(seed)
@@ -85,8 +84,7 @@ def gradient_flow(model, images=None, labels=None, *, batch_size=16, seed=0, lab
     if not any(isinstance(l, PreActStage) for l in layers):
         raise ValueError("`model` must be a PreActResNet (it has no PreActStage). "
                          f"Received: {model.name!r}")
-    names = [l.name for l in layers]
-    if HEAD_LAYER not in names:
+    if HEAD_LAYER not in (names := [l.name for l in layers]):
         raise ValueError("`model` needs its classifier (include_top=True): the loss is the cross-"
                          f"entropy of its logits. Received: model {model.name!r} without "
                          f"{HEAD_LAYER!r}")

@@ -1,5 +1,5 @@
-"""Files written whole or not at all (a crash half-way leaves the previous file or none),
-JSON read back, file hashes and the paths users type: the package's one helper for each."""
+"""Files and folders written whole or not at all (a crash half-way leaves the previous one or
+none), JSON read back, file hashes and the paths users type: the package's one helper for each."""
 
 import contextlib
 import csv
@@ -9,6 +9,8 @@ import io
 import json
 import os
 import pathlib
+import shutil
+import tempfile
 import uuid
 
 NO_SPACE = os.strerror(errno.ENOSPC)  # "No space left on device"
@@ -21,6 +23,12 @@ def user_path(path, name="path"):
         raise TypeError(f"`{name}` must be a path (str or os.PathLike). Received: "
                         f"{name}={path!r} of type {type(path).__name__}")
     return os.path.abspath(os.path.expanduser(os.fspath(path)))
+
+
+def keras_preact_home(*parts):
+    """``$KERAS_PREACT_HOME`` (default ``~/.keras/keras_preact``) joined with `parts`."""
+    home = os.getenv("KERAS_PREACT_HOME") or "~/.keras/keras_preact"
+    return user_path(os.path.join(home, *parts))
 
 
 def is_no_space(err):
@@ -49,6 +57,47 @@ def atomic_save(path, save_fn):
             os.remove(tmp)
         if isinstance(err, Exception) and is_no_space(err):
             raise OSError(errno.ENOSPC, NO_SPACE, path) from None
+        raise
+
+
+@contextlib.contextmanager
+def staged_folder(target, *, check, what, name="path"):
+    """Yields a temporary folder beside `target`, renamed onto it if the block succeeds (an
+    exception removes it and leaves `target` as it was). ``check()`` raises to refuse
+    `target`, before and after the block; ValueError naming `what` (e.g. "an export") and
+    argument `name` for an unwritable parent."""
+    check()
+    parent = os.path.dirname(target)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.partial-", dir=parent)
+        # mkdtemp's folder is private (0700); a server running as another user must read it.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)
+    except OSError as err:
+        raise ValueError(f"Cannot write {what} under {parent!r}: {err.strerror or err}. "
+                         f"Received: {name}={target!r}") from None
+    try:
+        yield staging
+        check()  # it may have appeared meanwhile
+        if not os.path.lexists(target):
+            os.replace(staging, target)
+            return
+        # The old folder is moved aside, and back if the final rename fails.
+        backup = os.path.join(parent, f".{os.path.basename(target)}.replaced-"
+                              f"{uuid.uuid4().hex[:8]}")
+        os.replace(target, backup)
+        try:
+            os.replace(staging, target)
+        except BaseException:
+            os.replace(backup, target)
+            raise
+        shutil.rmtree(backup, ignore_errors=True)
+    except BaseException as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(err, Exception) and is_no_space(err):  # TensorFlow's error names no path
+            raise OSError(errno.ENOSPC, NO_SPACE, target) from None
         raise
 
 

@@ -32,8 +32,7 @@ def parts(model):
 
 
 def _layers_of(model, part):
-    valid = parts(model)
-    if part not in valid:
+    if part not in (valid := parts(model)):
         raise ValueError(f"Unknown part. Received: part={part!r}. Valid: {valid}")
     names = {"stem": [STEM_CONV_LAYER, "stem_bn"], "head": [HEAD_LAYER]}.get(part, [part])
     if part == f"stage{len(model.stage_blocks)}":

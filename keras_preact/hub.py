@@ -13,8 +13,6 @@ loads this module as soon as keras-hub is imported, so its presets load by name.
 """
 
 import os
-import shutil
-import tempfile
 
 import keras
 
@@ -27,7 +25,7 @@ except ModuleNotFoundError:
                               name="keras_hub") from None
 
 from keras_preact.architecture import HEAD_ARGUMENTS, HEAD_LAYER
-from keras_preact.files import user_path
+from keras_preact.files import staged_folder, user_path
 from keras_preact.models import PreActResNet
 from keras_preact.models.preact_resnet import MODEL_ARGUMENTS
 from keras_preact.weights import local, presets
@@ -198,8 +196,11 @@ def save_preset(model, preset_dir, *, overwrite=False):
     Raises FileExistsError for an existing preset without `overwrite`, ValueError for a
     folder that holds other files or a model that is not a `PreActResNet` (nothing is
     written)."""
-    path = user_path(preset_dir)
-    if os.path.exists(path):
+    path, twin = user_path(preset_dir), to_keras_hub(model)
+
+    def check():
+        if not os.path.exists(path):
+            return
         if not (os.path.isdir(path) and set(os.listdir(path)) <= set(PRESET_FILES)):
             raise ValueError(f"Refusing to write a preset into {path!r}: it is a file or a folder "
                              "of other files; choose an empty or new folder. "
@@ -207,16 +208,9 @@ def save_preset(model, preset_dir, *, overwrite=False):
         if os.listdir(path) and not overwrite:
             raise FileExistsError(f"A preset already exists at {path!r}; pass overwrite=True "
                                   "to replace it.")
-    twin = to_keras_hub(model)
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.partial-", dir=parent)
-    try:
+
+    with staged_folder(path, check=check, what="a preset", name="preset_dir") as staging:
         twin.save_to_preset(staging)
         if isinstance(twin, PreActResNetBackbone):  # the task pieces read the converter
             _converter(twin).save_to_preset(staging)
-        shutil.rmtree(path, ignore_errors=True)
-        os.replace(staging, path)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return path

@@ -10,6 +10,8 @@ rest exercise TensorFlow-only code (tf.data, tf.distribute, SavedModel).
 """
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -20,11 +22,19 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 
 def pytest_configure(config):
+    # The package's caches (weights, decoded image folders) go to a temporary folder, never
+    # the user's home. Set before collection: some test modules copy os.environ on import.
+    config.keras_preact_home = os.environ["KERAS_PREACT_HOME"] = tempfile.mkdtemp(
+        prefix="keras_preact_home-")
     config.addinivalue_line("markers", "slow: deep or large models (still run in CI)")
     config.addinivalue_line(
         "markers", "multibackend: also runs under the JAX and PyTorch backends"
     )
     config.addinivalue_line("markers", "e2e: end-to-end test, run once on a small model")
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(getattr(config, "keras_preact_home", ""), ignore_errors=True)
 
 
 def _backend():

@@ -204,11 +204,15 @@ def test_cifar_suite_trains_both_sides_and_reads_finished_runs_again(tmp_path):
         write_png_folder(tmp_path / "images" / split, ["cat", "dog"], n)
     runs, out = tmp_path / "runs", tmp_path / "cifar.json"
     argv = ["--suite", "cifar", "--data-path", str(tmp_path / "images"), "--runs", str(runs),
-            "--seeds", "0", "--epochs", "1", "--batch", "4", "--out", str(out)]
+            "--seeds", "0", "--epochs", "1", "--fast-epochs", "1", "--batch", "4",
+            "--out", str(out)]
     assert run.main(argv) == 0
     report = json.loads(out.read_text())
     curves = report["curves"]
-    assert set(curves) == {"keras-preact paper seed 0", "PyTorch ref paper seed 0"}
+    assert set(curves) == {"keras-preact paper seed 0", "PyTorch ref paper seed 0",
+                           "keras-preact fast seed 0"}
+    fast = json.loads((runs / "keras_fast_e1_s0" / "config.json").read_text())["train_config"]
+    assert fast["schedule"] == "cosine" and fast["label_smoothing"] > 0
     for curve in curves.values():
         (epoch,) = curve
         assert epoch["epoch"] == 1 and epoch["minutes"] > 0
@@ -221,3 +225,11 @@ def test_cifar_suite_trains_both_sides_and_reads_finished_runs_again(tmp_path):
     assert run.main(argv) == 0
     assert json.loads(out.read_text())["curves"] == curves
     assert log.stat().st_mtime_ns == stamp
+    # --read-only reports an unfinished run as it stands and trains nothing.
+    log.write_text(log.read_text().splitlines()[0] + "\n")
+    stamp = log.stat().st_mtime_ns
+    assert run.main(argv + ["--read-only"]) == 0
+    report = json.loads(out.read_text())
+    assert report["curves"]["PyTorch ref paper seed 0"] == [] and log.stat().st_mtime_ns == stamp
+    assert [r["case"] for r in report["rows"]] == ["keras-preact paper seed 0",
+                                                   "keras-preact fast seed 0"]

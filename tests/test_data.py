@@ -465,6 +465,150 @@ def test_image_folder_too_small_for_its_held_out_split_says_so(tmp_path):
     assert sorted(data.load_arrays("folder", "test", path=str(tmp_path))[1].tolist()) == [0, 1, 2]
 
 
+# --- image folders kept on disk ------------------------------------------------------
+
+
+@pytest.fixture
+def folder_home(tmp_path, monkeypatch):
+    """A split image folder, a private KERAS_PREACT_HOME, and the list of decoded splits."""
+    root = tmp_path / "images"
+    F.write_png_folder(str(root / "train"), ["cat", "dog"], per_class=3, seed=11)
+    F.write_png_folder(str(root / "test"), ["cat", "dog"], per_class=2, seed=12)
+    home = tmp_path / "home"
+    monkeypatch.setenv("KERAS_PREACT_HOME", str(home))
+    decoded, read = [], sources.folder.read_image_folder
+
+    def counting_read(path, split, **kwargs):
+        decoded.append(split)
+        return read(path, split, **kwargs)
+
+    monkeypatch.setattr(sources.folder, "read_image_folder", counting_read)
+    return root, home / "folders", decoded
+
+
+def _load_both(root, **kwargs):
+    return [sources.load_arrays_with_meta("folder", split, path=str(root), **kwargs)
+            for split in ("train", "test")]
+
+
+def _kept(folders):
+    """The arrays kept on disk (and no temporary file left beside them)."""
+    names = sorted(os.listdir(folders)) if folders.exists() else []
+    assert all(n.endswith(".npz") for n in names), names
+    return names
+
+
+def _assert_same(loaded, expected):
+    for (x0, y0, meta0), (x1, y1, meta1) in zip(expected, loaded):
+        np.testing.assert_array_equal(x1, x0)
+        np.testing.assert_array_equal(y1, y0)
+        assert (x1.dtype, y1.dtype, meta1) == (np.uint8, np.int64, meta0)
+
+
+def test_image_folder_is_read_from_disk_in_a_fresh_state(folder_home, monkeypatch):
+    root, folders, decoded = folder_home
+    first = _load_both(root)
+    assert decoded == ["train", "test"] and len(_kept(folders)) == 2
+    data.clear_cache()  # as a new process: nothing in memory
+    monkeypatch.setattr(sources.folder, "_read_directory", lambda *a: pytest.fail("decoded"))
+    again = _load_both(root)
+    assert decoded == ["train", "test"]  # not decoded again
+    _assert_same(again, first)
+    assert not again[0][0].flags.writeable  # as from memory: read-only
+    # Another size is other arrays (and the decoder is needed for them).
+    with pytest.raises(pytest.fail.Exception, match="decoded"):
+        sources.load_arrays("folder", "train", path=str(root), image_size=(16, 16))
+
+
+def test_image_folder_without_cache_neither_reads_nor_writes_the_disk(folder_home):
+    root, folders, decoded = folder_home
+    first = _load_both(root, cache=False)
+    assert decoded == ["train", "test"] and _kept(folders) == []
+    _load_both(root)
+    data.clear_cache()
+    _assert_same(_load_both(root, cache=False), first)
+    assert decoded == ["train", "test"] * 3  # cache=False decodes, disk or not
+
+
+@pytest.mark.parametrize("change", ["edit", "add", "remove"])
+def test_image_folder_kept_on_disk_follows_its_files(folder_home, change):
+    from PIL import Image
+
+    root, folders, decoded = folder_home
+    _load_both(root)
+    kept = _kept(folders)
+    image = root / "train" / "dog" / "000.png"
+    new = F.random_images(1, seed=99)[0]
+    if change == "edit":
+        Image.fromarray(new).save(image)
+        os.utime(image, ns=(1_000_000_000, 1_000_000_000))  # whatever the clock's resolution
+    elif change == "add":
+        Image.fromarray(new).save(root / "test" / "cat" / "new.png")
+    else:
+        os.remove(image)
+    data.clear_cache()
+    (x, y, _), (xt, yt, _) = _load_both(root)
+    assert decoded == ["train", "test"] * 2  # both decoded again: one file changed
+    assert _kept(folders) == kept  # rewritten in place, not one more file per change
+    if change == "edit":
+        np.testing.assert_array_equal(x[3], new)  # dog/000.png follows cat's 3 images
+    assert (len(y), len(yt)) == {"edit": (6, 4), "add": (6, 5), "remove": (5, 4)}[change]
+    data.clear_cache()
+    _load_both(root)
+    assert len(decoded) == 4  # and the new arrays are then read from disk
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not a zip", "empty"])
+def test_a_damaged_kept_file_is_decoded_again_and_rewritten(folder_home, damage):
+    root, folders, decoded = folder_home
+    first = _load_both(root)
+    for name in _kept(folders):
+        path = folders / name
+        content = path.read_bytes()
+        path.write_bytes({"truncated": content[:len(content) // 2], "not a zip": b"x" * 100,
+                          "empty": b""}[damage])
+    data.clear_cache()
+    _assert_same(_load_both(root), first)
+    assert decoded == ["train", "test"] * 2
+    data.clear_cache()
+    _assert_same(_load_both(root), first)
+    assert len(decoded) == 4  # rewritten whole: read from disk this time
+
+
+def test_a_write_cut_short_leaves_no_kept_file(folder_home, monkeypatch):
+    root, folders, decoded = folder_home
+
+    def killed(file, **arrays):
+        with open(file, "wb") as f:
+            f.write(b"PK\x03\x04 half a file")
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(np, "savez", killed)
+        with pytest.raises(KeyboardInterrupt):
+            sources.load_arrays("folder", "train", path=str(root))
+    assert _kept(folders) == []
+    data.clear_cache()
+    _load_both(root)
+    assert decoded == ["train", "train", "test"] and len(_kept(folders)) == 2
+
+
+def test_an_unwritable_cache_folder_still_loads_with_one_warning(folder_home, monkeypatch, caplog):
+    root, folders, decoded = folder_home
+    blocker = folders.parent.parent / "a_file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("KERAS_PREACT_HOME", str(blocker))
+    with caplog.at_level("WARNING", logger="keras_preact"):
+        first = _load_both(root)
+        data.clear_cache()
+        _assert_same(_load_both(root), first)
+    assert decoded == ["train", "test"] * 2
+    assert blocker.read_text() == "not a folder"
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [f"Decoded image folders are not kept in {blocker / 'folders'} (Not a "
+                     "directory)."]
+
+
 # --- pipeline -------------------------------------------------------------------------
 
 

@@ -169,6 +169,13 @@ def test_a_preset_is_not_overwritten_without_asking(saved, tmp_path):
     assert "task.json" not in os.listdir(folder) and not kp.from_preset(folder).include_top
 
 
+def test_a_preset_folder_has_the_permissions_of_any_new_folder(saved):
+    # Written in a private temporary folder first; a server running as another user reads it.
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(saved[1]).st_mode & 0o777 == 0o777 & ~umask
+
+
 def test_folders_that_are_not_presets_are_refused(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     for target in (tmp_path, tmp_path / "notes.txt"):

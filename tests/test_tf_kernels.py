@@ -141,6 +141,37 @@ def test_fused_bn_relu_under_mixed_precision():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_fused_bn_relu_takes_bfloat16_without_float32_copies():
+    """mixed_bfloat16: the activation goes into the fused kernel as it is (no Cast of it
+    to float32 and back, forward or backward) and gives the readable path's values."""
+    import tensorflow as tf
+
+    from keras_preact.layers import functional as F
+
+    rng = np.random.RandomState(0)
+    x = (rng.randn(8, 5, 5, 4) * 2).astype("float32")
+    gamma, beta = np.ones(4, "float32"), np.zeros(4, "float32")
+    (y0, s0, g0), (y1, s1, g1) = (_bn_relu(x, gamma, beta, f, "bfloat16") for f in (False, True))
+    np.testing.assert_allclose(y1, y0, rtol=2e-2, atol=2e-2)
+    for a, b in zip(s1, s0):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    params = {k: tf.constant(v) for k, v in
+              dict(gamma=gamma, beta=beta, moving_mean=gamma * 0, moving_variance=gamma).items()}
+    xb = tf.cast(tf.constant(x), "bfloat16")
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = F.bn_relu(x, params, training=True, momentum=0.0, epsilon=1e-5,
+                          data_format="channels_last")[0]
+        return tape.gradient(tf.reduce_sum(y), x)
+
+    graph = tf.function(step).get_concrete_function(xb).graph
+    big_casts = [op for op in graph.get_operations()
+                 if op.type == "Cast" and op.outputs[0].shape.num_elements() == x.size]
+    assert not big_casts, [op.name for op in big_casts]
+
+
 def _rel_err(a, b):
     """Largest difference of each array pair, relative to that array's largest value."""
     return max(float(np.abs(x - y).max() / max(np.abs(y).max(), 1e-12)) for x, y in zip(a, b))

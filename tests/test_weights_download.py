@@ -238,6 +238,22 @@ def test_cached_file_altered_on_disk_is_detected(published, cache, capsys):
     assert _left_in_cache(cache) == [os.path.basename(path), os.path.basename(path) + ".json"]
 
 
+def test_a_record_that_is_not_a_json_object_is_not_trusted(published, cache, capsys):
+    entry = _entry("file://" + published["path"], published["bytes"])
+    path = W.fetch_weights(entry, cache_dir=cache, progress=False, build=kp.get_model)
+    with open(path + ".json", "w") as f:
+        f.write("[]")  # valid JSON, but no record
+    from keras_preact.cli import main
+
+    with pytest.raises(W.WeightsIntegrityError, match="the cache recorded None"):
+        W.fetch_weights(entry, cache_dir=cache, progress=False, build=kp.get_model)
+    assert main(["weights", "verify", "--cache-dir", cache]) == 1
+    assert "preact_resnet20.test: ALTERED" in capsys.readouterr().out
+    assert main(["weights", "clear", "--cache-dir", cache]) == 0
+    assert capsys.readouterr().out.startswith("Removed 0 file(s).\nKept 1 file(s)")
+    assert _left_in_cache(cache) == [os.path.basename(path), os.path.basename(path) + ".json"]
+
+
 @pytest.mark.e2e
 def test_four_concurrent_processes_download_once(published, server, cache, tmp_path):
     url = server.serve("/many/r20.weights.h5", published["bytes"], delay=1.0)

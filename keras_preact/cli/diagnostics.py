@@ -40,9 +40,8 @@ def cmd_diagnose(args):
           f"images, seed {args.seed}, BatchNorm in training mode")
     print(diagnostics.format_table(reports, every=args.every))
     stem = os.path.join(args.out_dir, f"{args.model}_gradient_flow")
-    csv_path = diagnostics.write_csv(reports, stem + ".csv")
     title = f"{args.model}: gradient flow at initialisation (seed {args.seed})"
-    png_path = diagnostics.plot_gradient_flow(reports, stem + ".png", title=title)
-    print(f"wrote {csv_path}")
-    print(f"wrote {png_path}")
+    for path in (diagnostics.write_csv(reports, stem + ".csv"),
+                 diagnostics.plot_gradient_flow(reports, stem + ".png", title=title)):
+        print(f"wrote {path}")
     return 0

@@ -152,8 +152,7 @@ def _export_data(args, class_names):
     if args.quantization == "int8":
         given = {"name": args.calibration_data, "data_dir": args.data_dir,
                  "source": args.data_source or "auto", "path": args.data_path}
-        source = given if args.calibration_data else run
-        if source is None:
+        if (source := given if args.calibration_data else run) is None:
             raise ValueError("--quantize int8 needs calibration images: give --calibration-data "
                              "DATASET (a name `train --dataset` takes), or export a training run's "
                              f"model.keras. Received: {args.model}")

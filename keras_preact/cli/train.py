@@ -5,7 +5,7 @@ import dataclasses
 import typing
 
 from keras_preact.cli.common import float_list, json_dict, verbosity
-from keras_preact.training.config import TrainConfig
+from keras_preact.training.config import RECIPES, TrainConfig, recipe
 from keras_preact.training.demo import DEMO_EPOCHS, DEMO_WORKDIR
 
 #: Short second spellings of some `train` flags.
@@ -26,6 +26,10 @@ def add_commands(subparsers):
         "other batch sizes scale it (--lr-scale). Running the same command again resumes from "
         "the last completed epoch.")
     p.add_argument("--workdir", required=True, help="folder for checkpoints, metrics and the model")
+    p.add_argument("--recipe", choices=list(RECIPES), default="paper", help="paper (the "
+                   "defaults below) or fast (" + ", ".join(
+                       f"{k}={v}" for k, v in RECIPES["fast"].items() if v != ())
+                   + "); the flags given win")
     _add_config_arguments(p)
     p.set_defaults(func=cmd_train)
 
@@ -44,6 +48,8 @@ def add_commands(subparsers):
     p.add_argument("--batch-size", type=int, default=256, help="images per batch (default 256)")
     p.add_argument("--verbose", default="auto", type=verbosity,
                    help="auto (a bar on a terminal, else a line), 0, 1, 2")
+    p.add_argument("--flip", action="store_true", help="test-time augmentation: average the "
+                   "probabilities of each image and its horizontal mirror")
     p.set_defaults(func=cmd_evaluate)
 
     p = subparsers.add_parser(
@@ -63,15 +69,17 @@ def add_commands(subparsers):
 
 def _add_config_arguments(parser):
     """One flag per `TrainConfig` field: ``--batch-size`` for `batch_size`, and so on."""
-    defaults, group = TrainConfig(), parser
+    defaults, group, recipes = TrainConfig(), parser, set().union(*RECIPES.values())
     for field in dataclasses.fields(TrainConfig):
         group = parser.add_argument_group(_GROUPS[field.name]) if field.name in _GROUPS else group
         flags = ["--" + field.name.replace("_", "-"), *_ALIASES.get(field.name, ())]
         default = getattr(defaults, field.name)
-        kwargs = dict(dest=field.name, default=default, help=field.metadata["help"],
-                      choices=field.metadata["choices"])
+        # A recipe's field not given stays out of the namespace: the recipe's value applies.
+        kwargs = dict(dest=field.name, help=field.metadata["help"],
+                      choices=field.metadata["choices"],
+                      default=argparse.SUPPRESS if field.name in recipes else default)
         if default not in (None, (), {}):
-            kwargs["help"] += " (default %(default)s)"
+            kwargs["help"] += f" (default {default})"
         if field.type is bool:
             kwargs["action"] = argparse.BooleanOptionalAction  # --download and --no-download
         else:
@@ -84,12 +92,13 @@ def _add_config_arguments(parser):
         into.add_argument(*flags, **kwargs)
         if field.name == "augment":
             into.add_argument("--no-augment", dest="augment", action="store_const", const=False,
-                              help="no augmentation")
+                              default=argparse.SUPPRESS, help="no augmentation")
 
 
 def cmd_train(args):
     from keras_preact.training.trainer import train_and_evaluate
-    config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    given = [f.name for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)]
+    config = recipe(args.recipe, **{name: getattr(args, name) for name in given})
     result = train_and_evaluate(config, args.workdir)
     if result["resumed_from_epoch"] is None:
         print("The run was already complete.")
@@ -112,8 +121,9 @@ def cmd_evaluate(args):
     result = evaluate(
         args.workdir, model=args.model, weights=args.weights, dataset=args.dataset,
         data_dir=args.data_dir, data_source=args.data_source, data_path=args.data_path,
-        batch_size=args.batch_size, split=args.split, verbose=args.verbose)
-    print(f"{result['dataset']} {result['split']}: accuracy {100 * result['accuracy']:.2f}%  "
+        batch_size=args.batch_size, split=args.split, verbose=args.verbose, flip=args.flip)
+    print(f"{result['dataset']} {result['split']}{' (flip)' * args.flip}: accuracy "
+          f"{100 * result['accuracy']:.2f}%  "
           f"loss {result['loss']:.4f}  ({result['num_examples']} images; {result['source']})")
     return 0
 

@@ -84,8 +84,7 @@ def cmd_tune(args):
         print("Worker done: the chief writes the results.")
         return 0
     _print_results(result["rows"])
-    best = result["best"]
-    if best is None:
+    if (best := result["best"]) is None:
         print("No finished trial within the budget.")
     else:
         print(f"best: trial {best['trial']}, depth {best['depth']} {best['block']}, validation "

@@ -52,8 +52,7 @@ def cmd_list(args):
     if args.model is not None:
         from keras_preact.models.registry import model_info
         model_info(args.model)  # an unknown name is an error, not an empty list
-    entries = list_entries(args.model)
-    if not entries:
+    if not (entries := list_entries(args.model)):
         where = f" for {args.model}" if args.model else ""
         print(f"No pretrained weights in the catalog{where}.")
         return 0
@@ -89,8 +88,7 @@ _VERIFY_LINES = {"ok": "{key}: ok (sha256 {sha256})", "not cached": "{key}: not 
 
 def cmd_verify(args):
     from keras_preact.weights.download import verify_cache
-    rows = verify_cache(args.keys, args.cache_dir)
-    if not rows:
+    if not (rows := verify_cache(args.keys, args.cache_dir)):
         print("The cache holds no weights.")
     for row in rows:
         print(_VERIFY_LINES[row["status"]].format(**row))

@@ -72,17 +72,14 @@ def _read_directory(directory, class_names, image_size):
             interpolation="bilinear", data_format="channels_last", verbose=False)
     except ValueError as err:
         raise ValueError(f"Cannot read the image folder {directory!r}: {err}") from None
-    images, labels = [], []
     try:
-        for x, y in ds:
-            images.append(np.clip(np.rint(np.asarray(x)), 0, 255).astype(np.uint8))
-            labels.append(np.asarray(y).astype(np.int64))
+        batches = [(np.clip(np.rint(x), 0, 255).astype(np.uint8), np.asarray(y, np.int64))
+                   for x, y in ds]
     except Exception as err:  # noqa: BLE001 - a bad image file surfaces as a TF error.
-        first_line = str(err).splitlines()[0] if str(err) else ""
         where = _undecodable(directory) or f"an image under {directory!r}"
-        raise ValueError(f"Cannot decode {where} ({type(err).__name__}: {first_line}). Remove "
-                         "or replace it.") from None
-    return np.concatenate(images), np.concatenate(labels)
+        raise ValueError(f"Cannot decode {where} ({type(err).__name__}: "
+                         f"{(str(err).splitlines() or [''])[0]}). Remove or replace it.") from None
+    return tuple(np.concatenate(arrays) for arrays in zip(*batches))
 
 
 def _undecodable(directory):
@@ -96,16 +93,6 @@ def _undecodable(directory):
                     image.load()
         except Exception:  # noqa: BLE001 - any failure names the file
             return repr(path)
-    return None
-
-
-def _say_if_resized(path, size):
-    """Logs a warning when the image at `path` is not `size` (H, W): the folder is resized."""
-    from PIL import Image
-    with contextlib.suppress(OSError), Image.open(path) as image:
-        if (shape := image.size[::-1]) != size:
-            logger.warning("The folder's images (%s is %dx%d) are resized to %dx%d (bilinear, "
-                           "aspect ratio not kept).", path, *shape, *size)
 
 
 def read_image_folder(path, split, *, image_size=(32, 32)):
@@ -121,7 +108,11 @@ def read_image_folder(path, split, *, image_size=(32, 32)):
                          f"image_size={image_size!r}")
     layout, train_dir, test_dir = folder_layout(path)
     class_names = class_folders(train_dir, least=2)
-    _say_if_resized(next(_images(train_dir)), size)
+    from PIL import Image
+    with contextlib.suppress(OSError), Image.open(first := next(_images(train_dir))) as image:
+        if (shape := image.size[::-1]) != size:  # The first image stands for the folder.
+            logger.warning("The folder's images (%s is %dx%d) are resized to %dx%d (bilinear, "
+                           "aspect ratio not kept).", first, *shape, *size)
     if layout == "split":
         directory = train_dir if split == "train" else test_dir
         own = class_folders(directory, within=class_names)

@@ -44,8 +44,7 @@ def random_resized_crop(image, key, *, image_size=IMAGE_SIZE, scale=CROP_SCALE,
     first = tf.argmax(tf.cast(fits, tf.int32))
     any_fit = tf.reduce_any(fits)
     in_ratio = w / h
-    fallback_w = tf.where(in_ratio < ratio[0], w,
-                          tf.where(in_ratio > ratio[1], tf.round(h * ratio[1]), w))
+    fallback_w = tf.where(in_ratio > ratio[1], tf.round(h * ratio[1]), w)
     fallback_h = tf.where(in_ratio < ratio[0], tf.round(w / ratio[0]), h)
     crop_w = tf.cast(tf.where(any_fit, cw[first], fallback_w), tf.int32)
     crop_h = tf.cast(tf.where(any_fit, ch[first], fallback_h), tf.int32)

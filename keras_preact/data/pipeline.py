@@ -12,7 +12,7 @@ from keras_preact.data.registry import AUGMENTATIONS, MAX_SEED
 from keras_preact.data.sources import dataset_info, load_arrays
 
 # Distinct streams for the order and for the augmentation of the same (seed, epoch).
-_SHUFFLE_STREAM, _AUGMENT_STREAM = 0, 1
+_SHUFFLE_STREAM, _AUGMENT_STREAM, _CUTOUT_STREAM = 0, 1, 2
 #: Padding of the paper's CIFAR augmentation (He et al. 2016a, Sec. 4.2).
 PAD = 4
 # Every stateless op names its algorithm ("auto_select" may differ, and so the numbers, by device).
@@ -46,6 +46,19 @@ def pad_crop_flip(images, key, *, pad=PAD, flip=True):
     return tf.ensure_shape(out, images.shape)
 
 
+def cut_out(images, key, size):
+    """Zeroes a `size` x `size` square of each (B, H, W, C) image, centred on a random pixel
+    and clipped at the borders (DeVries & Taylor 2017, arXiv:1708.04552), keyed by `key`."""
+    shape = tf.shape(images)
+    uniform = tf.random.stateless_uniform([shape[0], 2], seed=key, alg=ALG)
+    low = tf.cast(uniform * tf.cast(shape[1:3], tf.float32), tf.int32) - size // 2  # (B, 2)
+    # Whether each row (B, H), then each column (B, W), crosses the square.
+    rows, cols = ((d >= 0) & (d < size) for d in (
+        tf.range(shape[i + 1])[tf.newaxis, :] - low[:, i:i + 1] for i in (0, 1)))
+    keep = ~(rows[:, :, tf.newaxis] & cols[:, tf.newaxis, :])
+    return images * tf.cast(keep, images.dtype)[..., tf.newaxis]
+
+
 def epoch_order(num_examples, *, seed=0, epoch=0):
     """The order of a shuffled epoch: an int64 numpy permutation of ``range(num_examples)``."""
     check_int("num_examples", num_examples, minimum=1)
@@ -61,7 +74,7 @@ def _shuffle(positions, num, seed, epoch):
 
 def dataset_from_arrays(images, labels, *, batch_size=128, shuffle=False, augment="none",
                         normalize=True, mean=None, std=None, seed=0, epoch=0,
-                        drop_remainder=False, repeat_epochs=None):
+                        drop_remainder=False, repeat_epochs=None, cutout=0):
     """The batched, deterministic pipeline of `make_dataset` over in-memory uint8 images.
 
     Args:
@@ -69,6 +82,7 @@ def dataset_from_arrays(images, labels, *, batch_size=128, shuffle=False, augmen
         batch_size, drop_remainder: the batches (the last partial one dropped or not).
         shuffle: visit each epoch in the ``(seed, epoch)`` order.
         augment: a policy from `AUGMENTATIONS`.
+        cutout: after `augment`, a black square of this side in each image (`cut_out`); 0: off.
         normalize: True: ``(x / 255 - mean) / std``; False: raw float32 pixels in [0, 255].
         mean, std: per channel, in [0, 1] units.
         seed: keys the order and the augmentation; epoch: the first epoch yielded.
@@ -79,6 +93,7 @@ def dataset_from_arrays(images, labels, *, batch_size=128, shuffle=False, augmen
     num = int(images.shape[0])
     _check_common(batch_size, seed, epoch, normalize, repeat_epochs, shuffle, drop_remainder)
     check_choice("augment", augment, AUGMENTATIONS)
+    check_int("cutout", cutout, minimum=0)
     steps = num // batch_size if drop_remainder else math.ceil(num / batch_size)
     if steps == 0:
         raise ValueError(f"batch_size={batch_size} with drop_remainder=True leaves no batch of "
@@ -97,6 +112,8 @@ def dataset_from_arrays(images, labels, *, batch_size=128, shuffle=False, augmen
         if augment != "none":
             key = stateless_key(seed, ep, _AUGMENT_STREAM, b)
             x = pad_crop_flip(x, key, flip=augment == "pad_crop_flip")
+        if cutout:
+            x = cut_out(x, stateless_key(seed, ep, _CUTOUT_STREAM, b), cutout)
         x = tf.cast(x, tf.float32)
         if scale is not None:
             x = (x * (1.0 / 255.0) - scale[0]) * scale[1]
@@ -111,7 +128,7 @@ def dataset_from_arrays(images, labels, *, batch_size=128, shuffle=False, augmen
 
 def make_dataset(name, split, *, batch_size=128, data_dir=None, source="auto", path=None,
                  download=False, shuffle=None, augment=None, normalize=True, seed=0, epoch=0,
-                 drop_remainder=None, cache=True, repeat_epochs=None, image_size=None):
+                 drop_remainder=None, cache=True, repeat_epochs=None, image_size=None, cutout=0):
     """The tf.data input pipeline of a registered dataset, deterministic per epoch (to
     resume at epoch 3, pass ``epoch=3``).
 
@@ -121,7 +138,7 @@ def make_dataset(name, split, *, batch_size=128, data_dir=None, source="auto", p
         shuffle, drop_remainder: None (True for train, False for test) or a bool.
         augment: None (True for train), True (the dataset's policy), False or a policy name.
         normalize: True: with the dataset's statistics; False: raw pixels.
-        batch_size, seed, epoch, repeat_epochs: see `dataset_from_arrays`.
+        batch_size, seed, epoch, repeat_epochs, cutout: see `dataset_from_arrays`.
 
     Returns `tf.data.Dataset` of ``(float32 images (B, H, W, C), int32 labels (B,))``.
     Raises ValueError for invalid arguments (before anything is read) or missing data."""
@@ -133,8 +150,7 @@ def make_dataset(name, split, *, batch_size=128, data_dir=None, source="auto", p
                          f"Received: augment={augment!r}")
     images, labels = load_arrays(name, split, data_dir=data_dir, source=source, path=path,
                                  download=download, cache=cache, image_size=image_size)
-    folder = {"path": path, "image_size": image_size} if name == "folder" else {}
-    info = dataset_info(name, **folder)
+    info = dataset_info(name, path=path, image_size=image_size)  # a folder's only
     train = split == "train"
     augment = train if augment is None else augment
     if isinstance(augment, bool):
@@ -144,7 +160,7 @@ def make_dataset(name, split, *, batch_size=128, data_dir=None, source="auto", p
         images, labels, batch_size=batch_size, shuffle=train if shuffle is None else shuffle,
         augment=augment, normalize=normalize, mean=info["mean"], std=info["std"], seed=seed,
         epoch=epoch, drop_remainder=train if drop_remainder is None else drop_remainder,
-        repeat_epochs=repeat_epochs)
+        repeat_epochs=repeat_epochs, cutout=cutout)
 
 
 def _check_common(batch_size, seed, epoch, normalize, repeat_epochs, shuffle, drop_remainder,

@@ -2,7 +2,10 @@
 (`dataset_info`). No TensorFlow at import time: TFDS and folders import it."""
 
 import collections
+import contextlib
 import functools
+import hashlib
+import json
 import logging
 import os
 import threading
@@ -13,7 +16,7 @@ from keras_preact.checks import check_choice, warn_deprecated
 from keras_preact.data import cifar_files, folder
 from keras_preact.data.digits import read_digits
 from keras_preact.data.registry import DATASETS, SPLITS, channel_stats, check_dataset_name
-from keras_preact.files import user_path
+from keras_preact.files import atomic_save, keras_preact_home, user_path
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +44,8 @@ def load_arrays(name, split, *, data_dir=None, source="auto", path=None, downloa
             (archive when `path` is given or `data_dir` holds the files, else TFDS).
         path: CIFAR: an archive or extracted CIFAR folder; "folder": the image folder.
         download: let TFDS download the data (default False: no network).
-        cache: keep the decoded arrays in memory (they are then read-only).
+        cache: keep the decoded arrays in memory (they are then read-only), and a folder's
+            also in ``$KERAS_PREACT_HOME/folders`` (default ``~/.keras/keras_preact/folders``).
         image_size: "folder" only: (height, width), default (32, 32).
 
     Returns ``(images, labels)``: uint8 (N, H, W, 3) RGB, and int64 (N,) class ids.
@@ -72,8 +76,9 @@ def load_arrays_with_meta(name, split, *, data_dir=None, source="auto", path=Non
     if name == "folder":
         size = (32, 32) if image_size is None else image_size
         folder.folder_layout(path)  # Validates `path` before any fingerprinting.
-        key = ("folder", split, _fingerprint(path), tuple(size))
-        return _cached(key, cache, lambda: folder.read_image_folder(path, split, image_size=size))
+        key = ("folder", split, tuple(size), _fingerprint(path))
+        read = functools.partial(folder.read_image_folder, path, split, image_size=size)
+        return _cached(key, cache, lambda: _kept_on_disk(path, key, read) if cache else read())
     return _load_cifar(name, split, data_dir, source, path, download, cache)
 
 
@@ -131,11 +136,10 @@ def _read_tfds(name, split, data_dir, download):
     if not batches:
         raise ValueError(f"The TFDS dataset {name!r} split {split!r} in data_dir={data_dir!r} "
                          "is empty.")
-    images = np.concatenate([np.asarray(x, dtype=np.uint8) for x, _ in batches])
+    images, labels = (np.concatenate(arrays) for arrays in zip(*batches))  # dtypes: `_cached`
     if images.shape[1:] != (32, 32, 3):
         raise ValueError(f"The TFDS dataset {name!r} has images of shape {images.shape[1:]}; "
                          "expected (32, 32, 3).")
-    labels = np.concatenate([np.asarray(y, dtype=np.int64) for _, y in batches])
     return images, labels, {"source": "tfds", "data_dir": data_dir, "version": str(info.version)}
 
 
@@ -146,12 +150,33 @@ def _fingerprint(*paths):
         files = (sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names)
                  if os.path.isdir(path) else [path])
         for file in files:
-            try:
-                st = os.stat(file)
-                out.append((file, st.st_size, st.st_mtime_ns))
-            except OSError:
-                out.append((file, None, None))
+            with contextlib.suppress(OSError):  # removed since the walk: not in the folder
+                out.append((file, (st := os.stat(file)).st_size, st.st_mtime_ns))
     return tuple(out)
+
+
+def _kept_on_disk(path, key, read):
+    """`read()`, or the arrays it gave for `key` kept in ``$KERAS_PREACT_HOME/folders``: one
+    .npz per folder, split and size, used while its files (paths, sizes, mtimes) are the same.
+    An unreadable .npz is read again; an unwritable cache folder is no cache."""
+    name, stamp = (hashlib.sha256(repr(v).encode()).hexdigest()
+                   for v in ((user_path(path), key[:3]), key))
+    file = keras_preact_home("folders", name[:24] + ".npz")
+    with contextlib.suppress(Exception), np.load(file) as kept:  # else missing or damaged
+        if str(kept["stamp"]) == stamp:
+            return kept["images"], kept["labels"], json.loads(str(kept["meta"]))
+    images, labels, meta = read()
+    try:
+        atomic_save(file, lambda tmp: np.savez(tmp, images=images, labels=labels, stamp=stamp,
+                                               meta=json.dumps(meta)))
+    except OSError as err:
+        _say_not_kept(os.path.dirname(file), err.strerror)
+    return images, labels, meta
+
+
+@functools.lru_cache(maxsize=None)
+def _say_not_kept(where, reason):
+    logger.warning("Decoded image folders are not kept in %s (%s).", where, reason)
 
 
 def _cached(key, cache, read):
@@ -160,8 +185,7 @@ def _cached(key, cache, read):
             _cache.move_to_end(key)
             return _cache[key]
     images, labels, meta = read()
-    images = np.ascontiguousarray(images, dtype=np.uint8)
-    labels = np.ascontiguousarray(labels, dtype=np.int64)
+    images, labels = np.ascontiguousarray(images, np.uint8), np.ascontiguousarray(labels, np.int64)
     logger.info("Loaded %s: %d images of shape %s", key[:3], len(images), images.shape[1:])
     if cache:
         for array in (images, labels):  # read-only: a caller cannot corrupt the next one's

@@ -116,9 +116,8 @@ def write_model_card(folder, card):
 def read_model_card(path):
     """The ``model_card.json`` of an export (any path `load_export` takes) as a dict, or None."""
     folder = locate_export(path, must_exist=False)[1]
-    if folder and os.path.isfile(card_path := os.path.join(folder, MODEL_CARD_JSON)):
-        return read_json(card_path)
-    return None
+    card_path = os.path.join(folder or "", MODEL_CARD_JSON)
+    return read_json(card_path) if folder and os.path.isfile(card_path) else None
 
 
 def read_class_names(path, *, argument="path"):

@@ -55,8 +55,7 @@ def expected_input_shape(path):
         card = read_model_card(folder)
         return None if card is None else tuple(card["input"]["shape"][1:])
     info = keras_file_info(target) or {}  # None: not a PreActResNet
-    shape = info.get("input_shape")
-    if not shape or len(shape) != 3:
+    if not (shape := info.get("input_shape")) or len(shape) != 3:
         return None
     return tuple(shape[1:] + shape[:1] if info["data_format"] == "channels_first" else shape)
 
@@ -89,8 +88,7 @@ def load_export(path, *, preprocessing=AUTO, top_k=None):
         raise ValueError(f"The {kind} export {target} cannot be loaded ({shorten(err)}): it is "
                          "damaged or incomplete; export it again.") from None
     if card is None and kind == "saved_model":  # no card beside it: ask the export
-        signatures = tf.saved_model.load(target).signatures
-        if SIGNATURE_METADATA in signatures:
+        if SIGNATURE_METADATA in (signatures := tf.saved_model.load(target).signatures):
             names = signatures[SIGNATURE_METADATA]()["class_names"].numpy()
             class_names = [n.decode("utf-8") for n in names] or None
     return ExportedModel(kind, target, shape, class_names, card, runner)

@@ -100,8 +100,7 @@ def validate_images(images, input_shape, *, name="images"):
     `input_shape` is the export's ``(height, width, channels)`` (None: any size), `name` the
     argument's name in messages. ValueError for a wrong dtype, rank, channel count or size."""
     height, width, channels = input_shape
-    images = np.asarray(images)
-    if images.dtype != np.uint8:
+    if (images := np.asarray(images)).dtype != np.uint8:
         raise ValueError(f"`{name}` must be uint8 pixels in 0..255 (.astype('uint8')). "
                          f"Received: dtype={images.dtype}")
     if images.ndim == 3:
@@ -122,8 +121,7 @@ def validate_images(images, input_shape, *, name="images"):
 
 def _resolve_preprocessing(model, preprocessing):
     """(layer or None, the model card's description) of the raw-image path."""
-    layer = _find_layer(model, PREPROCESSING_LAYER)
-    if layer is not None:
+    if (layer := _find_layer(model, PREPROCESSING_LAYER)) is not None:
         if preprocessing != AUTO:
             raise ValueError(
                 f"The model already has its own preprocessing layer ({PREPROCESSING_LAYER!r}); "
@@ -171,8 +169,7 @@ class ServingParts:
         self.added_preprocessing = own is None and self.preprocessing_layer is not None
         outputs = {"probabilities": model.outputs[0]}
         if include_features:
-            pool = _find_layer(model, POOL_LAYER)
-            if pool is None or len(pool.output.shape) != 2:
+            if (pool := _find_layer(model, POOL_LAYER)) is None or len(pool.output.shape) != 2:
                 raise ValueError(f"`include_features=True` needs a layer {POOL_LAYER!r} with a "
                                  f"pooled [batch, width] output. Model {model.name!r} has none.")
             outputs["features"] = pool.output
@@ -243,8 +240,7 @@ def compare(name, reference, outputs, tolerance, labels=None):
     """The parity record of an export's probabilities against the Keras model's `reference`
     (with `labels`, both accuracies); ExportParityError for another shape or a difference
     beyond `tolerance`."""
-    got = np.asarray(outputs["probabilities"])
-    if got.shape != reference.shape:
+    if (got := np.asarray(outputs["probabilities"])).shape != reference.shape:
         raise ExportParityError(f"The {name} export returns probabilities of shape {got.shape}; "
                                 f"the Keras model {reference.shape}.")
     diff = float(np.max(np.abs(got - reference)))

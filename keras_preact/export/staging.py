@@ -1,23 +1,18 @@
-"""Writing an export whole or not at all: built and checked in a temporary folder beside
-its target, then renamed into place; only an export of ours (with a model card) is replaced."""
+"""Writing an export whole or not at all (`keras_preact.files.staged_folder`); only an export
+of ours (with a model card) is replaced."""
 
-import contextlib
-import errno
 import logging
 import os
-import shutil
-import tempfile
-import uuid
 
 import keras
 import numpy as np
 
-from keras_preact.checks import check_bool, shorten
+from keras_preact.checks import check_bool, is_number, shorten
 from keras_preact.export.card import (CLASS_NAMES_FILE, LITERT_FILE, MODEL_CARD_JSON,
                                       MODEL_CARD_MD, ONNX_FILE, make_model_card, write_model_card)
 from keras_preact.export.serving import (
     AUTO, PARITY_TOLERANCES, ServingParts, check_class_names, check_json, compare)
-from keras_preact.files import NO_SPACE, atomic_write_text, is_no_space
+from keras_preact.files import atomic_write_text, staged_folder
 
 logger = logging.getLogger("keras_preact.export")
 #: What an export of any format holds at its top: `overwrite` replaces a folder with nothing else.
@@ -44,45 +39,6 @@ def check_target(target, *, overwrite):
                               "pass overwrite=True (--overwrite) to replace it.")
 
 
-@contextlib.contextmanager
-def staged_folder(target, *, overwrite):
-    """Yields a temporary folder beside `target`, renamed onto it if the block succeeds (an
-    exception removes it and leaves `target` as it was); ValueError for an unwritable parent."""
-    check_target(target, overwrite=overwrite)
-    parent = os.path.dirname(target)
-    try:
-        os.makedirs(parent, exist_ok=True)
-        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.partial-", dir=parent)
-        # mkdtemp's folder is private (0700); a server running as another user must read it.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o777 & ~umask)
-    except OSError as err:
-        raise ValueError(f"Cannot write an export under {parent!r}: {err.strerror or err}. "
-                         f"Received: path={target!r}") from None
-    try:
-        yield staging
-        check_target(target, overwrite=overwrite)  # it may have appeared meanwhile
-        if not os.path.lexists(target):
-            os.replace(staging, target)
-            return
-        # The old export is moved aside, and back if the final rename fails.
-        backup = os.path.join(parent, f".{os.path.basename(target)}.replaced-"
-                              f"{uuid.uuid4().hex[:8]}")
-        os.replace(target, backup)
-        try:
-            os.replace(staging, target)
-        except BaseException:
-            os.replace(backup, target)
-            raise
-        shutil.rmtree(backup, ignore_errors=True)
-    except BaseException as err:
-        shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(err, Exception) and is_no_space(err):  # TensorFlow's error names no path
-            raise OSError(errno.ENOSPC, NO_SPACE, target) from None
-        raise
-
-
 def export_folder(model, target, *, export_format, write, run, quantization=None,
                   extra_versions=(), class_names_dir="", preprocessing=AUTO, top_k=None,
                   include_features=False, class_names=None, weights_info=None, metrics=None,
@@ -97,8 +53,7 @@ def export_folder(model, target, *, export_format, write, run, quantization=None
     check_bool("check_parity", check_parity)
     if parity_tolerance is None:
         parity_tolerance = PARITY_TOLERANCES[key]
-    elif (isinstance(parity_tolerance, bool) or not isinstance(parity_tolerance, (int, float))
-          or parity_tolerance < 0):
+    elif not is_number(parity_tolerance) or parity_tolerance < 0:
         raise ValueError("`parity_tolerance` must be a non-negative number or None. "
                          f"Received: parity_tolerance={parity_tolerance!r}")
     parts = ServingParts(model, preprocessing=preprocessing, top_k=top_k,
@@ -116,7 +71,8 @@ def export_folder(model, target, *, export_format, write, run, quantization=None
                              f"`parity_images`. Received: {len(parity_labels)} labels, "
                              f"parity_images={None if images is None else images.shape}")
     progress = keras.utils.Progbar(3, unit_name="stage", verbose=1 if verbose else 0)
-    with staged_folder(target, overwrite=overwrite) as staging:
+    with staged_folder(target, check=lambda: check_target(target, overwrite=overwrite),
+                       what="an export") as staging:
         write(staging, parts, card)
         progress.update(1)
         if check_parity:

@@ -7,11 +7,5 @@ from keras_preact.layers.blocks import (
 from keras_preact.layers.preprocessing import ImageNormalization
 from keras_preact.layers.variants import resolve_unit_options, UNIT_TYPES
 
-__all__ = [
-    "BOTTLENECK_STRIDES",
-    "ImageNormalization",
-    "PreActBasicBlock",
-    "PreActBottleneckBlock",
-    "PreActStage",
-    "UNIT_TYPES",
-    "resolve_unit_options"]
+__all__ = ["BOTTLENECK_STRIDES", "ImageNormalization", "PreActBasicBlock", "PreActBottleneckBlock",
+           "PreActStage", "UNIT_TYPES", "resolve_unit_options"]

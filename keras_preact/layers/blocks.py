@@ -70,7 +70,7 @@ class _UnitConfigMixin:
 
     _CONFIG = ("filters", "strides", "bn_momentum", "bn_epsilon", "synchronized", "data_format",
                "unit", "shortcut_scale", "residual_scale", "gate_bias", "dropout_rate", "seed",
-               "strided_shortcut", "conv_bias")
+               "strided_shortcut", "conv_bias", "drop_path")
 
     def _init_common(self, *, filters, expansion, kernel_initializer, kernel_regularizer,
                      data_format, seed, **unit_args):
@@ -78,10 +78,9 @@ class _UnitConfigMixin:
         check_int("expansion", expansion, minimum=1)
         self.unit_options = check_unit_arguments(**unit_args)
         self.variant = variants.get_unit(unit_args["unit"])
-        dropout = self.variant.shortcut == "dropout"
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"`seed` must be None or an int. Received: seed={seed!r}")
-        if seed is not None and not dropout:
+        if seed is not None and self.variant.shortcut != "dropout":
             raise ValueError("`seed` is used only by unit='dropout_shortcut'. "
                              f"Received: seed={seed!r} with unit={unit_args['unit']!r}")
         for name, value in unit_args.items():  # as given (None: the paper's), for get_config
@@ -98,13 +97,22 @@ class _UnitConfigMixin:
                              f"filters // expansion). Received: filters={filters}, "
                              f"expansion={expansion}")
 
+    def _init_drop_path(self, drop_path, units):
+        """Keeps `drop_path`, a stochastic depth rate or one per unit, as `drop_rates`."""
+        rates = tuple(drop_path) if isinstance(drop_path, (list, tuple)) else (drop_path,) * units
+        if len(rates) != units or not all(isinstance(r, (int, float)) and not isinstance(r, bool)
+                                          and 0 <= r < 1 for r in rates):
+            raise ValueError(f"`drop_path` must be a rate in [0, 1) or a list of {units} (one "
+                             f"per unit). Received: drop_path={drop_path!r}")
+        self.drop_path, self.drop_rates = drop_path, tuple(float(r) for r in rates)
+
     def _build_seed_generator(self):
-        """The dropout unit's generator, made in `build` under the layer's own name scope:
-        every unit's generator state gets its own variable path (the other units keep their
-        variables)."""
-        if self.variant.shortcut == "dropout":
-            self.seed_generator = keras.random.SeedGenerator(self.seed,
-                                                             name="shortcut_dropout_seed")
+        """The generator of the dropout unit or of stochastic depth, made in `build` under the
+        layer's name scope: each unit's generator state gets its own variable path."""
+        dropout = self.variant.shortcut == "dropout"
+        if dropout or any(self.drop_rates):
+            self.seed_generator = keras.random.SeedGenerator(
+                self.seed, name="shortcut_dropout_seed" if dropout else "drop_path_seed")
 
     def _add_variables(self, specs, units=None):
         """Creates the variables of `UnitSpec.variable_specs` (stacked `units` times)."""
@@ -155,11 +163,9 @@ class _UnitConfigMixin:
         return tuple(out)
 
     def get_config(self):
-        config = super().get_config()
-        config.update({key: getattr(self, key) for key in self._CONFIG})
-        config["kernel_initializer"] = keras.initializers.serialize(self.kernel_initializer)
-        config["kernel_regularizer"] = keras.regularizers.serialize(self.kernel_regularizer)
-        return config
+        return {**super().get_config(), **{key: getattr(self, key) for key in self._CONFIG},
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer)}
 
 
 class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
@@ -173,11 +179,13 @@ class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
                  kernel_regularizer=None, bn_momentum=BN_MOMENTUM, bn_epsilon=BN_EPSILON,
                  synchronized=False, data_format=None, unit=variants.DEFAULT_UNIT,
                  shortcut_scale=None, residual_scale=None, gate_bias=None, dropout_rate=None,
-                 seed=None, strided_shortcut="projection", conv_bias=False, **kwargs):
+                 seed=None, strided_shortcut="projection", conv_bias=False, drop_path=0.0,
+                 **kwargs):
         args = {k: v for k, v in locals().items() if k not in (
-            "self", "kwargs", "__class__", "projection", "shared_preact")}
+            "self", "kwargs", "__class__", "projection", "shared_preact", "drop_path")}
         super().__init__(**kwargs)
         self._init_common(**args)
+        self._init_drop_path(drop_path, 1)
         check_bool("projection", projection, allow_none=True)
         check_bool("shared_preact", shared_preact, allow_none=True)
         if self.variant.shortcut == "conv" and projection is False:
@@ -220,23 +228,21 @@ class _PreActUnit(_UnitConfigMixin, keras.layers.Layer):
 
     def call(self, inputs, training=None):
         params = {name: ops.convert_to_tensor(v) for name, v in self._vars.items()}
-        y, updates = F.unit_forward(inputs, params, self.spec, **self._run_kwargs(training))
+        y, updates = F.unit_forward(inputs, params, self.spec, **self._run_kwargs(training),
+                                    drop_path=self.drop_rates[0])
         self._assign_stats(self._vars, updates)
         return y
 
     def compute_macs(self, input_shape):
         """Multiply-adds of the convs for one example (as the paper and pytorchcv count)."""
-        if len(input_shape) == 3:
-            input_shape = (None,) + tuple(input_shape)
+        input_shape = (None,) * (4 - len(input_shape)) + tuple(input_shape)  # batch axis
         spec = self.spec if self.built else self._make_spec(self._check_input(input_shape))
         return spec.macs(*spatial_shape(input_shape, self.data_format))
 
     def get_config(self):
-        config = super().get_config()
         keys = ("projection", "shared_preact") + (
             ("expansion", "bottleneck_stride") if self.block == "bottleneck" else ())
-        config.update({key: getattr(self, key) for key in keys})
-        return config
+        return {**super().get_config(), **{key: getattr(self, key) for key in keys}}
 
 
 @keras.saving.register_keras_serializable(package="keras_preact")
@@ -258,6 +264,7 @@ class PreActBasicBlock(_PreActUnit):
         strided_shortcut: see `STRIDED_SHORTCUTS`; a width change always projects.
         conv_bias: biases on the convs no BN follows ("conv2_bias"/"conv3_bias",
             "shortcut_bias"), as keras.applications ResNetV2; "full_preact" only.
+        drop_path: stochastic depth, F's drop rate in training (`functional.unit_forward`).
 
     Example:
         >>> PreActBasicBlock(32, strides=2)(keras.ops.zeros((1, 16, 16, 16))).shape
@@ -303,8 +310,9 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         num_blocks: the number of units (``units=`` is a deprecated alias).
         first_shared_preact: the first unit's `shared_preact` (None: the paper's rule).
         remat: rematerialisation in training (`remat`): None/False, True or "segment", "unit"
-            or an int; not with unit="dropout_shortcut". Without it, training loops over
+            or an int; not with random masks. Without it, training loops over
             `plain_loop_min_units` or more units too.
+        drop_path: a stochastic depth rate for every unit, or a list of one per unit.
         (the rest, **kwargs): as in the units, for every unit.
 
     Example:
@@ -326,7 +334,7 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
                  synchronized=False, data_format=None, unit=variants.DEFAULT_UNIT,
                  shortcut_scale=None, residual_scale=None, gate_bias=None, dropout_rate=None,
                  seed=None, stride_position="first", strided_shortcut="projection",
-                 conv_bias=False, remat=None, **kwargs):
+                 conv_bias=False, remat=None, drop_path=0.0, **kwargs):
         units = pop_deprecated(kwargs, "units", "num_blocks", "PreActStage")
         num_blocks = num_blocks if units is None else units
         super().__init__(**kwargs)
@@ -340,7 +348,8 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         check_stride_position(stride_position, (num_blocks,), (strides,))
         self.block, self.num_blocks = block, num_blocks
         self.first_shared_preact, self.stride_position = first_shared_preact, stride_position
-        self.remat = remat_lib.check_remat(remat, unit)
+        self._init_drop_path(drop_path, num_blocks)
+        self.remat = remat_lib.check_remat(remat, unit, max(self.drop_rates))
         unit_args.update(kernel_initializer=self.kernel_initializer, dtype=self.dtype_policy,
                          kernel_regularizer=self.kernel_regularizer,
                          data_format=self.data_format, expansion=expansion)
@@ -349,9 +358,10 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         last = stride_position == "last" and strides > 1
         self.unit1 = UNIT_CLASSES[block](filters, strides=1 if last else strides,
                                          shared_preact=first_shared_preact, name="unit1",
-                                         seed=seeds[0], **unit_args)
+                                         seed=seeds[0], drop_path=self.drop_rates[0], **unit_args)
         self.unit_last = (UNIT_CLASSES[block](filters, strides=strides, name="unit_last",
-                                              seed=seeds[1], **unit_args) if last else None)
+                                              seed=seeds[1], drop_path=self.drop_rates[-1],
+                                              **unit_args) if last else None)
 
     def build(self, input_shape):
         self._check_input(input_shape)
@@ -378,8 +388,9 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
 
     def _loopable(self):
         # Not with synchronized BN (its all-reduce cannot run in a `tf.while_loop` under
-        # MirroredStrategy) nor dropout (a seed generator in a loop body leaks).
-        return self.remat_loop and not self.synchronized and self.variant.shortcut != "dropout"
+        # MirroredStrategy) nor random masks (a seed generator in a loop body leaks).
+        return (self.remat_loop and not self.synchronized and self.variant.shortcut != "dropout"
+                and not any(self.drop_rates))
 
     def call(self, inputs, training=None, return_unit_inputs=False):
         unit_inputs = [inputs]
@@ -394,8 +405,9 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
                 x, new_stats = fast_stage.segmented_units(
                     x, stacked, self.repeat_spec, kwargs, remat=self.remat, loop=self._loopable())
             else:
-                x, new_stats = fast_stage.stacked_units(x, stacked, self.repeat_spec, kwargs,
-                                                        unit_inputs=unit_inputs)
+                x, new_stats = fast_stage.stacked_units(
+                    x, stacked, self.repeat_spec, kwargs, unit_inputs=unit_inputs,
+                    drop_paths=self.drop_rates[1:1 + self.num_stacked])
             self._assign_stats(self._stacked, new_stats)
         if self.unit_last is not None:
             unit_inputs.append(x)
@@ -403,8 +415,7 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         return (x, unit_inputs) if return_unit_inputs else x
 
     def compute_macs(self, input_shape):
-        if len(input_shape) == 3:
-            input_shape = (None,) + tuple(input_shape)
+        input_shape = (None,) * (4 - len(input_shape)) + tuple(input_shape)  # batch axis
         total = self.unit1.compute_macs(input_shape)
         out = self.unit1.compute_output_shape(input_shape)  # the stacked units' size
         total += self.num_stacked * self._repeat_spec().macs(*spatial_shape(out, self.data_format))
@@ -413,11 +424,9 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
         return int(total)
 
     def get_config(self):
-        config = super().get_config()
-        config.update({key: getattr(self, key) for key in (
+        return {**super().get_config(), **{key: getattr(self, key) for key in (
             "block", "num_blocks", "first_shared_preact", "expansion", "bottleneck_stride",
-            "stride_position", "remat")})
-        return config
+            "stride_position", "remat")}}
 
 
 def check_stride_position(stride_position, stage_blocks, stage_strides):

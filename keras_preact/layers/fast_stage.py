@@ -8,10 +8,11 @@ from keras_preact.layers import functional as F
 from keras_preact.layers import remat as remat_lib
 
 
-def stacked_units(x, stacked, spec, kwargs, unit_inputs=None):
-    """Runs the units of `stacked` (name -> tensor with a leading unit axis), unrolled,
-    appending each unit's input to `unit_inputs` when given. Returns (x, {bn: (means,
-    variances)}): the new moving statistics, stacked like the variables (not assigned)."""
+def stacked_units(x, stacked, spec, kwargs, unit_inputs=None, drop_paths=None):
+    """Runs the units of `stacked` (name -> tensor with a leading unit axis), unrolled, with
+    `drop_paths` (a stochastic depth rate per unit, or None), appending each unit's input to
+    `unit_inputs` when given. Returns (x, {bn: (means, variances)}): the new moving
+    statistics, stacked like the variables (not assigned)."""
     length = next(iter(stacked.values())).shape[0]
     # Read each stacked tensor once, then slice per unit.
     slices = {k: ops.unstack(t, num=length, axis=0) for k, t in stacked.items()}
@@ -19,7 +20,8 @@ def stacked_units(x, stacked, spec, kwargs, unit_inputs=None):
     for i in range(length):
         if unit_inputs is not None:
             unit_inputs.append(x)
-        x, updates = F.unit_forward(x, {k: s[i] for k, s in slices.items()}, spec, **kwargs)
+        x, updates = F.unit_forward(x, {k: s[i] for k, s in slices.items()}, spec, **kwargs,
+                                    drop_path=drop_paths[i] if drop_paths else 0.0)
         for bn, stats in updates.items():
             new_stats.setdefault(bn, []).append(stats)
     return x, {bn: (ops.stack([m for m, _ in stats]), ops.stack([v for _, v in stats]))

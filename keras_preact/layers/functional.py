@@ -116,9 +116,9 @@ def bn_relu(x, params, *, training, momentum, epsilon, data_format, synchronized
     kernels = _tf_kernels() if training else None
     dtype = keras.backend.standardize_dtype(x.dtype)
     if kernels is not None and kernels.fused_bn_applies(data_format, synchronized, dtype):
-        y, mean, variance = kernels.batch_norm_relu(
-            ops.cast(x, "float32"), ops.cast(params["gamma"], "float32"),
-            ops.cast(params["beta"], "float32"), epsilon)
+        y, mean, variance = kernels.batch_norm_relu(  # bfloat16 in and out: no casts
+            x if dtype == "bfloat16" else ops.cast(x, "float32"),
+            ops.cast(params["gamma"], "float32"), ops.cast(params["beta"], "float32"), epsilon)
         return ops.cast(y, x.dtype), _moving_stats(params, mean, variance, momentum)
     y, stats = batch_norm(x, params, training=training, momentum=momentum, epsilon=epsilon,
                           channel_axis=-1 if data_format == "channels_last" else 1,
@@ -161,14 +161,16 @@ def subsample(x, strides, data_format):
 
 
 def unit_forward(x, params, spec, *, training, momentum, epsilon, data_format, synchronized=False,
-                 seed_generator=None, dropout_training=None):
+                 seed_generator=None, dropout_training=None, drop_path=0.0):
     """One residual unit, ``y = f(h(x) + F(x))`` (He et al. 2016, arXiv:1603.05027, Eqs. 1-2).
 
     The default (Fig. 4e, Eq. 3) is ``y = h(x) + F(x)`` with F = (BN-ReLU-conv) x 2
     (basic) or x 3 (bottleneck); `spec.variant` (a `variants.Unit`) selects the other
     placements of Fig. 4 and the shortcuts of Fig. 2. `params` are named as in
     `UnitSpec.variable_specs`; `seed_generator` and `dropout_training` (None:
-    `training`) drive the shortcut dropout of Fig. 2f.
+    `training`) drive the shortcut dropout of Fig. 2f and stochastic depth: F dropped for
+    each example with probability `drop_path`, else divided by ``1 - drop_path`` (Huang et
+    al. 2016, arXiv:1603.09382, per example as timm's DropPath).
     Returns (y, updates): BN name -> new moving statistics."""
     v, fmt, updates = spec.variant, data_format, {}
     bn_args = dict(training=training, momentum=momentum, epsilon=epsilon,
@@ -208,8 +210,10 @@ def unit_forward(x, params, spec, *, training, momentum, epsilon, data_format, s
             h = bn(h, "shortcut_bn")
     else:
         h = subsample(h, spec.strides, fmt)
-    h, r = _mix(v, h, r, x, params, spec, fmt, seed_generator,
-                training if dropout_training is None else dropout_training)
+    dropout_training = training if dropout_training is None else dropout_training
+    h, r = _mix(v, h, r, x, params, spec, fmt, seed_generator, dropout_training)
+    if drop_path and dropout_training:
+        r = keras_random.dropout(r, drop_path, noise_shape=(None, 1, 1, 1), seed=seed_generator)
     y = ops.add(h, r)
     if v.bn_after_addition:
         y = bn(y, "add_bn")

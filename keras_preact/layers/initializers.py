@@ -1,10 +1,6 @@
-"""Initial values drawn on the host with NumPy.
-
-On the JAX backend every initializer call is an XLA program compiled for its shape, and
-those compilations were nearly all of a model's build time. NumPy draws the same
-distributions without compiling anything, and gives every backend the same values for the
-same seed (`benchmarks/build_save_load.py --backends` times the builds).
-"""
+"""Initial values drawn on the host with NumPy: on the JAX backend every initializer call is
+an XLA program compiled for its shape, and those compilations were nearly all of a model's
+build time (`benchmarks/build_save_load.py --backends` times the builds)."""
 
 import math
 import zlib

@@ -1,13 +1,12 @@
 """A JAX-only kernel for the training hot path, picked by `functional.conv`;
 tests/test_jax_kernels.py checks it equals the plain path.
 
-`conv2d`: a stride-1 convolution whose gradients are written as canonical convolutions
-(batch first, features last); used on XLA:CPU only (GPUs have their own convolution
-libraries), and reverse-mode only (`jax.custom_vjp`: no `jax.jvp` through it). Inside a `lax.scan` (the looped stages) XLA:CPU
-keeps the autodiff gradients' transposed forms (the filter gradient as
-``f01b_i01o->01bf``) and runs them on a naive loop, not its fast convolution. Outside a
-loop XLA rewrites them to these same forms itself: there the gradients agree to float32
-rounding."""
+`conv2d`: a stride-1 convolution whose gradients are written as canonical convolutions (batch
+first, features last); used on XLA:CPU only (GPUs have their own convolution libraries), and
+reverse-mode only (`jax.custom_vjp`: no `jax.jvp` through it). Inside a `lax.scan` (the looped
+stages) XLA:CPU keeps the autodiff gradients' transposed forms (the filter gradient as
+``f01b_i01o->01bf``) and runs them on a naive loop, not its fast convolution. Outside a loop XLA
+rewrites them to these same forms itself: there the gradients agree to float32 rounding."""
 
 import functools
 

@@ -35,8 +35,7 @@ def resolve_preprocessing(preprocessing):
     if set(preprocessing) - {"mean", "std", "scale"} or not {"mean", "std"} <= set(preprocessing):
         raise ValueError("A `preprocessing` dict needs the keys 'mean' and 'std' and may have "
                          f"'scale'. Received: preprocessing={preprocessing!r}")
-    mean = _as_tuple("preprocessing['mean']", preprocessing["mean"])
-    std = _as_tuple("preprocessing['std']", preprocessing["std"])
+    mean, std = (_as_tuple(f"preprocessing[{k!r}]", preprocessing[k]) for k in ("mean", "std"))
     if any(s <= 0 for s in std):
         raise ValueError(f"preprocessing['std'] must be positive. Received: {std}")
     if len(mean) != len(std) and 1 not in (len(mean), len(std)):
@@ -93,7 +92,5 @@ class ImageNormalization(keras.layers.Layer):
         return tuple(input_shape)
 
     def get_config(self):
-        config = super().get_config()
-        config.update(scale=self.scale, mean=list(self.mean), std=list(self.std),
-                      data_format=self.data_format)
-        return config
+        return {**super().get_config(), "scale": self.scale, "mean": list(self.mean),
+                "std": list(self.std), "data_format": self.data_format}

@@ -1,12 +1,11 @@
 """Rematerialisation (gradient checkpointing) of a stage's stacked units. The forward
 pass keeps only each segment's input; the backward pass recomputes one segment at a
 time (about one more forward pass). The checkpoint is the backend's: `tf.recompute_grad`
-(works under `fit`, where `keras.RematScope` fails in Keras 3.15 / TF 2.21),
-`jax.checkpoint` or non-reentrant `torch.utils.checkpoint`. The equal segments run as
-one backend loop (`scan`), which traces far sooner and holds less than unrolled
-segments. Modes (`remat=`): None / False (off), True or
-"segment" (segments of ceil(sqrt(n)) units, the memory-optimal split), "unit" (one
-unit a segment), or an int N >= 1."""
+(works under `fit`, where `keras.RematScope` fails in Keras 3.15 / TF 2.21), `jax.checkpoint`
+or non-reentrant `torch.utils.checkpoint`. The equal segments run as one backend loop
+(`scan`), which traces far sooner and holds less than unrolled segments. Modes (`remat=`):
+None / False (off), True or "segment" (segments of ceil(sqrt(n)) units, the memory-optimal
+split), "unit" (one unit a segment), or an int N >= 1."""
 
 import contextlib
 import math
@@ -30,13 +29,14 @@ def normalize_remat(remat):
                      f"(units per segment). Received: remat={remat!r}")
 
 
-def check_remat(remat, unit):
-    """`normalize_remat(remat)`, refused (ValueError) for unit="dropout_shortcut"."""
+def check_remat(remat, unit, drop_path=0.0):
+    """`normalize_remat(remat)`, refused (ValueError) with random masks: unit="dropout_shortcut"
+    or stochastic depth (a `drop_path` rate)."""
     mode = normalize_remat(remat)
-    if mode is not None and get_unit(unit).shortcut == "dropout":
-        raise ValueError("`remat` cannot be combined with unit='dropout_shortcut': recomputing a "
-                         f"unit would draw a different dropout mask. Received: remat={remat!r} "
-                         f"with unit={unit!r}")
+    if mode is not None and (get_unit(unit).shortcut == "dropout" or drop_path):
+        raise ValueError("`remat` cannot be combined with unit='dropout_shortcut' or stochastic "
+                         "depth: recomputing a unit would draw a different mask. Received: "
+                         f"remat={remat!r} with unit={unit!r}, stochastic depth {drop_path!r}")
     return mode
 
 
@@ -81,11 +81,10 @@ def checkpoint(fn):
 def model_pruning_off():
     """Turns Grappler's model pruning off inside the block (TensorFlow).
 
-    Model pruning undoes `tf.recompute_grad` in a traced step (the peak memory stays
-    near that of no remat; `benchmarks/` measures it). TensorFlow reads
-    the option when a function *runs*, not when traced, so the block must enclose the
-    training step's calls (`PreActResNet` wraps its train function; a custom
-    `tf.function` loop wraps its calls)."""
+    Model pruning undoes `tf.recompute_grad` in a traced step (the peak memory stays near
+    that of no remat; `benchmarks/` measures it). TensorFlow reads the option when a function
+    *runs*, not when traced, so the block must enclose the training step's calls
+    (`PreActResNet` wraps its train function; a custom `tf.function` loop wraps its calls)."""
     import tensorflow as tf
     if tf.config.optimizer.get_experimental_options().get("disable_model_pruning"):
         yield

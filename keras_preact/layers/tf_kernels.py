@@ -95,11 +95,12 @@ def conv2d(x, kernel):
 
 
 def batch_norm_relu(x, gamma, beta, epsilon):
-    """Training ``relu(batch_norm(x))`` of float32 NHWC `x` as `FusedBatchNormV3`, which
+    """Training ``relu(batch_norm(x))`` of float32 or bfloat16 NHWC `x` (statistics in
+    float32, the dtype of `gamma`) as `FusedBatchNormV3`, which
     Grappler fuses with the ReLU (`_FusedBatchNormEx`). Returns (y, mean, variance), the
     variance the biased one Keras' BN averages (the kernel's Bessel-corrected one rescaled
     by (n - 1) / n)."""
-    empty = tf.zeros([0], x.dtype)
+    empty = tf.zeros([0], gamma.dtype)
     # The raw op: `tf.compat.v1.nn.fused_batch_norm` would raise epsilon to 1.001e-5.
     y, mean, variance = tf.raw_ops.FusedBatchNormV3(
         x=x, scale=gamma, offset=beta, mean=empty, variance=empty, epsilon=epsilon,

@@ -25,13 +25,9 @@ def conv_macs(conv, input_shape, data_format):
     if height is None or width is None:
         raise ValueError(f"Multiply-adds need a fixed input size. Received: input_shape="
                          f"{tuple(input_shape)}")
-    (sh, sw), (kh, kw) = conv.strides, conv.kernel_size
-    if conv.padding == "same":
-        out_h, out_w = -(-height // sh), -(-width // sw)
-    else:
-        # Our strided convs are fed a symmetric (k - 1) // 2 padding before the conv.
-        pad_h = (kh - 1) // 2 * 2 if sh > 1 else 0
-        pad_w = (kw - 1) // 2 * 2 if sw > 1 else 0
-        out_h = (height + pad_h - kh) // sh + 1
-        out_w = (width + pad_w - kw) // sw + 1
-    return int(out_h * out_w * kh * kw * conv.kernel.shape[2] * conv.filters)
+    macs = conv.kernel.shape[2] * conv.filters
+    for size, s, k in zip((height, width), conv.strides, conv.kernel_size):
+        # Our strided "valid" convs are fed a symmetric (k - 1) // 2 padding first.
+        pad = (k - 1) // 2 * 2 if s > 1 else 0
+        macs *= k * (-(-size // s) if conv.padding == "same" else (size + pad - k) // s + 1)
+    return int(macs)

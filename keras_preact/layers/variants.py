@@ -8,6 +8,8 @@ import dataclasses
 import math
 import numbers
 
+from keras_preact.checks import check_choice
+
 
 @dataclasses.dataclass(frozen=True)
 class Unit:
@@ -79,15 +81,12 @@ _PARAMETERS = ("shortcut_scale", "residual_scale", "gate_bias", "dropout_rate")
 
 def get_unit(unit):
     """The `Unit` record of `unit`; ValueError listing the valid names."""
-    if not isinstance(unit, str) or unit not in UNITS:
-        raise ValueError(f"Unknown `unit`. Received: unit={unit!r}. Valid: {list(UNIT_TYPES)}")
-    return UNITS[unit]
+    return UNITS[check_choice("unit", unit, UNIT_TYPES)]
 
 
 def check_unit_name(unit):
     """Returns `unit`; ValueError listing the valid names."""
-    get_unit(unit)
-    return unit
+    return check_choice("unit", unit, UNIT_TYPES)
 
 
 def resolve_unit_options(unit, *, shortcut_scale=None, residual_scale=None, gate_bias=None,

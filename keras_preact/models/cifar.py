@@ -5,14 +5,11 @@ a 3x3 stem of 16 filters; stride 2 in the first unit of stages 2 and 3 (Section 
 
 from keras_preact.checks import check_choice
 from keras_preact.layers.blocks import BLOCK_TYPES
-from keras_preact.models.factory import (
-    build_with_weights, check_reserved, default_input_shape, register_factory)
+from keras_preact.models.factory import build_with_weights, check_reserved, register_factory
 from keras_preact.weights import hooks as weights_hooks
 
 CIFAR_BLOCKS = ("auto",) + BLOCK_TYPES
 CIFAR_WIDTHS = {"basic": (16, 32, 64), "bottleneck": (64, 128, 256)}
-#: Minimum input height and width for the CIFAR networks (total stride 4).
-CIFAR_MIN_INPUT_SIZE = 8
 
 
 def cifar_units_per_stage(depth, block="auto"):
@@ -60,22 +57,18 @@ def preact_resnet_cifar(depth, *, block="auto", include_top=True, weights=None,
                         stage_strides=(1, 2, 2))
     return build_with_weights(
         f"preact_resnet{depth}", architecture, weights=weights, include_top=include_top,
-        input_tensor=input_tensor, input_shape=input_shape,
-        default_input_shape=default_input_shape(32, input_shape, input_tensor, kwargs),
-        pooling=pooling, classes=classes, default_classes=weights_hooks.DEFAULT_CLASSES,
-        classifier_activation=classifier_activation, name=name or f"preact_resnet{depth}",
-        kwargs=kwargs)
+        input_tensor=input_tensor, input_shape=input_shape, size=32, pooling=pooling,
+        classes=classes, default_classes=weights_hooks.DEFAULT_CLASSES,
+        classifier_activation=classifier_activation, name=name, kwargs=kwargs)
 
 
 def _register(depth, block):
     units = (depth - 2) // (6 if block == "basic" else 9)
-    doc = (f"Pre-activation ResNet-{depth} for CIFAR ({block} units, {units} per stage).\n\n"
-           "Keyword-only arguments as in keras.applications: include_top=True, weights=None "
-           "(or a tag, .weights.h5, .keras or URL#sha256=...), input_tensor=None, "
-           "input_shape=None (32, 32, 3), pooling=None, classes=None (the weights' or 10), "
-           "classifier_activation='softmax'; any other `PreActResNet` argument is forwarded. "
-           "See `preact_resnet_cifar`.\n")
-    return register_factory(preact_resnet_cifar, depth, block, "cifar", doc, {"block": block})
+    return register_factory(
+        preact_resnet_cifar, depth, block,
+        f"Pre-activation ResNet-{depth} for CIFAR ({block} units, {units} per stage).",
+        weights_help="or a tag, .weights.h5, .keras or URL#sha256=...", size=32,
+        default_classes=weights_hooks.DEFAULT_CLASSES, fixed={"block": block})
 
 
 preact_resnet20 = _register(20, "basic")

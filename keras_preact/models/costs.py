@@ -35,7 +35,11 @@ def count_macs(model):
     for layer in model.layers:
         if isinstance(layer, keras.layers.InputLayer):
             continue
-        shape = _input_shape(layer)
+        shape = tuple(layer.input.shape)
+        if any(d is None for d in shape[1:]):
+            raise ValueError("count_macs needs a fixed input size; build the model with e.g. "
+                             f"input_shape=(32, 32, 3). Layer {layer.name!r} has input shape "
+                             f"{shape}")
         if hasattr(layer, "compute_macs"):
             total += layer.compute_macs(shape)
         elif isinstance(layer, keras.Model) and private_api.is_functional(layer):
@@ -46,14 +50,6 @@ def count_macs(model):
         elif isinstance(layer, keras.layers.Dense):
             total += int(layer.kernel.shape[0] * layer.kernel.shape[1])
     return int(total)
-
-
-def _input_shape(layer):
-    shape = tuple(layer.input.shape)
-    if any(d is None for d in shape[1:]):
-        raise ValueError("count_macs needs a fixed input size; build the model with e.g. "
-                         f"input_shape=(32, 32, 3). Layer {layer.name!r} has input shape {shape}")
-    return shape
 
 
 def count_params(model, trainable_only=True):

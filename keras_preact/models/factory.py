@@ -9,14 +9,6 @@ from keras_preact.models.registry import get_model, register_model
 from keras_preact.weights import hooks as weights_hooks
 
 
-def default_input_shape(size, input_shape, input_tensor, kwargs):
-    """(size, size, 3) in `kwargs`' data format, None when the caller gave an input."""
-    if input_shape is not None or input_tensor is not None:
-        return None
-    last = normalize_data_format(kwargs.get("data_format")) == "channels_last"
-    return (size, size, 3) if last else (3, size, size)
-
-
 def check_reserved(kwargs, reserved):
     """ValueError for an argument of `kwargs` a registered model fixes."""
     for name in reserved:
@@ -27,12 +19,12 @@ def check_reserved(kwargs, reserved):
 
 
 def build_with_weights(model_name, architecture, *, weights, include_top, input_tensor,
-                       input_shape, default_input_shape, pooling, classes, default_classes,
+                       input_shape, size, pooling, classes, default_classes,
                        classifier_activation, name, kwargs, defaults=None):
     """Builds a registered model's `PreActResNet` and loads its `weights`, validated
     (and fetched) before any layer is built; they may set architecture arguments, the
-    preprocessing and the input size (`weights.hooks`). `architecture` holds the
-    arguments the model's name fixes; `defaults` the family's, which the weights'
+    preprocessing and the input size (`weights.hooks`; else `size` squared). `architecture`
+    holds the arguments the model's name fixes; `defaults` the family's, which the weights'
     recorded architecture and the caller's `kwargs` override."""
     kwargs = rename_deprecated(kwargs, model_name)
     check_known_arguments(kwargs, MODEL_ARGUMENTS, where=model_name)
@@ -41,24 +33,25 @@ def build_with_weights(model_name, architecture, *, weights, include_top, input_
     include_top = include_top and not kwargs.get("features")  # a backbone loads as no-top
     if weights is None and classes is None:
         classes = default_classes
+    channels_last = normalize_data_format(kwargs.get("data_format")) == "channels_last"
     request = weights_hooks.WeightsRequest(
         weights=weights, model=model_name, include_top=include_top, classes=classes,
         input_shape=tuple(input_tensor.shape[1:]) if input_tensor is not None else input_shape,
-        channels_last=normalize_data_format(kwargs.get("data_format")) == "channels_last",
-        kwargs=kwargs, fixed=architecture)
+        channels_last=channels_last, kwargs=kwargs, fixed=architecture)
     plan = weights_hooks.plan_weights(request)
     overrides = dict(plan["overrides"])
     recorded_shape = overrides.pop("input_shape", None)
     if input_shape is None and input_tensor is None:
-        input_shape = recorded_shape or default_input_shape
+        input_shape = recorded_shape or ((size, size, 3) if channels_last else (3, size, size))
     config = {**(defaults or {}), **architecture, "include_top": include_top,
               "pooling": pooling, "classes": plan["classes"],
               "classifier_activation": classifier_activation, "input_shape": input_shape,
-              "input_tensor": input_tensor, "name": name, **overrides, **kwargs}
+              "input_tensor": input_tensor, "name": name or model_name, **overrides, **kwargs}
     if plan["kind"] in ("entry", "url"):
         # Bad arguments must not cost a download (a URL's classes come with its file).
         known = 1 if config["classes"] is None else config["classes"]
-        _check_model_arguments({**config, "classes": known})
+        validate_config(Architecture(**{k: v for k, v in {**config, "classes": known}.items()
+                                        if k in ARGUMENTS}))
     weights_hooks.materialize(plan, request, build=get_model)
     if plan["kind"] == "url":
         # The verified file decided the classes and may record the input size.
@@ -70,14 +63,10 @@ def build_with_weights(model_name, architecture, *, weights, include_top, input_
     return weights_hooks.load_planned_weights(PreActResNet(**config), plan)
 
 
-def _check_model_arguments(config):
-    """`validate_config` of a factory's `config`."""
-    validate_config(Architecture(**{k: v for k, v in config.items() if k in ARGUMENTS}))
-
-
-def register_factory(build, depth, block, family, doc, fixed=None):
+def register_factory(build, depth, block, summary, *, weights_help, size, default_classes,
+                     fixed=None):
     """Registers ``preact_resnet{depth}``, `build(depth, **fixed, ...)` with
-    keras.applications' keyword-only arguments."""
+    keras.applications' keyword-only arguments, documented by `summary` and the defaults."""
 
     def factory(*, include_top=True, weights=None, input_tensor=None, input_shape=None,
                 pooling=None, classes=None, classifier_activation="softmax", **kwargs):
@@ -87,5 +76,10 @@ def register_factory(build, depth, block, family, doc, fixed=None):
                      classifier_activation=classifier_activation, **(fixed or {}), **kwargs)
 
     factory.__name__ = factory.__qualname__ = f"preact_resnet{depth}"
-    factory.__doc__ = doc
+    factory.__doc__ = (
+        f"{summary}\n\nKeyword-only arguments as in keras.applications: include_top=True, "
+        f"weights=None ({weights_help}), input_tensor=None, input_shape=None ({size}, {size}, 3), "
+        f"pooling=None, classes=None (the weights' or {default_classes}), classifier_activation="
+        f"'softmax'; any other `PreActResNet` argument is forwarded. See `{build.__name__}`.\n")
+    family = build.__name__.removeprefix("preact_resnet_")
     return register_model(depth=depth, block=block, family=family)(factory)

@@ -9,8 +9,7 @@ average pooling and a 1000-way dense head.
   shortcut on the stem's activated output unless it projects (the layout of the
   published pytorchcv weights)."""
 
-from keras_preact.models.factory import (
-    build_with_weights, check_reserved, default_input_shape, register_factory)
+from keras_preact.models.factory import build_with_weights, check_reserved, register_factory
 from keras_preact.models.preact_resnet import POOLED_STEMS
 
 #: depth -> (block, units per stage)
@@ -19,8 +18,6 @@ IMAGENET_DEPTHS = {
     101: ("bottleneck", (3, 4, 23, 3)), 152: ("bottleneck", (3, 8, 36, 3)),
     200: ("bottleneck", (3, 24, 36, 3))}
 IMAGENET_WIDTHS = {"basic": (64, 128, 256, 512), "bottleneck": (256, 512, 1024, 2048)}
-#: Minimum input height and width (total stride 32).
-IMAGENET_MIN_INPUT_SIZE = 32
 
 
 def preact_resnet_imagenet(depth, *, include_top=True, weights=None, input_tensor=None,
@@ -49,22 +46,17 @@ def preact_resnet_imagenet(depth, *, include_top=True, weights=None, input_tenso
         defaults=dict(bottleneck_stride="first", first_shared_preact=False,
                       stage_strides=(1, 2, 2, 2), stem="imagenet"),
         weights=weights, include_top=include_top, input_tensor=input_tensor,
-        input_shape=input_shape,
-        default_input_shape=default_input_shape(224, input_shape, input_tensor, kwargs),
-        pooling=pooling, classes=classes, default_classes=1000,
-        classifier_activation=classifier_activation, name=name or f"preact_resnet{depth}",
+        input_shape=input_shape, size=224, pooling=pooling, classes=classes,
+        default_classes=1000, classifier_activation=classifier_activation, name=name,
         kwargs=kwargs)
 
 
 def _register(depth):
     block, units = IMAGENET_DEPTHS[depth]
-    doc = (f"Pre-activation ResNet-{depth} for ImageNet ({block} units, stages {list(units)})."
-           "\n\nKeyword-only arguments as in keras.applications: include_top=True, "
-           "weights=None (or 'imagenet', a file or a URL), input_tensor=None, "
-           "input_shape=None (224, 224, 3), pooling=None, classes=None (the weights' or "
-           "1000), classifier_activation='softmax'; any other `PreActResNet` argument is "
-           "forwarded. See `preact_resnet_imagenet`.\n")
-    return register_factory(preact_resnet_imagenet, depth, block, "imagenet", doc)
+    return register_factory(
+        preact_resnet_imagenet, depth, block,
+        f"Pre-activation ResNet-{depth} for ImageNet ({block} units, stages {list(units)}).",
+        weights_help="or 'imagenet', a file or a URL", size=224, default_classes=1000)
 
 
 preact_resnet18 = _register(18)

@@ -28,6 +28,9 @@ from keras_preact.layers.utils import normalize_data_format
 STEMS = ("cifar", "imagenet", "imagenet_preact")
 POOLED_STEMS = ("imagenet", "imagenet_preact")
 POOLINGS = (None, "avg", "max")
+#: The `Architecture` fields that every residual unit takes as they are.
+_UNIT_FIELDS = ("bn_momentum", "bn_epsilon", "unit", "shortcut_scale", "residual_scale",
+                "gate_bias", "dropout_rate", "strided_shortcut", "conv_bias")
 #: Deprecated argument names -> their names now (accepted with a warning for one release).
 RENAMED_ARGUMENTS = {"first_unit_shared_preact": "first_shared_preact"}
 
@@ -47,9 +50,8 @@ def _positive_ints(name, value):
     except TypeError:
         out = ()
     if not out or not all(is_int(v, 1) for v in out):
-        raise ValueError(
-            f"`{name}` must be a non-empty sequence of positive integers. Received: {name}={value!r}"
-        )
+        raise ValueError(f"`{name}` must be a non-empty sequence of positive integers. "
+                         f"Received: {name}={value!r}")
     return out
 
 
@@ -60,10 +62,8 @@ def check_input_tensor(input_tensor):
                          f"a layer). Received: input_tensor={input_tensor!r}")
 
 
-def _check_head(include_top, pooling, classes, classifier_activation, features=False):
-    check_bool("include_top", include_top)
+def _check_head(include_top, pooling, classes, classifier_activation, features):
     check_choice("pooling", pooling, POOLINGS)
-    check_bool("features", features)
     if features and pooling is not None:
         raise ValueError("`features=True` returns the stages' 4D feature maps, which are not "
                          f"pooled. Received: pooling={pooling!r}. Leave pooling=None.")
@@ -122,15 +122,9 @@ def validate_config(arch):
     returns it completed: the stages as tuples, the data format, the full input shape
     (None for a free height or width), no head with `features`, the remat setting."""
     a = arch
-    block, bottleneck_expansion, stem_strides, stem = (
-        a.block, a.bottleneck_expansion, a.stem_strides, a.stem)
-    check_choice("block", block, BLOCK_TYPES)
-    check_unit_arguments(
-        strides=1, bottleneck_stride=a.bottleneck_stride, bn_momentum=a.bn_momentum,
-        bn_epsilon=a.bn_epsilon, synchronized=a.synchronized_bn, unit=a.unit,
-        strided_shortcut=a.strided_shortcut, conv_bias=a.conv_bias,
-        shortcut_scale=a.shortcut_scale, residual_scale=a.residual_scale,
-        gate_bias=a.gate_bias, dropout_rate=a.dropout_rate)
+    check_choice("block", a.block, BLOCK_TYPES)
+    check_unit_arguments(strides=1, bottleneck_stride=a.bottleneck_stride,
+                         synchronized=a.synchronized_bn, **{k: getattr(a, k) for k in _UNIT_FIELDS})
     stages = {name: _positive_ints(name, getattr(a, name))
               for name in ("stage_blocks", "stage_filters", "stage_strides")}
     if len(set(map(len, stages.values()))) != 1:
@@ -139,20 +133,21 @@ def validate_config(arch):
             + "Received: " + ", ".join(f"{k}={v}" for k, v in stages.items()))
     for name in ("stem_filters", "stem_kernel_size", "stem_strides", "bottleneck_expansion"):
         check_int(name, getattr(a, name), minimum=1)
-    if block == "bottleneck" and any(f % bottleneck_expansion for f in stages["stage_filters"]):
-        raise ValueError(
-            "Bottleneck stage widths must be divisible by `bottleneck_expansion`. Received: "
-            f"stage_filters={stages['stage_filters']}, bottleneck_expansion={bottleneck_expansion}")
+    widths, expansion = stages["stage_filters"], a.bottleneck_expansion
+    if a.block == "bottleneck" and any(f % expansion for f in widths):
+        raise ValueError("Bottleneck stage widths must be divisible by `bottleneck_expansion`. "
+                         f"Received: stage_filters={widths}, bottleneck_expansion={expansion}")
     for name in ("include_top", "features", "zero_init_last"):
         check_bool(name, getattr(a, name))
     include_top = a.include_top and not a.features
     _check_head(include_top, a.pooling, a.classes, a.classifier_activation, a.features)
-    if a.head_dropout is not None and not (isinstance(a.head_dropout, (int, float))
-                                           and 0 <= a.head_dropout < 1):
-        raise ValueError("`head_dropout` must be None or a rate in [0, 1). Received: "
-                         f"head_dropout={a.head_dropout!r}")
+    for name, optional in (("head_dropout", True), ("stochastic_depth", False)):
+        rate = getattr(a, name)
+        if not (rate is None and optional or isinstance(rate, (int, float)) and 0 <= rate < 1):
+            raise ValueError(f"`{name}` must be {'None or ' * optional}a rate in [0, 1). "
+                             f"Received: {name}={rate!r}")
     data_format = normalize_data_format(a.data_format)
-    check_choice("stem", stem, STEMS)
+    check_choice("stem", a.stem, STEMS)
     check_stride_position(a.stride_position, stages["stage_blocks"], stages["stage_strides"])
     check_dtype(a.dtype)
     try:
@@ -163,11 +158,12 @@ def validate_config(arch):
                          "('he_normal', 'glorot_uniform', ...) or instance") from None
     resolve_preprocessing(a.preprocessing)
     # The ImageNet stems' max pool halves the size once more.
-    total_stride = (stem_strides * (2 if stem in POOLED_STEMS else 1)
+    total_stride = (a.stem_strides * (2 if a.stem in POOLED_STEMS else 1)
                     * math.prod(stages["stage_strides"]))
     input_shape = _check_input_shape(a.input_shape, data_format, total_stride)
     return dataclasses.replace(a, **stages, data_format=data_format, input_shape=input_shape,
-                               include_top=include_top, remat=check_remat(a.remat, a.unit))
+                               include_top=include_top,
+                               remat=check_remat(a.remat, a.unit, a.stochastic_depth))
 
 
 def _stem(x, a):
@@ -208,21 +204,21 @@ def _bn(a, name, x):
 def _stages(x, a):
     # The first unit shares its pre-activation with its shortcut unless first_shared_preact=False.
     preact = variants.get_unit(a.unit).preactivation
-    kwargs = dict(kernel_initializer=a.kernel_initializer, bn_momentum=a.bn_momentum,
-                  bn_epsilon=a.bn_epsilon, synchronized=a.synchronized_bn,
-                  data_format=a.data_format, dtype=a.dtype, unit=a.unit,
-                  shortcut_scale=a.shortcut_scale, residual_scale=a.residual_scale,
-                  gate_bias=a.gate_bias, dropout_rate=a.dropout_rate,
-                  stride_position=a.stride_position, strided_shortcut=a.strided_shortcut,
-                  conv_bias=a.conv_bias, remat=a.remat)
+    kwargs = dict(kernel_initializer=a.kernel_initializer, synchronized=a.synchronized_bn,
+                  data_format=a.data_format, dtype=a.dtype, stride_position=a.stride_position,
+                  remat=a.remat, **{k: getattr(a, k) for k in _UNIT_FIELDS})
     if a.block == "bottleneck":
         kwargs.update(expansion=a.bottleneck_expansion, bottleneck_stride=a.bottleneck_stride)
-    outputs = []
+    outputs, total = [], sum(a.stage_blocks)
     for i, (units, filters, strides) in enumerate(
             zip(a.stage_blocks, a.stage_filters, a.stage_strides), start=1):
         shared = True if i == 1 and a.first_shared_preact and preact else None
+        # Unit l of L drops F with probability l / L * stochastic_depth (Huang et al. 2016).
+        first = sum(a.stage_blocks[:i - 1]) + 1
+        drop = [a.stochastic_depth * l / total for l in range(first, first + units)]
         x = PreActStage(a.block, filters, units, strides=strides, first_shared_preact=shared,
-                        name=f"stage{i}", **kwargs)(x)
+                        name=f"stage{i}", drop_path=drop if a.stochastic_depth else 0.0,
+                        **kwargs)(x)
         outputs.append(x)
     return outputs
 
@@ -316,6 +312,9 @@ class PreActResNet(keras.Model):
         conv_bias: biases on the convs no BN follows (each unit's last conv and projection,
             the stem conv without a stem BN); "full_preact" only.
         remat: rematerialisation in training (`layers.remat`): same results, ~1 extra forward.
+        stochastic_depth: the last unit's rate of dropping its residual branch in training,
+            unit l of L dropping at l / L of it (Huang et al. 2016; per example, as timm's
+            ``drop_path_rate``); 0: off. The weights are the same with or without it.
         dtype: dtype policy; the final activation computes in float32 at least.
         **kwargs: `trainable`; any other name raises ValueError.
 
@@ -351,10 +350,9 @@ class PreActResNet(keras.Model):
 
     @property
     def pyramid_outputs(self):
-        """The stages' outputs by level, named as keras-hub's backbones name them: "P{n}"
-        is 2**n times smaller than the input (ImageNet models P2 ... P5, CIFAR models P0 ...
-        P2; of stages ending at the same stride, the last). The last level is after the
-        final BN-ReLU, the others the stages' sums.
+        """The stages' outputs by level, as keras-hub's backbones name them ("P{n}": 2**n times
+        smaller than the input, e.g. ImageNet models P2 ... P5; of stages ending at the same
+        stride, the last), the last after the final BN-ReLU, the others the stages' sums.
         ``keras.Model(model.input, model.pyramid_outputs)`` is the `features=True` model."""
         return dict(self._pyramid_outputs)
 

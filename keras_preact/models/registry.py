@@ -27,9 +27,7 @@ def list_models(pattern=None, family=None):
             raise ValueError(f"`{name}` must be a string or None. Received: {name}={value!r}")
     items = sorted(_REGISTRY.items(), key=lambda kv: (kv[1]["family"], kv[1]["depth"], kv[0]))
     names = [n for n, info in items if family is None or info["family"] == family]
-    if pattern is not None:
-        names = fnmatch.filter(names, pattern)
-    return names
+    return names if pattern is None else fnmatch.filter(names, pattern)
 
 
 def model_info(name):

@@ -6,14 +6,17 @@ import json
 import math
 import os
 import re
-from typing import Optional
+from typing import Optional, get_args
 
-from keras_preact.checks import check_int, is_int
+from keras_preact.checks import check_choice, check_int, is_int
 from keras_preact.files import user_path
 
 STRATEGIES = ("default", "mirrored", "tpu", "multiworker")
 PRECISIONS = ("fp32", "mixed_float16", "mixed_bfloat16")
 SCHEDULE_UNITS = ("iterations", "epochs")
+#: "step": the warm-up rate, then drops at `boundaries`; "cosine": a linear warm-up from the
+#: warm-up rate, then a half cosine to 0 (Loshchilov & Hutter 2017), `boundaries` unused.
+SCHEDULES = ("step", "cosine")
 LR_SCALINGS = ("linear", "sqrt", "none")
 #: Which variables get the coupled L2 term (see `keras_preact.training.optimizers`).
 DECAY_VARIABLES = ("all", "kernels")
@@ -63,6 +66,7 @@ class TrainConfig:
     nesterov: bool = _field(False, "Nesterov momentum")
     weight_decay: float = _field(1e-4, "coupled L2 (added to the gradient before momentum)")
     weight_decay_on: str = _field("all", "which variables get the L2 term", choices=DECAY_VARIABLES)
+    schedule: str = _field("step", "step or cosine (see SCHEDULES)", choices=SCHEDULES)
     schedule_unit: str = _field("iterations", "the unit of warmup, boundaries and total",
                                 choices=SCHEDULE_UNITS)
     warmup: float = _field(400, "warm-up length, in schedule units")
@@ -70,6 +74,14 @@ class TrainConfig:
     decay_factor: float = _field(0.1, "learning-rate factor at each boundary")
     total: float = _field(64000, "schedule length, in schedule units")
     epochs: Optional[int] = _field(None, "run length in epochs (stretches the schedule)")
+    label_smoothing: float = _field(0.0, "cross-entropy against targets smoothed by this much "
+                                    "(Szegedy et al. 2016)")
+    cutout: int = _field(0, "side of a square of pixels zeroed at a random place of each "
+                         "training image (DeVries & Taylor 2017: 16 on CIFAR-10); 0: off")
+    stochastic_depth: float = _field(0.0, "the last residual unit's drop rate, lower in "
+                                     "proportion to depth (Huang et al. 2016); 0: off")
+    ema_momentum: Optional[float] = _field(None, "the final model is the moving average of "
+                                           "the weights with this momentum, e.g. 0.999")
     steps: Optional[int] = _field(None, "run length in updates (stretches the schedule)")
     seed: int = _field(0, "initialisation, data order and augmentation")
     deterministic: bool = _field(False, "TensorFlow op determinism (bit-exact reruns)")
@@ -123,7 +135,8 @@ class TrainConfig:
         if any(b <= 0 for b in bounds) or any(b2 <= b1 for b1, b2 in zip(bounds, bounds[1:])):
             raise ValueError(f"`boundaries` must be strictly increasing and > 0. Received: "
                              f"boundaries={self.boundaries!r}")
-        if bounds and (bounds[-1] >= float(self.total) or float(self.warmup) > bounds[0]):
+        if self.schedule == "step" and bounds and (
+                bounds[-1] >= float(self.total) or float(self.warmup) > bounds[0]):
             raise ValueError("Need warmup <= boundaries[0] and every boundary < total. "
                              f"Received: warmup={self.warmup}, boundaries={self.boundaries}, "
                              f"total={self.total}")
@@ -196,14 +209,14 @@ class TrainConfig:
         per_step = (self.base_batch_size / self.batch_size  # steps per schedule unit
                     if self.schedule_unit == "iterations" else float(steps_per_epoch))
         warmup = float(self.warmup) * per_step
-        bounds = [float(b) * per_step for b in self.boundaries]
+        bounds = [float(b) * per_step for b in self.boundaries if self.schedule == "step"]
         total = float(self.total) * per_step
         if self.epochs is not None or self.steps is not None:
             new_total = self.steps if self.steps is not None else self.epochs * steps_per_epoch
             stretch = new_total / total
             warmup, total = warmup * stretch, float(new_total)
             bounds = [b * stretch for b in bounds]
-        total_steps, warmup_steps, boundaries = max(1, round(total)), round(warmup), []
+        total_steps, boundaries = max(1, round(total)), []
         for b in map(round, bounds):
             # Very short runs may merge phases: keep a boundary only if it means a change.
             if b >= 1 and (not boundaries or b > boundaries[-1]) and b < total_steps:
@@ -213,35 +226,51 @@ class TrainConfig:
         # Rounded to 12 significant digits: 0.0025, not 0.0025000000000000005.
         values = [_round(float(self.learning_rate) * scale * float(self.decay_factor) ** i)
                   for i in range(len(boundaries) + 1)]
-        if boundaries:
-            warmup_steps = min(warmup_steps, boundaries[0])
+        warmup_steps = min([round(warmup)] + boundaries[:1])
         return {"total_steps": total_steps, "warmup_steps": warmup_steps,
                 "warmup_learning_rate": _round(float(self.warmup_learning_rate) * scale),
                 "boundaries": boundaries, "values": values, "steps_per_epoch": int(steps_per_epoch),
                 "epochs": int(math.ceil(total_steps / steps_per_epoch))}
 
     def make_schedule(self, steps_per_epoch):
-        """The `WarmupPiecewiseConstant` for `resolve_schedule(steps_per_epoch)`."""
+        """The `WarmupPiecewiseConstant` (or Keras' `CosineDecay`) of `resolve_schedule`."""
+        import keras
         from keras_preact.training.schedules import WarmupPiecewiseConstant
         s = self.resolve_schedule(steps_per_epoch)
-        warmup_lr = s["warmup_learning_rate"] if s["warmup_steps"] else None
+        warmup, lr = s["warmup_steps"], s["values"][0]
+        warmup_lr = s["warmup_learning_rate"] if warmup else None
+        if self.schedule == "cosine":
+            return keras.optimizers.schedules.CosineDecay(
+                lr if warmup_lr is None else warmup_lr, max(1, s["total_steps"] - warmup),
+                warmup_target=None if warmup_lr is None else lr, warmup_steps=warmup)
         return WarmupPiecewiseConstant(s["boundaries"], s["values"], warmup_steps=s["warmup_steps"],
                                        warmup_learning_rate=warmup_lr)
 
 
+#: Named recipes, as `TrainConfig` fields over its defaults (the paper's CIFAR recipe).
+RECIPES = {"paper": {}, "fast": dict(
+    schedule="cosine", schedule_unit="epochs", warmup=1, boundaries=(), total=30,
+    warmup_learning_rate=0.0, learning_rate=0.2, nesterov=True, weight_decay=5e-4,
+    weight_decay_on="kernels", label_smoothing=0.1)}
+
+
+def recipe(name="paper", **overrides):
+    """The `TrainConfig` of a recipe of `RECIPES` ("paper" or "fast"), with `overrides`."""
+    return TrainConfig(**{**RECIPES[check_choice("recipe", name, RECIPES)], **overrides})
+
+
 def paper_cifar_recipe(**overrides):
     """The paper's CIFAR recipe as a `TrainConfig` (all defaults), with `overrides`."""
-    return TrainConfig(**overrides)
+    return recipe("paper", **overrides)
 
 
 def paper_imagenet_recipe(**overrides):
     """The paper's ImageNet recipe (Section 5: lr 0.1 divided by 10 at epochs 30 and 60, 90
     epochs) as a `TrainConfig`, with `overrides`; its input pipeline is
     `keras_preact.data.imagenet.make_imagenet_dataset`."""
-    recipe = dict(model="preact_resnet50", batch_size=256, base_batch_size=256,
-                  learning_rate=0.1, schedule_unit="epochs", warmup=0, boundaries=(30, 60),
-                  total=90)
-    return TrainConfig(**{**recipe, **overrides})
+    return TrainConfig(**{**dict(model="preact_resnet50", batch_size=256, base_batch_size=256,
+                                 learning_rate=0.1, schedule_unit="epochs", warmup=0,
+                                 boundaries=(30, 60), total=90), **overrides})
 
 
 #: `TrainConfig.validate`'s per-field checks: (field names, test, what is valid).
@@ -251,6 +280,8 @@ _CHECKS = (
       for f in dataclasses.fields(TrainConfig) if f.metadata["choices"]),
     ("batch_size base_batch_size epochs steps cpu_devices intra_op_threads inter_op_threads "
      "keep_checkpoints", lambda v: is_int(v, 1), "a positive integer"),
+    ("label_smoothing stochastic_depth ema_momentum", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("cutout", lambda v: is_int(v, 0), "an int >= 0"),
     ("learning_rate warmup_learning_rate weight_decay",
      lambda v: not isinstance(v, (bool, str)) and 0 <= v < math.inf, "a finite number >= 0"),
     ("momentum", lambda v: 0.0 <= float(v) <= 1.0, "in [0, 1]"),
@@ -264,8 +295,8 @@ _CHECKS = (
     ("verbose", lambda v: v in ("auto", 0, 1, 2), "'auto', 0, 1 or 2"),
     ("weights", lambda v: isinstance(v, str) and v,
      "None, a catalog tag, a .weights.h5 / .keras path or a URL with its hash"))
-#: Fields of `_CHECKS` that may be None.
-_OPTIONAL = ("epochs", "steps", "cpu_devices", "intra_op_threads", "inter_op_threads", "weights")
+#: The fields that may be None.
+_OPTIONAL = [f.name for f in dataclasses.fields(TrainConfig) if type(None) in get_args(f.type)]
 
 
 def _passes(test, value):

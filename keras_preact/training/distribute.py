@@ -63,9 +63,9 @@ def make_strategy(name):
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "mirrored":
-        devices = None
-        if not tf.config.list_logical_devices("GPU"):  # else MirroredStrategy() takes CPU:0 only
-            devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+        # Without a GPU, every logical CPU (MirroredStrategy() would take CPU:0 only).
+        devices = None if tf.config.list_logical_devices("GPU") else [
+            d.name for d in tf.config.list_logical_devices("CPU")]
         key = tuple(devices or ())
         if key not in _STRATEGIES:
             # One per device set: a second MirroredStrategy restarts the collective keys and

@@ -44,6 +44,9 @@ class DataParallelStepper(Stepper):
         if c.precision == "mixed_float16":
             raise ValueError("precision='mixed_float16' needs loss scaling, not set up here. "
                              "Received: precision='mixed_float16'. Use 'fp32' or 'mixed_bfloat16'.")
+        if c.ema_momentum is not None:  # `fit` would put the average in the model every epoch
+            raise ValueError("The moving average of the weights is not kept here. Received: "
+                             f"ema_momentum={c.ema_momentum!r}. Leave it None.")
         if c.synchronized_bn:
             logger.info("synchronized_bn: JAX's SPMD BatchNorm already sees the global batch.")
         check_global_batch(c.batch_size, self.replicas, "devices")
@@ -96,8 +99,9 @@ def train_data_parallel(config, *, devices=None):
     ``num_devices`` and ``per_device_batch``.
 
     Args:
-        config: a `TrainConfig` (or its dict); ``strategy`` is ignored, ``augment`` is not
-            applied and ``precision`` must be "fp32" or "mixed_bfloat16".
+        config: a `TrainConfig` (or its dict); ``strategy`` is ignored, ``augment`` and
+            ``cutout`` are not applied, ``ema_momentum`` must be None and ``precision``
+            "fp32" or "mixed_bfloat16".
         devices: None (every device of ``keras.distribution.list_devices()``; on CPU,
             ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` makes N), an int n
             (the first n), or a list of device names such as ``["cpu:0", "cpu:1"]``.

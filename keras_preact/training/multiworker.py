@@ -127,8 +127,7 @@ def resolve_timeouts(connect_timeout=None, collective_timeout=None):
     out = []
     for value, name, default in ((connect_timeout, CONNECT_TIMEOUT_ENV, 300.0),
                                  (collective_timeout, COLLECTIVE_TIMEOUT_ENV, 600.0)):
-        text = os.environ.get(name)
-        if value is None and text:
+        if value is None and (text := os.environ.get(name)):
             with contextlib.suppress(ValueError):
                 value = float(text)
             if not isinstance(value, float) or not 0 < value < math.inf:
@@ -343,7 +342,7 @@ class MultiWorkerStepper(Stepper):
         for epoch in range(start_epoch, run.epochs):
             run.epoch_begin()
             steps_now = min(spe, run.total_steps - step)
-            bar = None
+            bar = keras.utils.Progbar(steps_now, verbose=0)  # silent off the chief
             if self.is_chief and c.verbose != 0:
                 bar = keras.utils.Progbar(steps_now, verbose=1 if c.verbose in ("auto", 1) else 2)
                 logger.info("Epoch %d/%d", epoch + 1, run.epochs)
@@ -351,9 +350,8 @@ class MultiWorkerStepper(Stepper):
             for i in range(steps_now):
                 loss, correct = train_step(iterator)
                 loss_sum, correct_sum = loss_sum + float(loss), correct_sum + float(correct)
-                if bar is not None:
-                    bar.update(i + 1, [("loss", loss_sum / (i + 1)),
-                                       ("accuracy", correct_sum / ((i + 1) * c.batch_size))])
+                bar.update(i + 1, [("loss", loss_sum / (i + 1)),
+                                   ("accuracy", correct_sum / ((i + 1) * c.batch_size))])
             step += steps_now
             for _ in range(spe - steps_now):  # one iterator for all epochs: skip the cut rest
                 next(iterator)
@@ -412,7 +410,9 @@ def train_multiworker(config, workdir, *, connect_timeout=None, collective_timeo
          "which the multi-worker loop does not implement; use 'fp32' or 'mixed_bfloat16'"),
         ("jit_compile", config.jit_compile, "XLA is off under tf.distribute in Keras"),
         ("cpu_devices", config.cpu_devices, "it is for strategy='mirrored' on one host; "
-         "each worker uses its own devices")):
+         "each worker uses its own devices"),
+        ("label_smoothing", config.label_smoothing, "its loss is the plain cross-entropy"),
+        ("ema_momentum", config.ema_momentum is not None, "it keeps no moving average")):
         if bad:
             raise ValueError(f"Unsupported {name} with the multi-worker loop: {why}. "
                              f"Received: {name}={getattr(config, name)!r}")

@@ -5,7 +5,7 @@ the official Torch code) to every learnable parameter, BatchNorm and biases incl
 import keras
 from keras import ops
 
-from keras_preact.checks import check_choice
+from keras_preact.checks import check_choice, is_number
 from keras_preact.training.config import DECAY_VARIABLES
 
 
@@ -42,7 +42,7 @@ class CoupledSGD(keras.optimizers.SGD):
             raise ValueError("CoupledSGD applies coupled L2 through `l2`; Keras' decoupled "
                              f"`weight_decay` is not supported. Received: weight_decay="
                              f"{weight_decay!r}")
-        if isinstance(l2, bool) or not isinstance(l2, (int, float)) or l2 < 0:
+        if not is_number(l2) or l2 < 0:
             raise ValueError(f"`l2` must be a float >= 0. Received: l2={l2!r}")
         check_choice("decay_variables", decay_variables, DECAY_VARIABLES)
         super().__init__(learning_rate=learning_rate, momentum=float(momentum),
@@ -68,7 +68,10 @@ class CoupledSGD(keras.optimizers.SGD):
 
 
 def make_optimizer(config, steps_per_epoch):
-    """The `TrainConfig`'s `CoupledSGD` with its schedule (`config.make_schedule`)."""
+    """The `TrainConfig`'s `CoupledSGD` with its schedule (`config.make_schedule`) and the
+    moving average of its `ema_momentum`."""
+    ema = config.ema_momentum  # Keras' `fit` puts the average in the model at its end
     return CoupledSGD(learning_rate=config.make_schedule(steps_per_epoch),
                       momentum=float(config.momentum), nesterov=bool(config.nesterov),
-                      l2=float(config.weight_decay), decay_variables=config.weight_decay_on)
+                      l2=float(config.weight_decay), decay_variables=config.weight_decay_on,
+                      use_ema=ema is not None, ema_momentum=0.99 if ema is None else float(ema))

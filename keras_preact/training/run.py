@@ -10,6 +10,7 @@ import time
 
 import keras
 import numpy as np
+from keras import ops
 
 import keras_preact
 from keras_preact import data, finetune
@@ -57,6 +58,8 @@ def build_model(config, info):
         defaults.update(finetune.pretrained_architecture(config.model, config.weights))
     if config.precision != "fp32":
         defaults["dtype"] = config.precision
+    if config.stochastic_depth:
+        defaults["stochastic_depth"] = config.stochastic_depth
     try:
         if architecture is not None:
             return keras_preact.PreActResNet(
@@ -101,9 +104,30 @@ def dataset_preprocessing(info):
             "scale": 1.0 / 255.0}
 
 
-def compile_model(model, optimizer, **kwargs):
-    """Compiles with the recipe's loss and accuracy metric."""
-    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(),
+@keras.saving.register_keras_serializable(package="keras_preact")
+class SmoothedCrossentropy(keras.losses.Loss):
+    """Cross-entropy of integer labels against probabilities, the one-hot targets smoothed
+    by `label_smoothing` (Szegedy et al. 2016)."""
+
+    def __init__(self, label_smoothing=0.1, name="smoothed_crossentropy", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.label_smoothing = float(label_smoothing)
+
+    def call(self, y_true, y_pred):
+        targets = ops.one_hot(ops.reshape(ops.cast(y_true, "int32"), (-1,)),
+                              ops.shape(y_pred)[-1], dtype=y_pred.dtype)
+        return keras.losses.categorical_crossentropy(targets, y_pred,
+                                                     label_smoothing=self.label_smoothing)
+
+    def get_config(self):
+        return {**super().get_config(), "label_smoothing": self.label_smoothing}
+
+
+def compile_model(model, optimizer, label_smoothing=0.0, **kwargs):
+    """Compiles with the recipe's loss (label-smoothed with `label_smoothing`) and accuracy."""
+    loss = (SmoothedCrossentropy(label_smoothing) if label_smoothing
+            else keras.losses.SparseCategoricalCrossentropy())
+    model.compile(optimizer=optimizer, loss=loss,
                   metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")], **kwargs)
 
 
@@ -146,7 +170,8 @@ class Stepper:
             if c.data_path is None or c.dataset == "folder":
                 raise
             raise ValueError(f"{err} For a folder of images, add --dataset folder.") from None
-        run.train_data = functools.partial(make, "train", augment=c.augment, drop_remainder=True)
+        run.train_data = functools.partial(make, "train", augment=c.augment, cutout=c.cutout,
+                                           drop_remainder=True)
         return (int(run.train_data(batch_size=1).cardinality()),
                 int(test(batch_size=1).cardinality()))
 
@@ -263,7 +288,8 @@ class Run:
         done = step - (self.history[-1]["step"] if self.history else 0)
         speed = round(done * self.config.batch_size / elapsed, 2) if elapsed > 0 else None
         entry = {"epoch": epoch + 1, "step": step,
-                 "learning_rate": self.schedule.value_at(max(step - 1, 0)),
+                 "learning_rate": getattr(self.schedule, "value_at", lambda s: float(
+                     self.schedule(s)))(max(step - 1, 0)),
                  "time_s": round(elapsed, 3), "images_per_s": speed}
         entry.update({k: float(logs[k]) for k in ("loss", "accuracy", "val_loss", "val_accuracy")
                       if k in logs})
@@ -382,7 +408,7 @@ class Run:
             optimizer = make_optimizer(c, self.spe)
             if c.precision == "mixed_float16":
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-            compile_model(model, optimizer, jit_compile=bool(c.jit_compile))
+            compile_model(model, optimizer, c.label_smoothing, jit_compile=bool(c.jit_compile))
             optimizer.build(model.trainable_variables)
         return model, optimizer
 

@@ -37,11 +37,9 @@ class FitStepper(Stepper):
                 if optimizer_step(self.model.optimizer) >= run.total_steps:
                     self.model.stop_training = True
 
-        callbacks = [Record()]
-        if run.owns_files:
-            callbacks.append(keras.callbacks.TensorBoard(
-                log_dir=run.workdir.file(TENSORBOARD_DIR), write_graph=False, profile_batch=0))
-        return callbacks
+        return [Record()] + ([keras.callbacks.TensorBoard(
+            log_dir=run.workdir.file(TENSORBOARD_DIR), write_graph=False, profile_batch=0)]
+            if run.owns_files else [])
 
     def train_epochs(self, run, model, start_epoch):
         c, remaining = run.config, run.epochs - start_epoch
@@ -104,7 +102,7 @@ def load_workdir_model(workdir, checkpoint=None):
 
 def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=None,
              data_source="auto", data_path=None, batch_size=256, split="test",
-             model_kwargs=None, verbose="auto"):
+             model_kwargs=None, verbose="auto", flip=False):
     """Loss and accuracy of a trained model on a dataset split: a dict with ``loss``,
     ``accuracy``, ``num_examples``, ``dataset``, ``split`` and ``source``.
 
@@ -116,6 +114,8 @@ def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=N
             (default: the workdir's).
         batch_size, split, verbose: of the evaluation.
         model_kwargs: extra `get_model` arguments for a model name.
+        flip: score the mean of the probabilities of each image and its mirror image
+            (test-time augmentation by a horizontal flip).
 
     Raises ValueError for a missing workdir or weights file, an unknown model or dataset, or
     weights that do not fit the model."""
@@ -155,12 +155,15 @@ def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=N
     # A model with its own normalisation layer takes raw pixels.
     normalize = not any(isinstance(layer, ImageNormalization)
                         for layer in private_api.flatten_layers(net))
+    if flip:
+        images = keras.Input(net.input_shape[1:])
+        net = keras.Model(images, (net(images) + net(keras.ops.flip(images, axis=2))) / 2)
     compile_model(net, None)
     results = net.evaluate(make(batch_size=batch_size, normalize=normalize),
                            return_dict=True, verbose=verbose)
     return {"loss": float(results["loss"]), "accuracy": float(results["accuracy"]),
             "num_examples": int(make(batch_size=1).cardinality()), "dataset": dataset,
-            "split": split, "source": source}
+            "split": split, "source": source, "flip": bool(flip)}
 
 
 def _model_for(model, weights, dataset, data_path, model_kwargs):

@@ -17,7 +17,7 @@ import numpy as np
 
 import keras_preact
 from keras_preact import data
-from keras_preact.checks import check_choice, check_int, is_int
+from keras_preact.checks import check_choice, check_int, is_int, is_number
 from keras_preact.data.registry import stratified_split
 from keras_preact.layers import UNIT_TYPES
 from keras_preact.models.cifar import CIFAR_WIDTHS, cifar_units_per_stage
@@ -50,7 +50,7 @@ class Budget:
         if self.kind not in BUDGET_KINDS:
             raise ValueError(f"Unknown budget kind. Received: kind={self.kind!r}. "
                              f"Valid: {list(BUDGET_KINDS)}")
-        if not _is_number(self.limit) or not 0 < self.limit < math.inf:
+        if not is_number(self.limit) or not 0 < self.limit < math.inf:
             raise ValueError("The budget limit must be a finite number > 0. "
                              f"Received: limit={self.limit!r}")
 
@@ -62,10 +62,6 @@ def valid_blocks(depth, blocks):
         with contextlib.suppress(ValueError):
             out.append(cifar_units_per_stage(depth, b)[0])
     return list(dict.fromkeys(out))
-
-
-def _is_number(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _values(name, values, check=None):
@@ -83,7 +79,7 @@ def _values(name, values, check=None):
 
 
 def _check_number(name, minimum, strict, v):
-    if not _is_number(v) or not math.isfinite(v) or v < minimum or (strict and v == minimum):
+    if not is_number(v) or not math.isfinite(v) or v < minimum or (strict and v == minimum):
         raise ValueError(f"Every value of `{name}` must be a number {'>' if strict else '>='} "
                          f"{minimum}. Received: {name} value {v!r}")
 
@@ -141,7 +137,7 @@ def search_space_spec(*, dataset="digits", depths=DEFAULT_DEPTHS, blocks=("auto"
     check_int("epochs", epochs, minimum=1)
     check_int("batch_size", batch_size, minimum=1)
     check_int("seed", seed, minimum=0)
-    if not _is_number(validation_fraction) or not 0 <= validation_fraction < 1:
+    if not is_number(validation_fraction) or not 0 <= validation_fraction < 1:
         raise ValueError("`validation_fraction` must be in [0, 1) (0: score on the test split). "
                          f"Received: validation_fraction={validation_fraction!r}")
     if isinstance(budget, dict):
@@ -182,8 +178,7 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
     def __init__(self, name="preact_resnet_hypermodel", tunable=True, **space):
         super().__init__(name=name, tunable=tunable)
         self.spec = search_space_spec(**space)
-        for key, value in self.spec.items():
-            setattr(self, key, value)
+        vars(self).update(self.spec)
         self.budget = Budget(**self.spec["budget"]) if self.spec["budget"] else None
         self.distribution_strategy = None
         self._costs = {}
@@ -204,8 +199,7 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         if kind == "step_time":
             # Only the cheapest is timed here, to refuse a budget nothing meets; trials time theirs.
             cheapest = min(self.candidates(), key=lambda a: self.cost(a)["macs"])
-            seconds = self.measure_step_time(cheapest)
-            if seconds > limit:
+            if (seconds := self.measure_step_time(cheapest)) > limit:
                 raise ValueError(
                     f"No candidate fits the budget: the cheapest ({_label(cheapest)}, "
                     f"{self.cost(cheapest)['macs']:,} multiply-adds) takes {seconds:.4f} s per "
@@ -309,8 +303,7 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         """``(train_ds, val_ds, steps_per_epoch)`` through the library's pipeline; with several
         replicas the last partial validation batch is dropped (tf.distribute cannot split it)."""
         x, y, vx, vy = self.arrays
-        spe = len(x) // self.batch_size
-        if spe < 1:
+        if (spe := len(x) // self.batch_size) < 1:
             raise ValueError(f"batch_size={self.batch_size} is larger than the {len(x)} training "
                              f"images of {self.dataset!r} left after the validation split.")
         augment = data.dataset_info(self.dataset, path=self.data_path).get("augmentation", "none")

@@ -82,15 +82,13 @@ def check_study_workdir(workdir, document, *, overwrite=False):
     """True if the workdir holds this study already (with `overwrite`: any study), False if
     it is new or empty; raises ValueError if it holds another study or files that are not one.
     Reads only."""
-    path = os.path.join(workdir, STUDY_FILE)
-    if not os.path.exists(path):
+    if not os.path.exists(path := os.path.join(workdir, STUDY_FILE)):
         if os.path.isdir(workdir) and os.listdir(workdir):
             raise ValueError(f"The workdir {workdir} is not empty and holds no {STUDY_FILE}: it "
                              "is not a tuning study. Nothing was changed. Use an empty or new "
                              "--workdir.")
         return False
-    stored = read_json(path)
-    if not isinstance(stored, dict) or "space" not in stored:
+    if not isinstance(stored := read_json(path), dict) or "space" not in stored:
         raise ValueError(f"{path} is not a keras-preact study. Nothing was changed. "
                          "Use a new --workdir.")
     ignored = RUNTIME_KEYS + ("keras_preact_version",)
@@ -230,8 +228,7 @@ def serve_chief(kt_tuner, *, verbose=1, poll_s=0.5):
 def results_rows(oracle, hypermodel):
     """The results table: one dict per trial (`CSV_COLUMNS`), in trial order."""
     rows = []
-    for trial_id in sorted(oracle.trials):
-        trial = oracle.trials[trial_id]
+    for trial_id, trial in sorted(oracle.trials.items()):
         values = trial.hyperparameters.values
         depth, block = values.get("depth"), values.get("block")
         if depth is not None and (block is None or not trial.hyperparameters.is_active("block")):
@@ -258,13 +255,11 @@ def write_results(kt_tuner, hypermodel, workdir, *, export=True):
     """Writes results.csv, results.png and, with `export`, the best trial's model as
     ``best/model.keras``, ``best/saved_model/1`` and ``best/best.json``."""
     rows = results_rows(kt_tuner.oracle, hypermodel)
-    csv_path = os.path.join(workdir, RESULTS_CSV)
-    write_csv_rows(csv_path, rows, CSV_COLUMNS)
-    png_path = os.path.join(workdir, RESULTS_PNG)
-    atomic_write_bytes(png_path, plot_results(rows, budget=hypermodel.spec["budget"],
-                                              title=hypermodel.dataset))
-    out = {"rows": rows, "best": best_row(rows), "csv": csv_path, "png": png_path}
-    row = out["best"]
+    out = {"rows": rows, "best": (row := best_row(rows)), "csv": os.path.join(workdir, RESULTS_CSV),
+           "png": os.path.join(workdir, RESULTS_PNG)}
+    write_csv_rows(out["csv"], rows, CSV_COLUMNS)
+    atomic_write_bytes(out["png"], plot_results(rows, budget=hypermodel.spec["budget"],
+                                                title=hypermodel.dataset))
     if export and row is not None:
         trial = kt_tuner.oracle.get_trial(row["trial"])
         model = kt_tuner.load_model(trial)
@@ -285,8 +280,7 @@ def retrain(workdir, trial=None, *, verbose=0):
     study's seed (`verbose`: Keras' `fit` verbosity). Returns a dict with ``trial``,
     ``val_accuracy`` (this run), ``recorded`` (the search's) and ``model``. Raises ValueError
     if the workdir holds no study or the trial is unknown or unfinished."""
-    path = os.path.join(os.path.abspath(workdir), STUDY_FILE)
-    if not os.path.exists(path):
+    if not os.path.exists(path := os.path.join(os.path.abspath(workdir), STUDY_FILE)):
         raise ValueError(f"No study in {workdir} ({STUDY_FILE} missing). "
                          f"Received: workdir={workdir!r}")
     doc = read_json(path)

@@ -5,11 +5,10 @@ manifest's ``defaults`` updated by its own fields; one entry per model is its ``
 import dataclasses
 import functools
 import json
-import numbers
 from importlib import resources
 from typing import Optional
 
-from keras_preact.checks import is_int, pop_deprecated, warn_deprecated
+from keras_preact.checks import is_int, is_number, pop_deprecated, warn_deprecated
 from keras_preact.files import atomic_write_text
 from keras_preact.layers.preprocessing import resolve_preprocessing
 from keras_preact.weights.converters import CONVERTERS
@@ -133,8 +132,7 @@ _CHECKS = {
                     "[height, width, channels]"),
     "metrics": (lambda v: isinstance(v, dict) and set(v) <= set(_METRIC_FIELDS),
                 f"a dict with the keys {_METRIC_FIELDS}"),
-    "converter_max_abs_diff": (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool),
-                               "a number or null"),
+    "converter_max_abs_diff": (is_number, "a number or null"),
     "notes": (lambda v: isinstance(v, dict) and all(isinstance(n, str) for n in v.values()),
               "a dict of strings")}
 _NULLABLE = {f.name for f in dataclasses.fields(WeightsEntry) if f.default is None}
@@ -155,11 +153,9 @@ def validate_entry(entry, *, key=None, strict=True, manifest=None, manifest_sour
     if isinstance(arch, dict) and "classes" not in fields and "classes" in arch:
         fields["classes"] = arch["classes"]
     required = REQUIRED_FIELDS if strict else FETCH_FIELDS
-    missing = [f for f in required if f not in fields]
-    if missing:
+    if missing := [f for f in required if f not in fields]:
         raise ValueError(f"{label} lacks the fields {missing}. Required: {list(required)}")
-    unknown = sorted(set(fields) - set(_CHECKS) - {"hash"})
-    if unknown:
+    if unknown := sorted(set(fields) - set(_CHECKS) - {"hash"}):
         raise ValueError(f"{label} has unknown fields {unknown}. Valid: {sorted(_CHECKS)}")
     fields["hash"] = parse_hash(fields["hash"], what=label)
     for name, (check, valid) in _CHECKS.items():

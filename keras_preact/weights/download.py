@@ -19,7 +19,7 @@ import h5py
 import keras
 
 from keras_preact.checks import env_flag
-from keras_preact.files import atomic_write_json, file_hash, user_path
+from keras_preact.files import atomic_write_json, file_hash, keras_preact_home, user_path
 from keras_preact.weights.catalog import WeightsEntry, get_entry, validate_entry
 from keras_preact.weights.converters import get_converter
 from keras_preact.weights.local import load_weights_file, save_weights_file
@@ -46,9 +46,7 @@ def resolve_cache_dir(cache_dir=None):
     home = os.environ.get("KERAS_PREACT_HOME")
     named = (f"cache_dir={cache_dir!r}" if cache_dir is not None
              else f"KERAS_PREACT_HOME={home!r}" if home else None)
-    if cache_dir is None:
-        cache_dir = os.path.join(home or os.path.join("~", ".keras", "keras_preact"), "weights")
-    path = existing = user_path(cache_dir)
+    path = existing = user_path(keras_preact_home("weights") if cache_dir is None else cache_dir)
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
@@ -68,10 +66,10 @@ def verify_cached(path):
     WeightsIntegrityError if the file was altered, FileNotFoundError if one is missing."""
     record = json.loads(pathlib.Path(path + SIDECAR_SUFFIX).read_text())
     actual = file_hash(path, "sha256")
-    if actual != record.get("sha256"):
+    if actual != (recorded := record.get("sha256") if isinstance(record, dict) else None):
         raise WeightsIntegrityError(
             f"The cached weights file {path} was altered on disk: its SHA-256 is {actual}, "
-            f"the cache recorded {record.get('sha256')}. It was not loaded. Delete it "
+            f"the cache recorded {recorded}. It was not loaded. Delete it "
             f"and {path}{SIDECAR_SUFFIX}, then fetch it again.")
     return record
 
@@ -133,26 +131,28 @@ def fetch_weights(key_or_entry, *, build, cache_dir=None, offline=None, progress
 
 def _local_or_download(entry, work, *, offline, progress):
     """(verified source file, whether it is a converted `.weights.h5`)."""
-    folder = os.environ.get("KERAS_PREACT_WEIGHTS_DIR")
-    if folder and not os.path.isdir(folder):
+    if (folder := os.environ.get("KERAS_PREACT_WEIGHTS_DIR")) and not os.path.isdir(folder):
         what = "is a file" if os.path.exists(folder) else "does not exist"
         raise ValueError(f"KERAS_PREACT_WEIGHTS_DIR must be a folder of weights files; {folder} "
                          f"{what}. Received: KERAS_PREACT_WEIGHTS_DIR={folder!r}")
     published_name = _url_filename(entry.url)
     if folder and os.path.isfile(converted := os.path.join(folder, entry.key + ".weights.h5")):
         return converted, True
-    if folder and os.path.isfile(local := os.path.join(folder, published_name)):
-        source = _extract_member(entry, local, work, origin=local)
-        _verify_publisher_hash(entry, source, delete=False)
-        return source, False
-    if offline:
+    download = not (folder and os.path.isfile(local := os.path.join(folder, published_name)))
+    if download and offline:
         raise WeightsDownloadError(
             f"Offline mode: no local copy of the weights {entry.key!r}. Put {entry.key}.weights.h5 "
             f"or the published file {published_name!r} into $KERAS_PREACT_WEIGHTS_DIR (now "
             f"{folder!r}), or fetch it online first (`keras-preact weights fetch {entry.key}`).")
-    source = _extract_member(entry, _download(entry.url, work, progress=progress), work,
-                             origin=entry.url)
-    _verify_publisher_hash(entry, source, delete=True)
+    published = _download(entry.url, work, progress=progress) if download else local
+    source = _extract_member(entry, published, work, origin=entry.url if download else local)
+    if (actual := file_hash(source, entry.hash.algorithm)) != entry.hash.value:
+        if download:  # a user's file stays
+            os.remove(source)
+        raise WeightsIntegrityError(
+            f"The {entry.hash.algorithm} hash of the weights {entry.key!r} from {entry.url} "
+            f"is {actual}, the catalog expects {entry.hash.value}. The file was deleted and "
+            "nothing was cached.")
     return source, False
 
 
@@ -187,31 +187,17 @@ def _download(url, work, *, progress):
 
 def _extract_member(entry, published, work, *, origin):
     """The entry's member of the archive `published` (`origin`: its URL or local path)."""
-    member = entry.archive_member
-    if member is None:
+    if (member := entry.archive_member) is None:
         return published
     if not zipfile.is_zipfile(published):
         raise WeightsIntegrityError(f"The weights {entry.key!r} should be a zip holding "
                                     f"{member!r}, but {origin} is not a zip file. "
                                     "Nothing was cached.")
     with zipfile.ZipFile(published) as archive:
-        names = archive.namelist()
-        if member not in names:
+        if member not in (names := archive.namelist()):
             raise ValueError(f"The archive {origin} has no member {member!r} (it holds "
                              f"{names[:10]}). Nothing was cached.")
         return archive.extract(member, os.path.join(work, "member"))
-
-
-def _verify_publisher_hash(entry, path, *, delete):
-    expected = entry.hash
-    actual = file_hash(path, expected.algorithm)
-    if actual != expected.value:
-        if delete:
-            os.remove(path)
-        raise WeightsIntegrityError(
-            f"The {expected.algorithm} hash of the weights {entry.key!r} from {entry.url} "
-            f"is {actual}, the catalog expects {expected.value}. The file was deleted and "
-            "nothing was cached.")
 
 
 def _convert(entry, source, work, build, *, converted):
@@ -271,12 +257,8 @@ def clear_cache(key=None, cache=None):
     catalog, or a `cache` folder that does not exist."""
     if cache is not None and not os.path.isdir(resolve_cache_dir(cache)):
         raise ValueError(f"The weights cache folder does not exist. Received: cache_dir={cache!r}")
-    cached = {e["key"]: e for e in cached_entries(cache)}
-    if key is not None and key not in cached:
-        get_entry(key)  # an unknown key is an error, a known one not cached is not
-    removed = [p for k, e in cached.items() if key in (None, k)
-               and e["sha256"] == file_hash(e["path"], "sha256")
-               for p in (e["path"], e["path"] + SIDECAR_SUFFIX)]
+    removed = [p for row in verify_cache(None if key is None else [key], cache)
+               if row["status"] == "ok" for p in (row["path"], row["path"] + SIDECAR_SUFFIX)]
     for path in removed:
         os.remove(path)
     return removed
@@ -293,8 +275,7 @@ def verify_cache(keys=None, cache=None):
     for row in rows:
         if os.path.isfile(row["path"]):
             try:
-                record = verify_cached(row["path"])
-                row.update(status="ok", sha256=record["sha256"])
+                row.update(status="ok", sha256=verify_cached(row["path"])["sha256"])
             except FileNotFoundError:
                 row["status"] = "no record"
             except ValueError as err:  # a changed hash, or a sidecar that is not JSON

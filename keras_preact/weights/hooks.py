@@ -92,8 +92,16 @@ def plan_weights(request):
         raise _bad("`weights` has an unsupported type.", weights)
     weights = os.fspath(weights)
     if catalog.looks_like_tag(weights):
-        plan.update(kind="entry", entry=catalog.resolve_tag(request.model, weights))
-        _apply_entry(plan, plan["entry"], request)
+        plan.update(kind="entry", entry=(entry := catalog.resolve_tag(request.model, weights)))
+        if request.include_top and entry.architecture.get("include_top") is False:
+            raise ValueError(f"The weights {entry.key!r} have no classifier head (a feature-"
+                             "extraction file, e.g. keras.applications' '_notop'); use "
+                             "include_top=False. Received: include_top=True, "
+                             f"weights={request.weights!r}")
+        info = {"in_channels": None if entry.input_shape is None else entry.input_shape[-1],
+                "classes": entry.classes, "preprocessing": entry.preprocessing,
+                "input_shape": entry.input_shape}
+        _apply(plan, request, info, entry.architecture, f"weights {entry.key!r}")
         return plan
     path = user_path(weights)
     if os.path.isfile(os.path.join(path, presets.CONFIG_FILE)):
@@ -161,8 +169,7 @@ def _apply(plan, request, info, architecture, name="weights"):
             overrides[key] = value
     if info.get("preprocessing") is not None and "preprocessing" not in kwargs:
         overrides["preprocessing"] = info["preprocessing"]
-    shape = info.get("input_shape")
-    if request.input_shape is None and shape is not None:
+    if request.input_shape is None and (shape := info.get("input_shape")) is not None:
         recorded_last = info.get("data_format", "channels_last") == "channels_last"
         h, w, c = shape if recorded_last else (shape[1], shape[2], shape[0])
         overrides["input_shape"] = (h, w, c) if request.channels_last else (c, h, w)
@@ -179,17 +186,6 @@ def _resolve_classes(weights_classes, request):
                          f"classes={request.classes}. Pass classes={weights_classes} (or leave it "
                          "out), or include_top=False to reuse the features.")
     return weights_classes
-
-
-def _apply_entry(plan, entry, request):
-    if request.include_top and entry.architecture.get("include_top") is False:
-        raise ValueError(f"The weights {entry.key!r} have no classifier head (a feature-extraction "
-                         "file, e.g. keras.applications' '_notop'); use include_top=False. "
-                         f"Received: include_top=True, weights={request.weights!r}")
-    size = entry.input_shape
-    info = {"in_channels": None if size is None else size[-1], "classes": entry.classes,
-            "preprocessing": entry.preprocessing, "input_shape": size}
-    _apply(plan, request, info, entry.architecture, f"weights {entry.key!r}")
 
 
 def materialize(plan, request, *, build):

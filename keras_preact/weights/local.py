@@ -79,8 +79,7 @@ def inspect_weights_file(path):
     "stem_filters", "kernel_size" and "classes" (None without a head); ValueError for
     another file."""
     with open_hdf5(path) as f:
-        stem = f.get(STEM_KERNEL_PATH)
-        if stem is None or len(stem.shape) != 4:
+        if (stem := f.get(STEM_KERNEL_PATH)) is None or len(stem.shape) != 4:
             raise ValueError("The weights file does not hold a keras-preact model's weights (no "
                              f"stem convolution found). Received: weights={path!r}")
         dense = f.get(HEAD_PATH + "vars/0")
@@ -149,8 +148,7 @@ def record_model(model, path):
     arguments, preprocessing, input shape and data format."""
     with open_hdf5(path, "a") as f:
         f.attrs[LAYOUT_ATTR] = json.dumps(model_layout(model))
-        arch = model_architecture(model)
-        if arch is not None:
+        if (arch := model_architecture(model)) is not None:
             f.attrs[ARCHITECTURE_ATTR] = json.dumps(arch)
             config = model.get_config()
             f.attrs[DEFAULTS_ATTR] = json.dumps(
@@ -220,8 +218,7 @@ def check_weights_file_layout(model, path):
         return "recorded"
     own = io.BytesIO()  # what `model.save_weights` would write
     private_api.write_weights_h5(model, own)
-    expected = _h5_datasets(own)
-    found = _h5_datasets(path)
+    expected, found = _h5_datasets(own), _h5_datasets(path)
     if not has_head(model):
         found = {k: v for k, v in found.items()
                  if k in expected or not k.startswith(HEAD_PATH)}
@@ -260,8 +257,7 @@ def read_keras_file_config(path, *, allow_lambda=False):
         raise ValueError(f"The file {path} is not a whole Keras .keras archive (no readable "
                          "config.json): it is damaged or incomplete (an interrupted copy?), or "
                          f"of another format. Received: path={path!r}") from None
-    lambdas = [] if allow_lambda else list(_find_class(config, "Lambda"))
-    if lambdas:
+    if not allow_lambda and (lambdas := list(_find_class(config, "Lambda"))):
         raise ValueError(
             f"The .keras file holds a Lambda layer ({lambdas[0]!r}); Lambda layers run "
             "arbitrary Python code, so keras-preact refuses to load them (it loads "

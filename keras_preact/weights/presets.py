@@ -23,8 +23,7 @@ REMOTE = {"hf://": "huggingface_hub", "kaggle://": "kagglehub"}
 def preset_file(preset, name):
     """The local path of file `name` of a preset: a folder, or an ``hf://`` or ``kaggle://``
     handle fetched (and cached) by huggingface_hub or kagglehub."""
-    scheme = next((s for s in REMOTE if str(preset).startswith(s)), None)
-    if scheme is None:
+    if (scheme := next((s for s in REMOTE if str(preset).startswith(s)), None)) is None:
         return os.path.join(user_path(preset), name)
     try:
         hub = importlib.import_module(REMOTE[scheme])

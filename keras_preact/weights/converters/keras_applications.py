@@ -32,8 +32,7 @@ def read_legacy_h5(path):
     out = {}
     with h5py.File(path, "r") as f:
         group = f["model_weights"] if "model_weights" in f and "layer_names" not in f.attrs else f
-        layer_names = _string_list_attr(group, "layer_names")
-        if layer_names is None:
+        if (layer_names := _string_list_attr(group, "layer_names")) is None:
             raise ValueError("The file is not a legacy Keras HDF5 weights file (no "
                              "'layer_names' attribute; a Keras 3 '.weights.h5' has another "
                              f"format). Received: {path!r}")
@@ -105,10 +104,9 @@ def assignments(model):
         prefix = f"conv{s + 1}_block"
         for var, source in _unit_targets(f"{prefix}1", stage.unit1._vars):
             yield var, [source], False
-        rows = range(2, 2 + stage.num_stacked)
         for name, var in stage._stacked.items():
-            sources = [next(_unit_targets(f"{prefix}{u}", {name: None}))[1] for u in rows]
-            yield var, sources, True
+            yield var, [next(_unit_targets(f"{prefix}{u}", {name: None}))[1]
+                        for u in range(2, 2 + stage.num_stacked)], True
         if stage.unit_last is not None:
             for var, source in _unit_targets(f"{prefix}{stage.num_blocks}", stage.unit_last._vars):
                 yield var, [source], False
