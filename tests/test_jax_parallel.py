@@ -51,6 +51,10 @@ try:
     train_data_parallel(config, devices=["cpu:7"])
 except ValueError as err:
     out["bad_device"] = str(err)
+try:
+    train_data_parallel(config.replace(ema_momentum=0.99), devices=2)
+except ValueError as err:
+    out["ema"] = str(err)
 print("RESULT" + json.dumps(out))
 """
 
@@ -78,4 +82,5 @@ def test_data_parallel_on_two_host_devices_matches_one_device():
     assert out["max_weight_diff"] < 1e-3, out
     assert out["loss"][1] == pytest.approx(out["loss"][0], rel=1e-5)
     assert "must divide evenly across the 2 devices. Received: batch_size=63" in out["odd_batch"]
+    assert "Received: ema_momentum=0.99. Leave it None." in out["ema"]
     assert "Unknown device(s) ['cpu:7']" in out["bad_device"]

@@ -297,6 +297,7 @@ def test_evaluate_with_flip_scores_the_mean_of_an_image_and_its_mirror(digits_ru
 # Where an ingredient is not implemented
 # ----------------------------------------------------------------------------------
 
+# (JAX data-parallel training's refusal of the moving average: tests/test_jax_parallel.py.)
 @pytest.mark.parametrize("field, value", [("label_smoothing", 0.1), ("ema_momentum", 0.99)])
 def test_the_multi_worker_loop_refuses_what_it_does_not_implement(tmp_path, field, value):
     from keras_preact.training import train_multiworker
@@ -306,15 +307,3 @@ def test_the_multi_worker_loop_refuses_what_it_does_not_implement(tmp_path, fiel
         train_multiworker(tiny_config(strategy="multiworker", **{field: value}),
                           str(tmp_path / "run"))
     assert not os.path.exists(tmp_path / "run")
-
-
-@pytest.mark.multibackend
-def test_data_parallel_training_refuses_the_moving_average():
-    import keras
-
-    if keras.backend.backend() != "jax":
-        pytest.skip("data parallel training runs on JAX")
-    from keras_preact.training import train_data_parallel
-
-    with pytest.raises(ValueError, match=r"Received: ema_momentum=0.99. Leave it None."):
-        train_data_parallel(tiny_config(ema_momentum=0.99))
