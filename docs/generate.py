@@ -344,7 +344,7 @@ def ablation_table():
 def _cifar_curves():
     with open(CIFAR, encoding="utf-8") as f:
         report = json.load(f)
-    return report, {name: curve for name, curve in report["curves"].items() if curve}
+    return report, {name: curve for name, curve in sorted(report["curves"].items()) if curve}
 
 
 def cifar_table():
@@ -357,9 +357,15 @@ def cifar_table():
         rows.append((name, len(curve), f"{curve[-1]['minutes']:.0f}",
                      f"{100 * curve[-1]['test_accuracy']:.2f}%",
                      f"{100 * early[-1]['test_accuracy']:.2f}%" if early else "-"))
+    finals = {}  # side -> final test accuracies (%) over its seeds
+    for name, curve in curves.items():
+        finals.setdefault(name.rsplit(" seed ", 1)[0], []).append(100 * curve[-1]["test_accuracy"])
+    spread = "".join(f"\n- {side}: mean {statistics.mean(acc):.2f}% over {len(acc)} seeds, "
+                     f"spread between seeds {max(acc) - min(acc):.2f} points"
+                     for side, acc in finals.items() if len(acc) > 1)
     recipe = report["recipe"]
     return table(("run", "epochs", "training minutes", "test accuracy", "at 30 minutes"),
-                 rows) + (f"\n\n`{recipe['model']}` on the `{recipe['data_path']}` folder, "
+                 rows) + ("\n\nAt the end of each run:" + spread if spread else "") + (f"\n\n`{recipe['model']}` on the `{recipe['data_path']}` folder, "
                           f"written on {report['started'][:10]} by `benchmarks/run.py --suite "
                           f"cifar --read-only` (the JSON is in `{os.path.relpath(CIFAR, REPO)}`).")
 
@@ -444,7 +450,8 @@ def cifar_time_to_accuracy():
                      label=name)
         by_epoch.plot([e["epoch"] for e in curve], accuracy, marker="o", markersize=3)
     by_time.axvline(30, color="#999", linewidth=0.8, linestyle="--")
-    by_time.set(xlabel="minutes of training (a shared machine)", ylabel="test accuracy (%)")
+    by_time.set(xlabel="minutes of training (the first hour)", ylabel="test accuracy (%)",
+                xlim=(0, 60))
     by_epoch.set(xlabel="epoch", ylabel="test accuracy (%)")
     by_epoch.xaxis.get_major_locator().set_params(integer=True)
     for ax in (by_time, by_epoch):
