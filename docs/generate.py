@@ -349,25 +349,24 @@ def _cifar_curves():
 
 def cifar_table():
     """Each run of the cifar suite (cifar.json): its test accuracy at its end and at the
-    last epoch finished within 30 minutes of training."""
+    last epoch finished within 30 minutes of training; then each side's mean over seeds."""
     report, curves = _cifar_curves()
-    rows = []
+    rows, finals = [], {}  # finals: side -> final test accuracies (%) over its seeds
     for name, curve in curves.items():
         early = [e for e in curve if e["minutes"] <= 30]
-        rows.append((name, len(curve), f"{curve[-1]['minutes']:.0f}",
-                     f"{100 * curve[-1]['test_accuracy']:.2f}%",
+        final = 100 * curve[-1]["test_accuracy"]
+        rows.append((name, len(curve), f"{curve[-1]['minutes']:.0f}", f"{final:.2f}%",
                      f"{100 * early[-1]['test_accuracy']:.2f}%" if early else "-"))
-    finals = {}  # side -> final test accuracies (%) over its seeds
-    for name, curve in curves.items():
-        finals.setdefault(name.rsplit(" seed ", 1)[0], []).append(100 * curve[-1]["test_accuracy"])
+        finals.setdefault(name.rsplit(" seed ", 1)[0], []).append(final)
     spread = "".join(f"\n- {side}: mean {statistics.mean(acc):.2f}% over {len(acc)} seeds, "
                      f"spread between seeds {max(acc) - min(acc):.2f} points"
                      for side, acc in finals.items() if len(acc) > 1)
     recipe = report["recipe"]
-    return table(("run", "epochs", "training minutes", "test accuracy", "at 30 minutes"),
-                 rows) + ("\n\nAt the end of each run:" + spread if spread else "") + (f"\n\n`{recipe['model']}` on the `{recipe['data_path']}` folder, "
-                          f"written on {report['started'][:10]} by `benchmarks/run.py --suite "
-                          f"cifar --read-only` (the JSON is in `{os.path.relpath(CIFAR, REPO)}`).")
+    return (table(("run", "epochs", "training minutes", "test accuracy", "at 30 minutes"), rows)
+            + (f"\n\nAt the end of each run:{spread}" if spread else "")
+            + f"\n\n`{recipe['model']}` on the `{recipe['data_path']}` folder, written on "
+            f"{report['started'][:10]} by `benchmarks/run.py --suite cifar --read-only` (the "
+            f"JSON is in `{os.path.relpath(CIFAR, REPO)}`).")
 
 
 def bf16_table():
