@@ -1,5 +1,6 @@
 """Files and folders written whole or not at all (a crash half-way leaves the previous one or
-none), JSON read back, file hashes and the paths users type: the package's one helper for each."""
+none), JSON read back, file hashes, pickles read without running code and the paths users
+type: the package's one helper for each."""
 
 import contextlib
 import csv
@@ -9,6 +10,7 @@ import io
 import json
 import os
 import pathlib
+import pickle
 import shutil
 import tempfile
 import uuid
@@ -159,3 +161,41 @@ def figure_png(fig, title="", dpi=None):
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
+
+
+class PickleRefused(Exception):
+    """What a `RestrictedUnpickler` or its caller refuses; `pickle_errors` names the file."""
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """An unpickler that imports nothing and so runs no code from the file: a global
+    resolves only through `admitted` ((module, name) -> object) and a persistent id only
+    through `persistent_load`; `what` (e.g. "a CIFAR batch file") words the refusals."""
+
+    def __init__(self, file, admitted, what, persistent_load=None, **kwargs):
+        super().__init__(file, **kwargs)
+        self.admitted, self.what, self.load_persistent = admitted, what, persistent_load
+
+    def find_class(self, module, name):
+        if (module, name) not in self.admitted:
+            raise PickleRefused(f"the pickle asks for the global {module}.{name}, which "
+                                f"{self.what} never needs (it would let the file run code)")
+        return self.admitted[(module, name)]
+
+    def persistent_load(self, pid):
+        if self.load_persistent is None:
+            raise PickleRefused("persistent ids are not allowed")
+        return self.load_persistent(pid)
+
+
+@contextlib.contextmanager
+def pickle_errors(source):
+    """Turns what the block raises into one ValueError line naming the file `source`: a
+    `PickleRefused` as a refusal, any other error as a truncated or corrupt file."""
+    try:
+        yield
+    except PickleRefused as err:
+        raise ValueError(f"Refusing to load the pickle file {source!r}: {err}.") from None
+    except Exception as err:  # noqa: BLE001 - any unpickling failure means a bad file.
+        raise ValueError(f"The pickle file {source!r} is truncated or corrupt "
+                         f"({type(err).__name__}: {' '.join(str(err).split())}).") from None

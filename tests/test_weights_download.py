@@ -165,6 +165,39 @@ def test_wrong_hash_raises_and_leaves_nothing(published, server, cache):
         os.path.join(os.environ["KERAS_PREACT_HOME"], "weights")) == []
 
 
+def test_a_local_file_with_another_hash_is_named_and_kept(published, tmp_path, cache,
+                                                          monkeypatch):
+    """A file of $KERAS_PREACT_WEIGHTS_DIR was neither downloaded nor is it deleted; a
+    failed download says what that folder does (it is read online too)."""
+    admin = tmp_path / "admin"
+    admin.mkdir()
+    local = admin / "r20.weights.h5"
+    local.write_bytes(published["bytes"])
+    monkeypatch.setenv("KERAS_PREACT_WEIGHTS_DIR", str(admin))
+    entry = _entry("https://example.invalid/releases/r20.weights.h5", published["bytes"],
+                   wrong=True)
+    with pytest.raises(W.WeightsIntegrityError) as err:
+        W.fetch_weights(entry, cache_dir=cache, progress=False, build=kp.get_model)
+    assert str(err.value) == (
+        f"The sha1 hash of the weights 'preact_resnet20.test' in $KERAS_PREACT_WEIGHTS_DIR, "
+        f"{local}, is {_digest(local, 'sha1')}, the catalog expects {entry['hash']['value']}. "
+        "That file was kept (replace it with the published file, or remove it); nothing was "
+        "cached.")
+    assert local.read_bytes() == published["bytes"]
+    assert _left_in_cache(cache) == []
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    with pytest.raises(W.WeightsDownloadError) as err:
+        W.fetch_weights(_entry(f"http://127.0.0.1:{closed}/x.weights.h5", b"x"),
+                        cache_dir=cache, progress=False, build=kp.get_model)
+    assert "OFFLINE" not in str(err.value)
+    assert str(err.value).endswith(
+        "Nothing was cached. To use a local copy, put 'x.weights.h5' into the folder "
+        "$KERAS_PREACT_WEIGHTS_DIR names: it is read before the network, online too.")
+
+
 def test_truncated_transfer_http_error_and_no_network_leave_nothing(published, server, cache):
     body = published["bytes"][: len(published["bytes"]) // 2]
     url = server.serve("/cut/r20.weights.h5", body, announced=len(published["bytes"]))

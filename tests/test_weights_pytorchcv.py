@@ -147,12 +147,12 @@ def test_non_state_dict_files_are_refused_without_running_code(tmp_path):
     bad = tmp_path / "evil.pth"
     with open(bad, "wb") as f:
         pickle.dump({"x": Payload()}, f)
-    with pytest.raises(ValueError, match="weights_only=True"):
+    with pytest.raises(ValueError, match="Refusing to load .*global io.open"):
         conv.read_state_dict(str(bad))
     assert not marker.exists()
     junk = tmp_path / "junk.pth"
     junk.write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match="state dict"):
+    with pytest.raises(ValueError, match="truncated or corrupt"):
         conv.read_state_dict(str(junk))
 
 

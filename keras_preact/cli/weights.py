@@ -1,4 +1,5 @@
-"""`keras-preact weights list|fetch|verify|path|clear|preset|readme` over `keras_preact.weights`."""
+"""`keras-preact weights list|fetch|verify|path|clear|preset|convert|readme` over
+`keras_preact.weights`."""
 
 import os
 import sys
@@ -38,6 +39,13 @@ def add_commands(subparsers):
     q.add_argument("out", help="the preset folder (keras_hub.models.ImageClassifier.from_preset "
                    "loads it)")
     q.add_argument("--overwrite", action="store_true", help="replace the preset the folder holds")
+    q = command("convert", cmd_convert, "a checkpoint of your own (pytorchcv .pth) as .weights.h5")
+    q.add_argument("source", help="the checkpoint, e.g. model.pth (read without PyTorch)")
+    q.add_argument("--model", required=True, help="the keras-preact model, e.g. preact_resnet20")
+    q.add_argument("--converter", default="pytorchcv", help="its layout (default: pytorchcv)")
+    q.add_argument("--classes", type=int, help="its head's classes (default: the catalog's)")
+    q.add_argument("--out", required=True, help="the .weights.h5 file to write")
+    q.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     q = command("readme", cmd_readme, "render the zoo table (zoo/README.md) from the manifests")
     q.add_argument("--output", default=None, help="write to this file (default: print)")
 
@@ -132,6 +140,15 @@ def cmd_preset(args):
     path = save_preset(model, args.out, overwrite=args.overwrite)
     print(f"{args.key}: {path} (keras-hub {'ImageClassifier' if include_top else 'Backbone'} "
           "preset)")
+    return 0
+
+
+def cmd_convert(args):
+    from keras_preact.models import get_model
+    from keras_preact.weights import convert_checkpoint
+    path = convert_checkpoint(args.source, args.out, build=get_model, **{
+        name: getattr(args, name) for name in ("model", "converter", "classes", "overwrite")})
+    print(f"{args.source}: {path} (weights={path!r} loads it)")
     return 0
 
 

@@ -7,9 +7,7 @@ import pickle
 
 import numpy as np
 
-
-class _Refused(Exception):
-    """Raised inside the unpickler; turned into a ValueError naming the file."""
+from keras_preact.files import PickleRefused, RestrictedUnpickler, pickle_errors
 
 
 _NDARRAY = object()  # what the pickle gets for ``numpy.ndarray``: not callable
@@ -18,7 +16,7 @@ _NDARRAY = object()  # what the pickle gets for ``numpy.ndarray``: not callable
 def _reconstruct(subtype, shape, dtype):
     # numpy writes _reconstruct(ndarray, (0,), b"b"); the state that follows fills the array.
     if subtype is not _NDARRAY or shape != (0,):
-        raise _Refused("_reconstruct may only start an empty numpy.ndarray")
+        raise PickleRefused("_reconstruct may only start an empty numpy.ndarray")
     return np.ndarray(shape, dtype)
 
 
@@ -30,13 +28,13 @@ def _frombuffer(buffer, dtype, shape, order):
 
 def _codecs_encode(text, encoding="utf-8", errors="strict"):
     if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
-        raise _Refused("_codecs.encode is only admitted as encode(str, 'latin1')")
+        raise PickleRefused("_codecs.encode is only admitted as encode(str, 'latin1')")
     return text.encode("latin1")
 
 
 def _empty_bytes(*args):
     if args:
-        raise _Refused("bytes(...) is only admitted without arguments (the empty string)")
+        raise PickleRefused("bytes(...) is only admitted without arguments (the empty string)")
     return b""
 
 
@@ -52,30 +50,19 @@ _ADMITTED = {
     **{(module, "bytes"): _empty_bytes for module in ("__builtin__", "builtins")}}
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        if (module, name) not in _ADMITTED:
-            raise _Refused(f"the pickle asks for the global {module}.{name}, which a CIFAR "
-                           "batch file never needs (it would let the file run code)")
-        return _ADMITTED[(module, name)]
-
-    def persistent_load(self, pid):
-        raise _Refused("persistent ids are not allowed")
-
-
 def _check(obj, depth=0):
-    """Raises _Refused for anything but containers, strings, numbers and numeric arrays."""
+    """Raises PickleRefused for anything but containers, strings, numbers and numeric arrays."""
     if depth > 20:
-        raise _Refused("nesting too deep for a CIFAR batch file")
+        raise PickleRefused("nesting too deep for a CIFAR batch file")
     if isinstance(obj, np.ndarray):
         if obj.dtype.kind not in "biuf":  # bool, int, uint, float
-            raise _Refused(f"an array of dtype {obj.dtype} (not a plain numeric dtype; object "
-                           "and structured arrays are refused)")
+            raise PickleRefused(f"an array of dtype {obj.dtype} (not a plain numeric dtype; "
+                                "object and structured arrays are refused)")
     elif isinstance(obj, (dict, list, tuple)):
         for value in obj.items() if isinstance(obj, dict) else obj:
             _check(value, depth + 1)
     elif not (obj is None or type(obj) in (bool, int, float, str, bytes, bytearray)):
-        raise _Refused(f"unexpected object of type {type(obj).__name__}")
+        raise PickleRefused(f"unexpected object of type {type(obj).__name__}")
 
 
 def safe_load_pickle(data, *, source):
@@ -87,12 +74,8 @@ def safe_load_pickle(data, *, source):
         of plain numeric dtypes.
 
     Raises ValueError for any other global or object, and for a truncated or corrupt pickle."""
-    try:
-        obj = _RestrictedUnpickler(io.BytesIO(data), encoding="bytes").load()
+    with pickle_errors(source):
+        obj = RestrictedUnpickler(io.BytesIO(data), _ADMITTED, "a CIFAR batch file",
+                                  encoding="bytes").load()
         _check(obj)
         return obj
-    except _Refused as err:
-        raise ValueError(f"Refusing to load the pickle file {source!r}: {err}.") from None
-    except Exception as err:  # noqa: BLE001 - any unpickling failure means a bad file.
-        raise ValueError(f"The pickle file {source!r} is truncated or corrupt "
-                         f"({type(err).__name__}: {err}).") from None

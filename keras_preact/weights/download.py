@@ -1,8 +1,10 @@
 """Verified download and cache of pretrained weights: `keras.utils.get_file` under a lock per
 entry, the publisher's hash, the conversion, and a sidecar ``<name>.weights.h5.json`` holding
 the cached file's SHA-256, checked on every use. ``$KERAS_PREACT_WEIGHTS_DIR`` (converted or
-published files) is looked at first; offline, nothing else is."""
+published files) is looked at first; offline, nothing else is. `convert_checkpoint` converts
+a checkpoint of one's own the same way, without the cache."""
 
+import dataclasses
 import json
 import logging
 import os
@@ -20,7 +22,7 @@ import keras
 
 from keras_preact.checks import env_flag
 from keras_preact.files import atomic_write_json, file_hash, keras_preact_home, user_path
-from keras_preact.weights.catalog import WeightsEntry, get_entry, validate_entry
+from keras_preact.weights.catalog import WeightsEntry, get_entry, list_entries, validate_entry
 from keras_preact.weights.converters import get_converter
 from keras_preact.weights.local import load_weights_file, save_weights_file
 
@@ -98,8 +100,9 @@ def fetch_weights(key_or_entry, *, build, cache_dir=None, offline=None, progress
 
     Raises:
         ValueError: an unknown key or a malformed entry.
-        WeightsIntegrityError (a ValueError): the publisher's hash does not match (the
-            download is deleted), or the cached file was altered.
+        WeightsIntegrityError (a ValueError): the publisher's hash does not match (a
+            download is deleted, a file of $KERAS_PREACT_WEIGHTS_DIR kept), or the cached
+            file was altered.
         WeightsDownloadError (an OSError): the file could not be fetched, or offline
             without a local copy; nothing is cached."""
     if isinstance(key_or_entry, dict):
@@ -126,7 +129,8 @@ def fetch_weights(key_or_entry, *, build, cache_dir=None, offline=None, progress
             source, converted = _local_or_download(
                 entry, work, offline=offline,
                 progress=progress and getattr(sys.stdout, "isatty", bool)())
-            return _commit(entry, cache, *_convert(entry, source, work, build, converted=converted))
+            out = os.path.join(work, "converted.weights.h5")
+            return _commit(entry, cache, *_convert(entry, source, out, build, converted=converted))
 
 
 def _local_or_download(entry, work, *, offline, progress):
@@ -149,10 +153,12 @@ def _local_or_download(entry, work, *, offline, progress):
     if (actual := file_hash(source, entry.hash.algorithm)) != entry.hash.value:
         if download:  # a user's file stays
             os.remove(source)
+        origin, fate = (("downloaded from " + entry.url, "The download was deleted") if download
+                        else (f"in $KERAS_PREACT_WEIGHTS_DIR, {local},", "That file was kept "
+                              "(replace it with the published file, or remove it)"))
         raise WeightsIntegrityError(
-            f"The {entry.hash.algorithm} hash of the weights {entry.key!r} from {entry.url} "
-            f"is {actual}, the catalog expects {entry.hash.value}. The file was deleted and "
-            "nothing was cached.")
+            f"The {entry.hash.algorithm} hash of the weights {entry.key!r} {origin} is "
+            f"{actual}, the catalog expects {entry.hash.value}. {fate}; nothing was cached.")
     return source, False
 
 
@@ -178,8 +184,8 @@ def _download(url, work, *, progress):
             reason = "the file could not be fetched (no network, or the host is unreachable)"
         raise WeightsDownloadError(
             f"Could not download the weights from {url}: {reason} ({text}). Nothing was "
-            "cached. Set KERAS_PREACT_OFFLINE=1 and KERAS_PREACT_WEIGHTS_DIR to use a "
-            "local copy.") from None
+            f"cached. To use a local copy, put {_url_filename(url)!r} into the folder "
+            "$KERAS_PREACT_WEIGHTS_DIR names: it is read before the network, online too.") from None
     finally:
         if interactive:
             keras.config.enable_interactive_logging()
@@ -200,9 +206,8 @@ def _extract_member(entry, published, work, *, origin):
         return archive.extract(member, os.path.join(work, "member"))
 
 
-def _convert(entry, source, work, build, *, converted):
-    """(path, facts): the `.weights.h5` made from a verified file, saved in `work`."""
-    out = os.path.join(work, "converted.weights.h5")
+def _convert(entry, source, out, build, *, converted):
+    """(out, facts): the `.weights.h5` made from a verified file, saved as `out`."""
     if entry.converter_args.get("verbatim") and not converted:
         if not h5py.is_hdf5(source):
             raise ValueError(f"The file at {entry.url} is not a Keras .weights.h5 (HDF5) file.")
@@ -221,6 +226,47 @@ def _convert(entry, source, work, build, *, converted):
         facts = get_converter(entry.converter)(source, model, entry) or {}
     save_weights_file(model, out)
     return out, facts
+
+
+def convert_checkpoint(source, out, *, model, build, converter="pytorchcv", classes=None,
+                       overwrite=False):
+    """Converts a checkpoint of one's own in a publisher's layout (e.g. a pytorchcv `.pth`,
+    read without torch) into a `.weights.h5` that ``weights=out`` loads. The model is built
+    as the catalog's `converter` entries for `model` build it, without preprocessing (the
+    checkpoint's normalisation is not known: pass ``preprocessing=`` when loading).
+
+    Args:
+        source: the checkpoint file.
+        out: the `.weights.h5` file to write.
+        model: a model name with `converter` entries in the catalog, e.g. "preact_resnet20".
+        build: ``build(model_name, **arguments)``, e.g. `keras_preact.get_model`.
+        converter: the checkpoint's layout: "pytorchcv" or "keras_applications".
+        classes: the classes of the checkpoint's head (default: the catalog entry's).
+        overwrite: replace an existing `out`.
+
+    Returns:
+        The absolute path of `out`.
+
+    Raises:
+        ValueError: an unknown converter, a `model` without `converter` entries, a
+            checkpoint that does not match the model (the first missing, extra or
+            other-shaped tensors named), or an `out` not ending in '.weights.h5'; nothing
+            is written then.
+        FileExistsError: `out` exists and `overwrite` is False.
+        FileNotFoundError: `source` does not exist."""
+    source, out = user_path(source, "source"), user_path(out, "out")
+    os.stat(source)  # a missing file: FileNotFoundError, before a model is built
+    get_converter(converter)
+    entries = [e for e in list_entries() if e.converter == converter]
+    if (entry := next((e for e in entries if e.model == model), None)) is None:
+        raise ValueError(f"No {converter} layout is known for the model. Received: "
+                         f"model={model!r}. Valid: {sorted({e.model for e in entries})}")
+    if os.path.exists(out) and not overwrite:
+        raise FileExistsError(f"{out} exists; pass overwrite=True (--overwrite) to replace it. "
+                              f"Received: out={out!r}")
+    entry = dataclasses.replace(entry, preprocessing=None, architecture={
+        **entry.architecture, **({} if classes is None else {"classes": classes})})
+    return _convert(entry, source, out, build, converted=False)[0]
 
 
 def _commit(entry, cache, tmp, facts):

@@ -6,7 +6,7 @@ import importlib
 
 import numpy as np
 
-#: name -> "module:function", imported on first use (torch only for "pytorchcv").
+#: name -> "module:function", imported on first use.
 CONVERTERS = {
     "keras_weights": "keras_preact.weights.converters:convert_keras_weights",
     "pytorchcv": "keras_preact.weights.converters.pytorchcv:convert",

@@ -1,39 +1,17 @@
 """Converter for the imgclsmob / pytorchcv pre-activation ResNet checkpoints (CIFAR, SVHN,
-ImageNet): PyTorch ``state_dict`` pickles, read with ``torch.load(..., weights_only=True)``
-so that a checkpoint cannot run code. The architecture (e.g. ``first_shared_preact=False``
-for the basic nets) comes from the catalog entry."""
+ImageNet): PyTorch ``state_dict`` files, read without torch by
+`keras_preact.weights.torch_checkpoint.read_state_dict`, which runs no code from the file.
+The architecture (e.g. ``first_shared_preact=False`` for the basic nets) comes from the
+catalog entry."""
 
 import numpy as np
 
 from keras_preact.architecture import HEAD_LAYER, STEM_CONV_LAYER
 from keras_preact.weights.converters import assign_arrays, require_preact_resnet
+from keras_preact.weights.torch_checkpoint import read_state_dict
 
 _TORCH_BN = {"gamma": "weight", "beta": "bias", "moving_mean": "running_mean",
              "moving_variance": "running_var"}
-
-
-def read_state_dict(path):
-    """Reads a `.pth` state dict as numpy arrays (dict name -> array), without running
-    pickled code; ModuleNotFoundError without torch, ValueError for a file that is not
-    a readable weights-only state dict."""
-    try:
-        import torch
-    except ImportError:
-        raise ModuleNotFoundError(
-            "Converting PyTorch checkpoints needs PyTorch. Install the CPU build with "
-            "`pip install \"keras-preact[torch]\"` (or `pip install torch==2.13.0`).") from None
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError...
-        raise ValueError("The file is not a PyTorch state dict that can be read with "
-                         f"weights_only=True ({type(err).__name__}: {str(err)[:300]}). "
-                         f"Received: {path!r}") from None
-    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-        state = state["state_dict"]
-    if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
-        raise ValueError("The checkpoint does not hold a state dict (a mapping of names to "
-                         f"tensors). Received: {path!r}")
-    return {k: v.detach().cpu().numpy() for k, v in state.items()}
 
 
 def _conv_kernel(w):
