@@ -184,3 +184,13 @@ def matching_transforms(source, output, pad=4, flips=(False, True)):
                 if np.array_equal(shifted(source, dy, dx, flip, pad), output):
                     found.append((dy, dx, flip))
     return found
+
+
+def write_image(path, height=32, width=32, seed=0, **save_args):
+    """Writes one random RGB image at `path` (its format from the suffix); returns it."""
+    from PIL import Image
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    image = np.random.RandomState(seed).randint(0, 256, (height, width, 3)).astype(np.uint8)
+    Image.fromarray(image).save(path, **save_args)
+    return image

@@ -421,8 +421,8 @@ def test_image_folder_takes_val_or_validation_beside_train(tmp_path, held_out):
 def test_image_folder_with_train_but_no_held_out_folder_is_refused(tmp_path):
     F.write_png_folder(str(tmp_path / "train"), ["cat", "dog"], per_class=3)
     F.write_png_folder(str(tmp_path / "extra"), ["cat", "dog"], per_class=3)
-    with pytest.raises(ValueError, match=r"train/ but no held-out folder.*test/, val/, "
-                       r"validation/\. Received: path="):
+    with pytest.raises(ValueError, match=r"train/ but no held-out folder \(test/, testing/, val/, "
+                       r"valid/, validation/, any case\)\. Received: path="):
         data.dataset_info("folder", path=str(tmp_path))
 
 
@@ -448,8 +448,8 @@ def test_image_folder_class_without_images_is_named(tmp_path, content, where):
         (empty / content).write_text("not an image")
     with pytest.raises(ValueError) as info:
         data.load_arrays("folder", "test", path=str(root))
-    assert str(info.value) == (f"The class folder {str(empty)!r} holds no images "
-                               "(.bmp, .gif, .jpeg, .jpg, .png).")
+    assert str(info.value) == (f"The class folder {str(empty)!r} holds no images (a format "
+                               "Pillow reads: .bmp, .gif, .jpeg, .jpg, .png, .tiff, .webp, ...).")
 
 
 def test_image_folder_too_small_for_its_held_out_split_says_so(tmp_path):
@@ -463,6 +463,156 @@ def test_image_folder_too_small_for_its_held_out_split_says_so(tmp_path):
     F.write_png_folder(str(tmp_path / "cat"), [""], per_class=3, seed=7)
     F.write_png_folder(str(tmp_path / "dog"), [""], per_class=3, seed=8)
     assert sorted(data.load_arrays("folder", "test", path=str(tmp_path))[1].tolist()) == [0, 1, 2]
+
+
+# --- image folders as users make them (issue 45) ------------------------------------------
+
+
+def _warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+@pytest.mark.parametrize("train, held_out", [("training", "testing"), ("Train", "Test"),
+                                             ("TRAIN", "Valid")])
+def test_image_folder_split_names_are_recognised_in_any_case(tmp_path, train, held_out):
+    F.write_png_folder(str(tmp_path / train), ["cat", "dog"], per_class=3, seed=4)
+    F.write_png_folder(str(tmp_path / held_out), ["cat", "dog"], per_class=2, seed=5)
+    info = data.dataset_info("folder", path=str(tmp_path))
+    assert info["class_names"] == ("cat", "dog")
+    assert (info["num_train"], info["num_test"]) == (6, 4)
+
+
+@pytest.mark.parametrize("folders, message", [
+    (["Test", "val"], r"has Test/, val/ but no train folder \(train/ or training/, any case\)"),
+    (["train", "Training", "test"], r"has train/, Training/, test/ but more than one train "
+                                    r"folder"),
+    (["train", "extra"], r"has train/ but no held-out folder \(test/, testing/, val/, valid/, "
+                         r"validation/, any case\)")])
+def test_image_folder_split_names_without_their_pair_are_refused(tmp_path, folders, message):
+    for name in folders:
+        F.write_png_folder(str(tmp_path / name), ["cat", "dog"], per_class=3)
+    received = rf"\. Received: path='{re.escape(str(tmp_path))}'$"
+    with pytest.raises(ValueError, match=message + received):
+        data.dataset_info("folder", path=str(tmp_path))
+
+
+def test_image_folder_reads_what_pillow_reads_and_counts_what_it_skips(tmp_path, caplog):
+    for k, name in enumerate(["cat", "dog"]):
+        F.write_image(str(tmp_path / name / "a.png"), seed=k)
+        for i, suffix in enumerate([".webp", ".tiff", ".tif", ".jpg"]):
+            F.write_image(str(tmp_path / name / f"b{i}{suffix}"), seed=10 * k + i, lossless=True)
+        (tmp_path / name / "notes.txt").write_text("not an image")
+    (tmp_path / "dog" / "clip.heic").write_bytes(b"not an image Pillow reads")
+    with caplog.at_level("WARNING", logger="keras_preact"):
+        info = data.dataset_info("folder", path=str(tmp_path))
+    assert (info["num_train"], info["num_test"]) == (8, 2)  # 5 images a class
+    assert _warnings(caplog) == [f"Skipped 3 file(s) under {str(tmp_path)!r} that are not "
+                                 "images Pillow reads: 1 .heic, 2 .txt."]
+
+
+def test_image_folder_resize_warning_counts_every_image_once(tmp_path, caplog):
+    for k, name in enumerate(["cat", "dog"]):
+        F.write_image(str(tmp_path / name / "000.png"), seed=k)  # the first is 32x32
+        for i in range(1, 4):
+            F.write_image(str(tmp_path / name / f"{i:03d}.png"), 120, 200, seed=10 * k + i)
+    with caplog.at_level("WARNING", logger="keras_preact"):
+        info = data.dataset_info("folder", path=str(tmp_path))
+    assert info["input_shape"] == (32, 32, 3)
+    assert _warnings(caplog) == [
+        f"6 of the 8 images under {str(tmp_path)!r} ({str(tmp_path / 'cat' / '001.png')!r} is "
+        "120x200) are resized to 32x32 (bilinear, aspect ratio not kept)."]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="keras_preact"):  # every image large: still one
+        data.dataset_info("folder", path=str(tmp_path), image_size=(16, 16))
+    assert len(_warnings(caplog)) == 1 and "8 of the 8 images" in _warnings(caplog)[0]
+
+
+def test_image_folder_follows_linked_class_folders(tmp_path):
+    F.write_png_folder(str(tmp_path), ["cats", "dogs"], per_class=3)
+    (tmp_path / "imgs").mkdir()
+    for name in ("cat", "dog"):
+        os.symlink(os.path.join("..", name + "s"), tmp_path / "imgs" / name)
+    (tmp_path / "cats" / "more").mkdir()
+    os.symlink("..", tmp_path / "cats" / "more" / "up")  # a link to a folder above: walked once
+    info = data.dataset_info("folder", path=str(tmp_path / "imgs"))
+    assert info["class_names"] == ("cat", "dog")
+    assert (info["num_train"], info["num_test"]) == (4, 2)
+    # The arrays kept on disk follow the files behind the links.
+    new = F.write_image(str(tmp_path / "dogs" / "003.png"), seed=99)
+    data.clear_cache()
+    x, y = data.load_arrays("folder", "train", path=str(tmp_path / "imgs"))
+    assert len(y) == 5 and any(np.array_equal(image, new) for image in x)
+
+
+def test_image_folder_skips_hidden_folders_and_files(tmp_path):
+    written = F.write_png_folder(str(tmp_path), ["cat", "dog"], per_class=3)
+    F.write_png_folder(str(tmp_path / ".ipynb_checkpoints"), ["cat"], per_class=3)
+    (tmp_path / ".git" / "objects").mkdir(parents=True)
+    (tmp_path / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (tmp_path / "cat" / "._000.png").write_bytes(b"macOS resource fork")
+    (tmp_path / "cat" / ".DS_Store").write_bytes(b"\0")
+    F.write_png_folder(str(tmp_path / "dog" / ".thumbs"), ["x"], per_class=2)
+    info = data.dataset_info("folder", path=str(tmp_path))
+    assert info["class_names"] == ("cat", "dog")
+    x, _ = data.load_arrays("folder", "train", path=str(tmp_path))
+    xt, _ = data.load_arrays("folder", "test", path=str(tmp_path))
+    assert sorted(map(bytes, np.concatenate([x, xt]))) == sorted(
+        map(bytes, np.concatenate([written["cat"], written["dog"]])))
+
+
+@pytest.mark.parametrize("kind", ["zip", "gztar"])
+def test_image_folder_from_an_archive_is_extracted_once(folder_home, kind):
+    import shutil
+
+    root, folders, decoded = folder_home
+    archive = shutil.make_archive(str(root.parent / "imgs"), kind, root.parent, root.name)
+    before = open(archive, "rb").read()
+    expected = _load_both(root)
+    data.clear_cache()
+    loaded = _load_both(archive)
+    for (x0, y0, m0), (x1, y1, m1) in zip(expected, loaded):
+        np.testing.assert_array_equal(x1, x0)
+        np.testing.assert_array_equal(y1, y0)
+        assert (m1["class_names"], m1["layout"]) == (["cat", "dog"], "split")
+    extracted = folders.parent / "extracted"
+    [copy] = os.listdir(extracted)  # one folder, and no temporary one beside it
+    assert copy.startswith(os.path.basename(archive) + "-")
+    assert m1["path"] == str(extracted / copy / "images")
+    stamp = os.stat(extracted / copy).st_mtime_ns
+    data.clear_cache()
+    info = data.dataset_info("folder", path=archive)
+    assert info["class_names"] == ("cat", "dog") and (info["num_train"], info["num_test"]) == (6, 4)
+    assert os.stat(extracted / copy).st_mtime_ns == stamp  # not extracted again
+    assert open(archive, "rb").read() == before
+
+
+def test_a_damaged_archive_is_named_and_leaves_nothing(folder_home):
+    root, folders, _ = folder_home
+    archive = root.parent / "imgs.tar.gz"
+    archive.write_bytes(b"\x1f\x8b not really gzip")
+    with pytest.raises(ValueError, match=rf"^Cannot extract the archive "
+                       rf"'{re.escape(str(archive))}' \(.*\): damaged or not an archive\. "
+                       rf"Received: path='{re.escape(str(archive))}'$"):
+        data.load_arrays("folder", "train", path=str(archive))
+    assert not os.listdir(folders.parent / "extracted")
+    text = root.parent / "imgs.txt"
+    text.write_text("a file")
+    with pytest.raises(ValueError, match=r"^The image folder is a file, not a folder or an "
+                       r"archive \(.*\.tar\.gz, .*\.zip\)\. Received: path="):
+        data.load_arrays("folder", "train", path=str(text))
+
+
+def test_a_truncated_jpeg_is_named_and_stderr_stays_clean(tmp_path, capfd):
+    F.write_png_folder(str(tmp_path), ["cat", "dog"], per_class=3)
+    broken = tmp_path / "dog" / "cut.jpg"
+    F.write_image(str(broken), 64, 64, quality=95)
+    broken.write_bytes(broken.read_bytes()[:600])
+    capfd.readouterr()
+    with pytest.raises(ValueError) as info:
+        data.load_arrays("folder", "train", path=str(tmp_path), cache=False)
+    assert re.fullmatch(rf"Cannot decode {re.escape(repr(str(broken)))} \(.+\)\. Remove or "
+                        r"replace it\.", str(info.value)), str(info.value)
+    assert capfd.readouterr().err == ""
 
 
 # --- image folders kept on disk ------------------------------------------------------

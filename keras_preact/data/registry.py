@@ -45,8 +45,8 @@ DATASETS = {
         "split with seed 0.", 10, tuple(str(i) for i in range(10)), None, None, _COMPUTED,
         "pad_crop", ("sklearn",), 1438, 359),
     "folder": _entry(
-        "A folder of images with one sub-folder per class (or train/ and test/ or val/ "
-        "sub-folders holding those); needs `path`.", None, None, None, None, _COMPUTED,
+        "A folder (or an archive) of images with one sub-folder per class (or train/ and "
+        "test/ or val/ holding those); needs `path`.", None, None, None, None, _COMPUTED,
         "pad_crop_flip", ("folder",))}
 
 

@@ -42,7 +42,8 @@ def load_arrays(name, split, *, data_dir=None, source="auto", path=None, downloa
             ``.tar.gz``) or TFDS' data folder (None: TFDS' default).
         source: CIFAR only: "archive" (the files at `path` or `data_dir`), "tfds" or "auto"
             (archive when `path` is given or `data_dir` holds the files, else TFDS).
-        path: CIFAR: an archive or extracted CIFAR folder; "folder": the image folder.
+        path: CIFAR: an archive or extracted CIFAR folder; "folder": the image folder, or
+            an archive of one (extracted once into ``$KERAS_PREACT_HOME/extracted``).
         download: let TFDS download the data (default False: no network).
         cache: keep the decoded arrays in memory (they are then read-only), and a folder's
             also in ``$KERAS_PREACT_HOME/folders`` (default ``~/.keras/keras_preact/folders``).
@@ -144,11 +145,11 @@ def _read_tfds(name, split, data_dir, download):
 
 
 def _fingerprint(*paths):
-    """(path, size, mtime) of every file at or under `paths`: a changed file is a new key."""
+    """(path, size, mtime) of every file at or under `paths` (as a folder's are read: links
+    followed, hidden files skipped): a changed file is a new key."""
     out = []
     for path in map(user_path, paths):
-        files = (sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names)
-                 if os.path.isdir(path) else [path])
+        files = folder.visible_files(path) if os.path.isdir(path) else [path]
         for file in files:
             with contextlib.suppress(OSError):  # removed since the walk: not in the folder
                 out.append((file, (st := os.stat(file)).st_size, st.st_mtime_ns))
