@@ -615,6 +615,35 @@ def test_a_truncated_jpeg_is_named_and_stderr_stays_clean(tmp_path, capfd):
     assert capfd.readouterr().err == ""
 
 
+def _closed_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens once it is closed
+
+
+def test_download_without_network_fails_at_once(tmp_path, monkeypatch):
+    import time
+
+    import tensorflow_datasets as tfds
+
+    url = f"http://127.0.0.1:{_closed_port()}/cifar-10-binary.tar.gz"
+    monkeypatch.setitem(sources.DOWNLOAD_URLS, "cifar10", url)
+    monkeypatch.setattr(tfds, "load", lambda *a, **k: pytest.fail("TFDS was asked to download"))
+    start = time.monotonic()
+    with pytest.raises(ValueError) as info:
+        data.load_arrays("cifar10", "test", source="tfds", data_dir=str(tmp_path), download=True)
+    assert time.monotonic() - start < 30
+    assert re.fullmatch(rf"Cannot download cifar10 from {re.escape(url)} \(127\.0\.0\.1 cannot "
+                        r"be reached: .*\)\. Received: download=True\. .*", str(info.value))
+    assert "\n" not in str(info.value)
+    monkeypatch.setenv("KERAS_PREACT_OFFLINE", "1")
+    with pytest.raises(ValueError, match=r"cannot be reached: KERAS_PREACT_OFFLINE is set\)\. "
+                                         r"Received: download=True"):
+        data.load_arrays("cifar10", "test", source="tfds", data_dir=str(tmp_path), download=True)
+
+
 # --- image folders kept on disk ------------------------------------------------------
 
 

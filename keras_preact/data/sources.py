@@ -8,11 +8,13 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import threading
+import urllib.parse
 
 import numpy as np
 
-from keras_preact.checks import check_choice, warn_deprecated
+from keras_preact.checks import check_choice, env_flag, warn_deprecated
 from keras_preact.data import cifar_files, folder
 from keras_preact.data.digits import read_digits
 from keras_preact.data.registry import DATASETS, SPLITS, channel_stats, check_dataset_name
@@ -21,6 +23,9 @@ from keras_preact.files import atomic_save, keras_preact_home, user_path
 logger = logging.getLogger(__name__)
 
 SOURCES = ("auto", "tfds", "archive")
+#: Where TFDS downloads CIFAR from: checked first, as without network TFDS retries for minutes.
+DOWNLOAD_URLS = {f"cifar{n}": f"https://www.cs.toronto.edu/~kriz/cifar-{n}-binary.tar.gz"
+                 for n in (10, 100)}
 
 _CACHE_SIZE = 4  # decoded splits, newest last: a CIFAR split is ~150 MB of uint8
 _cache = collections.OrderedDict()
@@ -44,7 +49,8 @@ def load_arrays(name, split, *, data_dir=None, source="auto", path=None, downloa
             (archive when `path` is given or `data_dir` holds the files, else TFDS).
         path: CIFAR: an archive or extracted CIFAR folder; "folder": the image folder, or
             an archive of one (extracted once into ``$KERAS_PREACT_HOME/extracted``).
-        download: let TFDS download the data (default False: no network).
+        download: let TFDS download the data (default False: no network); refused at once
+            when the download's host cannot be reached or KERAS_PREACT_OFFLINE is set.
         cache: keep the decoded arrays in memory (they are then read-only), and a folder's
             also in ``$KERAS_PREACT_HOME/folders`` (default ``~/.keras/keras_preact/folders``).
         image_size: "folder" only: (height, width), default (32, 32).
@@ -123,6 +129,8 @@ def _read_tfds(name, split, data_dir, download):
     """One CIFAR split from TFDS' `data_dir` (None: TFDS' default)."""
     import tensorflow_datasets as tfds
     data_dir = None if data_dir is None else user_path(data_dir)
+    if download and not tfds.builder(name, data_dir=data_dir).is_prepared():
+        _check_reachable(name, DOWNLOAD_URLS[name])
     try:
         ds, info = tfds.load(name, split=split, data_dir=data_dir, download=bool(download),
                              as_supervised=True, shuffle_files=False, with_info=True)
@@ -142,6 +150,20 @@ def _read_tfds(name, split, data_dir, download):
         raise ValueError(f"The TFDS dataset {name!r} has images of shape {images.shape[1:]}; "
                          "expected (32, 32, 3).")
     return images, labels, {"source": "tfds", "data_dir": data_dir, "version": str(info.version)}
+
+
+def _check_reachable(name, url):
+    """Raises ValueError at once where `url`'s host refuses, is unknown or silent for 10 s, or
+    KERAS_PREACT_OFFLINE is set (as for `keras-preact weights fetch`)."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        if env_flag("KERAS_PREACT_OFFLINE"):
+            raise OSError("KERAS_PREACT_OFFLINE is set")
+        socket.create_connection((parts.hostname, parts.port or 443), timeout=10).close()
+    except OSError as err:
+        raise ValueError(f"Cannot download {name} from {url} ({parts.hostname} cannot be reached: "
+                         f"{err.strerror or err}). Received: download=True. Download it where "
+                         "there is a network, or pass its original files as `path`.") from None
 
 
 def _fingerprint(*paths):
