@@ -644,6 +644,30 @@ def test_download_without_network_fails_at_once(tmp_path, monkeypatch):
         data.load_arrays("cifar10", "test", source="tfds", data_dir=str(tmp_path), download=True)
 
 
+def test_predict_takes_a_folder_of_images(tmp_path, capsys):
+    import json
+
+    from tests.helpers import run_cli, tiny_model
+
+    model = tiny_model(classes=3, preprocessing="unit")
+    model.save(path := str(tmp_path / "m.keras"))
+    images = tmp_path / "images"
+    files = [images / "b.png", images / "a" / "c.webp", images / "a.jpg"]
+    for i, file in enumerate(files):
+        F.write_image(str(file), 16, 16, seed=i)
+    (images / "notes.txt").write_text("not an image")
+    (images / ".hidden.png").write_bytes(b"not read")
+    code, out, err = run_cli(["predict", path, str(images), "--json"], capsys)
+    assert code == 0, err
+    # As `train` walks a folder: its own files, then each sub-folder's, all sorted.
+    assert [r["image"] for r in json.loads(out)] == [str(files[i]) for i in (2, 0, 1)]
+    (tmp_path / "empty").mkdir()
+    code, out, err = run_cli(["predict", path, str(tmp_path / "empty")], capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"error: image folder {str(tmp_path / 'empty')!r} holds no images")
+    assert len(err.splitlines()) == 1
+
+
 # --- image folders kept on disk ------------------------------------------------------
 
 

@@ -65,7 +65,7 @@ def add_commands(subparsers):
                    help="a SavedModel export (base or version folder), a LiteRT/ONNX export "
                         "folder or file, or a .keras file")
     p.add_argument("images", metavar="IMAGE", nargs="+",
-                   help="image files (PNG, JPEG, ...) or .npy uint8 arrays")
+                   help="image files (PNG, JPEG, ...), .npy uint8 arrays or image folders")
     p.add_argument("--top-k", type=int, help="default: the export's top-k")
     p.add_argument("--preprocessing", default="auto", help="for a .keras model without its layer")
     p.add_argument("--class-names", metavar="FILE", help="overrides the export's class names")
@@ -204,6 +204,7 @@ def cmd_predict(args):
     import numpy as np
 
     from keras_preact import export
+    from keras_preact.data.folder import image_files
     preprocessing, class_names = _preprocessing_and_names(args)
     # From the model card (or a .keras file's config), so that bad images are found
     # before the model loads; loaded first only when it is the only source.
@@ -211,15 +212,20 @@ def cmd_predict(args):
     if shape is None:
         served = export.load_export(args.model, preprocessing=preprocessing)
         shape = served.input_shape
+    # A folder stands for the images under it, sorted, as `train` reads them.
+    paths = [p for path in args.images
+             for p in ((image_files(path) or [path]) if os.path.isdir(path) else [path])]
     named, failed = [], 0
-    for path in args.images:
+    for path in paths:
         try:
+            if os.path.isdir(path):
+                raise ValueError(f"image folder {path!r} holds no images Pillow reads")
             named += export.read_image_file(path, shape, resize=args.resize)
         except ValueError as err:  # the other images are still classified
             print_error(err)
             failed += 1
     if not named:
-        return partial_status(failed, len(args.images))
+        return partial_status(failed, len(paths))
     served = served or export.load_export(args.model, preprocessing=preprocessing)
     names, images = zip(*named)
     top = export.top_k_predictions(served.predict(np.stack(images)), top_k=args.top_k,
@@ -233,4 +239,4 @@ def cmd_predict(args):
             for rank, entry in enumerate(entries, start=1):
                 label = entry.get("label", str(entry["class"]))
                 print(f"  {rank:>2}. {label:<20} {entry['score']:.4f}")
-    return partial_status(failed, len(args.images))
+    return partial_status(failed, len(paths))
