@@ -190,6 +190,25 @@ def feature_levels_table():
                  rows)
 
 
+def training_paths_table():
+    """What each training path honours, from `keras_preact.training.LIMITS` (the code's one
+    declaration): a ✗ cell is refused before a run starts, with the reason shown."""
+    import dataclasses
+
+    from keras_preact.training import LIMITS, PATHS, TrainConfig
+
+    limited = sorted({name for limits in LIMITS.values() for name in limits})
+    rows = [("strategies", *(", ".join(f"`{s}`" for s in ss) for _, ss in PATHS.values()))]
+    rows += [(f"`{name}`", *("✗ " + LIMITS[p][name] if name in LIMITS.get(p, {}) else "✓"
+                             for p in PATHS)) for name in limited]
+    others = [f.name for f in dataclasses.fields(TrainConfig)
+              if f.name not in limited and f.name != "strategy"]
+    rows.append(("every other field: " + ", ".join(f"`{n}`" for n in others),
+                 *("✓" for _ in PATHS)))
+    return table(("setting", *(f"{p} (`KERAS_BACKEND={b}`)" for p, (b, _) in PATHS.items())),
+                 rows)
+
+
 def build_table():
     """Build, save and load times (build_save_load.json)."""
     report = _measured("build_save_load")
@@ -388,7 +407,8 @@ PARTS = {"speed": speed_table, "speed-avx2": lambda: speed_table("cpu_avx2"),
          "fused-bn": fused_bn_table, "scaling": scaling_table, "memory": memory_table,
          "build": build_table, "build-backends": build_backends_table,
          "jax": jax_training_table, "jax-ops": jax_ops_table, "serving": serving_table, "machine": machine_line,
-         "cli": cli_reference, "feature-levels": feature_levels_table,
+         "cli": cli_reference, "training-paths": training_paths_table,
+         "feature-levels": feature_levels_table,
          "gradient-flow": gradient_flow_table, "gradient-flow-1001": gradient_flow_1001_table,
          "ablation": ablation_table, "cifar": cifar_table, "bf16": bf16_table}
 

@@ -159,14 +159,14 @@ def test_keras_file_with_a_lambda_layer_says_what_to_do(tmp_path, capsys, comman
 def test_ctrl_c_during_training_is_one_line_exit_130(cifar_dir, tmp_path, capsys, monkeypatch):
     import keras
 
-    from keras_preact.training.trainer import FitStepper
+    from keras_preact.training.run import Stepper
 
     class CtrlC(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             raise KeyboardInterrupt
 
-    callbacks = FitStepper.callbacks
-    monkeypatch.setattr(FitStepper, "callbacks", lambda *a, **k: [*callbacks(*a, **k), CtrlC()])
+    callbacks = Stepper.callbacks
+    monkeypatch.setattr(Stepper, "callbacks", lambda *a, **k: [*callbacks(*a, **k), CtrlC()])
     workdir = tmp_path / "run"
     code, _, err = run_cli(tiny_train_args(cifar_dir, workdir), capsys)
     assert code == cli.EXIT_INTERRUPTED == 130, err

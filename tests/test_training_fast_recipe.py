@@ -148,11 +148,10 @@ def test_cutout_blacks_out_one_square_per_image_keyed_like_the_other_augmentatio
 
 
 def test_cutout_reaches_the_training_data_only(tmp_path):
-    from keras_preact.training.run import Run
-    from keras_preact.training.trainer import FitStepper
+    from keras_preact.training.run import Run, Stepper
 
     def first_batches(**kw):
-        run = Run(tiny_config(**kw).validate(), str(tmp_path / "run"), FitStepper())
+        run = Run(tiny_config(**kw).validate(), str(tmp_path / "run"), Stepper())
         run.stepper.start(run)
         run.stepper.load_data(run)
         return [next(iter(d))[0].numpy() for d in (run.train_data(epoch=0), run.test_data)]
@@ -292,18 +291,5 @@ def test_evaluate_with_flip_scores_the_mean_of_an_image_and_its_mirror(digits_ru
     assert code == 0, err
     assert f"test (flip): accuracy {100 * result['accuracy']:.2f}%" in out
 
-
-# ----------------------------------------------------------------------------------
-# Where an ingredient is not implemented
-# ----------------------------------------------------------------------------------
-
-# (JAX data-parallel training's refusal of the moving average: tests/test_jax_parallel.py.)
-@pytest.mark.parametrize("field, value", [("label_smoothing", 0.1), ("ema_momentum", 0.99)])
-def test_the_multi_worker_loop_refuses_what_it_does_not_implement(tmp_path, field, value):
-    from keras_preact.training import train_multiworker
-
-    with pytest.raises(ValueError, match=f"Unsupported {field} with the multi-worker loop: .* "
-                                         f"Received: {field}="):
-        train_multiworker(tiny_config(strategy="multiworker", **{field: value}),
-                          str(tmp_path / "run"))
-    assert not os.path.exists(tmp_path / "run")
+# Every ingredient on every path: tests/test_multiworker.py, test_jax_parallel.py and
+# test_training_paths.py.

@@ -30,7 +30,7 @@ def add_commands(subparsers):
                    "defaults below) or fast (" + ", ".join(
                        f"{k}={v}" for k, v in RECIPES["fast"].items() if v != ())
                    + "); the flags given win")
-    _add_config_arguments(p)
+    add_config_arguments(p)
     p.set_defaults(func=cmd_train)
 
     p = subparsers.add_parser(
@@ -67,7 +67,7 @@ def add_commands(subparsers):
     p.set_defaults(func=cmd_demo)
 
 
-def _add_config_arguments(parser):
+def add_config_arguments(parser):
     """One flag per `TrainConfig` field: ``--batch-size`` for `batch_size`, and so on."""
     defaults, group, recipes = TrainConfig(), parser, set().union(*RECIPES.values())
     for field in dataclasses.fields(TrainConfig):

@@ -1,6 +1,15 @@
 """`keras-preact tune`: a resumable depth sweep with KerasTuner (`keras_preact.tuning`)."""
 
-from keras_preact.cli.common import float_list, int_list, print_table, str_list, verbosity
+import dataclasses
+
+from keras_preact.cli.common import float_list, int_list, print_table, str_list
+from keras_preact.cli.train import add_config_arguments
+from keras_preact.training.config import RECIPES, TrainConfig, recipe
+
+#: `train` flags a trial takes from the search space: refused here, with what to use instead.
+_SPACE_FLAGS = {"model": "--depths/--widths/--units", "model_kwargs": "--depths/--widths/--units",
+                "learning_rate": "--lrs", "weight_decay": "--weight-decays",
+                "warmup": "--warmups", "steps": "--epochs", "eval_every": "nothing (each epoch)"}
 
 
 def add_commands(subparsers):
@@ -12,16 +21,16 @@ def add_commands(subparsers):
         "processes with KERASTUNER_ORACLE_IP, KERASTUNER_ORACLE_PORT and "
         "KERASTUNER_TUNER_ID=chief (one) / tuner0, tuner1, ... (workers).")
     g = p.add_argument_group("search space")
-    g.add_argument("--dataset", default="cifar10", help="cifar10, cifar100, digits or folder")
     g.add_argument("--depths", type=int_list, help="CIFAR depths, e.g. 20,56 (default 20..1001)")
     g.add_argument("--blocks", type=str_list, default=["auto"], help="auto, basic, bottleneck")
     g.add_argument("--units", type=str_list, help="residual unit variants (default: the library's)")
     g.add_argument("--widths", type=float_list, default=[1], help="width multipliers, e.g. 1,2")
-    g.add_argument("--lrs", type=float_list, default=[0.1], help="learning rates at batch 128")
-    g.add_argument("--weight-decays", type=float_list, default=[1e-4],
-                   help="coupled L2 factors, e.g. 1e-4,5e-4 (default 1e-4)")
-    g.add_argument("--warmups", type=float_list, default=[400],
-                   help="warm-up iterations of the paper's 64k schedule (stretched with the run)")
+    g.add_argument("--lrs", type=float_list, help="learning rates at batch 128 (default: the "
+                   "recipe's)")
+    g.add_argument("--weight-decays", type=float_list,
+                   help="coupled L2 factors, e.g. 1e-4,5e-4 (default: the recipe's)")
+    g.add_argument("--warmups", type=float_list, help="warm-up lengths in the recipe's schedule "
+                   "units, stretched with the run (default: the recipe's)")
     g = p.add_argument_group("budget (one of)")
     b = g.add_mutually_exclusive_group()
     b.add_argument("--max-params", type=float, help="trainable parameters")
@@ -31,24 +40,17 @@ def add_commands(subparsers):
     g.add_argument("--tuner", default="random", help="random, bayesian or hyperband")
     g.add_argument("--max-trials", type=int, default=10,
                    help="trials in all (default 10; may grow between runs)")
-    g.add_argument("--epochs", type=int, default=1, help="epochs per trial")
-    g.add_argument("--batch-size", type=int, default=128, help="images per step (default 128)")
     g.add_argument("--validation-fraction", type=float, default=0.1,
                    help="held-out share of the training split that scores trials (0: test split)")
-    g.add_argument("--seed", type=int, default=0,
-                   help="oracle, initialisation, data order and split (default 0)")
     g.add_argument("--workdir", required=True,
                    help="folder of the study (a rerun continues it)")
     g.add_argument("--overwrite", action="store_true", help="start this study again")
     g.add_argument("--no-export", action="store_true", help="skip exporting the best trial")
-    g.add_argument("--strategy", default=None, choices=("default", "mirrored", "tpu"),
-                   help="mirrored: each trial on every local device (one worker)")
-    g.add_argument("--cpu-devices", type=int, help="split the CPU into N devices (for mirrored)")
-    g.add_argument("--data-dir", help="CIFAR files or TFDS data folder")
-    g.add_argument("--data-source", default="auto", help="auto, tfds or archive")
-    g.add_argument("--data-path", help="an archive, extracted folder or image folder")
-    g.add_argument("--verbose", default="auto", type=verbosity,
-                   help="auto (progress bars on a terminal, else a line per epoch), 0, 1, 2")
+    p.add_argument("--recipe", choices=list(RECIPES), default="paper", help="the training "
+                   "recipe of every trial (see `keras-preact train --help`); the flags below win")
+    # Every trial trains as `keras-preact train` with these flags: the same flags, made from
+    # `TrainConfig` (--epochs: per trial, default 1; --strategy: of each trial, one worker).
+    add_config_arguments(p)
     p.set_defaults(func=cmd_tune)
 
 
@@ -63,23 +65,31 @@ def cmd_tune(args):
                         ("step_time", args.max_step_time)):
         if value is not None:
             budget = {"kind": kind, "limit": value if kind == "step_time" else _number(value)}
-    space = dict(dataset=args.dataset, blocks=args.blocks, units=args.units,
+    given = [f.name for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)]
+    config = recipe(args.recipe, **{name: getattr(args, name) for name in given})
+    for name, instead in _SPACE_FLAGS.items():
+        if (value := getattr(config, name)) != getattr(recipe(args.recipe), name):
+            raise ValueError(f"tune searches `{name}`: use {instead}. Received: "
+                             f"--{name.replace('_', '-')} {value!r}")
+    space = dict(dataset=config.dataset, blocks=args.blocks, units=args.units,
                  width_multipliers=[_number(w) for w in args.widths],
-                 learning_rates=args.lrs, weight_decays=args.weight_decays,
-                 warmups=[_number(w) for w in args.warmups],
-                 epochs=args.epochs, batch_size=args.batch_size,
-                 validation_fraction=args.validation_fraction, seed=args.seed, budget=budget,
-                 data_dir=args.data_dir, data_source=args.data_source, data_path=args.data_path)
+                 learning_rates=args.lrs or [config.learning_rate],
+                 weight_decays=args.weight_decays or [config.weight_decay],
+                 warmups=[_number(w) for w in args.warmups or [config.warmup]],
+                 epochs=config.epochs or 1, batch_size=config.batch_size,
+                 validation_fraction=args.validation_fraction, seed=config.seed, budget=budget,
+                 data_dir=config.data_dir, data_source=config.data_source,
+                 data_path=config.data_path, config=config)
     if args.depths is not None:
         space["depths"] = args.depths
-    if args.cpu_devices:
+    if config.cpu_devices:
         from keras_preact.training.distribute import configure_runtime
-        configure_runtime(cpu_devices=args.cpu_devices)
+        configure_runtime(cpu_devices=config.cpu_devices)
     from keras_preact.tuning.study import tune
-    strategy = None if args.strategy == "default" else args.strategy
+    strategy = None if config.strategy == "default" else config.strategy
     result = tune(args.workdir, tuner=args.tuner, max_trials=args.max_trials,
                   overwrite=args.overwrite, export=not args.no_export,
-                  distribution_strategy=strategy, verbose=args.verbose, **space)
+                  distribution_strategy=strategy, verbose=config.verbose, **space)
     if result["role"] == "worker":
         print("Worker done: the chief writes the results.")
         return 0

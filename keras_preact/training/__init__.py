@@ -1,11 +1,13 @@
 """Training: the paper's CIFAR recipe, tf.distribute strategies, crash-safe runs.
-`train_and_evaluate` trains on TensorFlow (Keras ``fit``, or the multi-worker loop),
-`train_data_parallel` on JAX; e.g. ``train_and_evaluate(TrainConfig(), "runs/resnet110")``."""
+`train_and_evaluate` trains with Keras ``fit`` on every backend (``strategy="data_parallel"``
+on JAX), or with the multi-worker loop on TensorFlow; e.g.
+``train_and_evaluate(TrainConfig(), "runs/resnet110")``."""
 
 import importlib
 
-from keras_preact.training.config import (PRECISIONS, RECIPES, STRATEGIES, TrainConfig,
-                                          paper_cifar_recipe, paper_imagenet_recipe, recipe)
+from keras_preact.training.config import (LIMITS, PATHS, PRECISIONS, RECIPES, STRATEGIES,
+                                          TrainConfig, paper_cifar_recipe, paper_imagenet_recipe,
+                                          recipe, training_path)
 
 # Loaded on first use, so that `keras-preact --help` starts without Keras.
 _LAZY = {name: f"keras_preact.training.{module}" for module, names in (
@@ -14,10 +16,10 @@ _LAZY = {name: f"keras_preact.training.{module}" for module, names in (
     ("run", "build_model SmoothedCrossentropy"),
     ("demo", "run_demo DEMO_EPOCHS"), ("multiworker", "train_multiworker parse_tf_config"),
     ("distribute", "make_strategy set_synchronized_batch_norm"),
-    ("jax_parallel", "train_data_parallel"),
 ) for name in names.split()}
 
-__all__ = ["PRECISIONS", "RECIPES", "STRATEGIES", "TrainConfig", "paper_cifar_recipe",
+__all__ = ["LIMITS", "PATHS", "PRECISIONS", "RECIPES", "STRATEGIES", "TrainConfig",
+           "training_path", "paper_cifar_recipe",
            "paper_imagenet_recipe", "recipe", *_LAZY]
 
 

@@ -11,7 +11,9 @@ from typing import Optional, get_args
 from keras_preact.checks import check_choice, check_int, is_int
 from keras_preact.files import user_path
 
-STRATEGIES = ("default", "mirrored", "tpu", "multiworker")
+#: "data_parallel": `keras.distribution.DataParallel` over every device JAX sees; the others
+#: are tf.distribute strategies (TensorFlow).
+STRATEGIES = ("default", "mirrored", "tpu", "multiworker", "data_parallel")
 PRECISIONS = ("fp32", "mixed_float16", "mixed_bfloat16")
 SCHEDULE_UNITS = ("iterations", "epochs")
 #: "step": the warm-up rate, then drops at `boundaries`; "cosine": a linear warm-up from the
@@ -245,6 +247,51 @@ class TrainConfig:
                 warmup_target=None if warmup_lr is None else lr, warmup_steps=warmup)
         return WarmupPiecewiseConstant(s["boundaries"], s["values"], warmup_steps=s["warmup_steps"],
                                        warmup_learning_rate=warmup_lr)
+
+
+#: Every way to train a `TrainConfig`: (backend, the strategies it takes) by the path's name.
+#: All paths share `keras_preact.training.run`: the pipeline, the compiled loss and optimizer
+#: (label smoothing, moving average, loss scaling), the evaluation, checkpoints and reports.
+PATHS = {"TensorFlow fit": ("tensorflow", ("default", "mirrored", "tpu")),
+         "TensorFlow multi-worker loop": ("tensorflow", ("multiworker",)),
+         "JAX fit": ("jax", ("default", "data_parallel")),
+         "PyTorch fit": ("torch", ("default",))}
+#: The one declaration of what a path cannot honour: {path: {field: why, and what instead}}.
+#: A field set to other than its default there is refused before anything is written; every
+#: field not listed trains the same on every path. docs/training.md's table is made from it.
+LIMITS = {
+    "TensorFlow multi-worker loop": {
+        "jit_compile": "XLA does not compile the step's all-reduce across workers "
+                       "(tensorflow/tensorflow#45940; here: UnimplementedError); leave it off",
+        "cpu_devices": "each worker uses its own devices; cpu_devices is for "
+                       "strategy='mirrored' on one host"},
+    "JAX fit": {
+        "cpu_devices": "JAX makes its CPU devices at start: set XLA_FLAGS="
+                       "--xla_force_host_platform_device_count=N before Python starts",
+        "intra_op_threads": "XLA sizes its CPU thread pool at start (jax-ml/jax#1539); limit "
+                            "the process instead (taskset)",
+        "inter_op_threads": "XLA sizes its CPU thread pool at start (jax-ml/jax#1539); limit "
+                            "the process instead (taskset)"},
+    "PyTorch fit": {"cpu_devices": "the PyTorch backend trains on one device"},
+}
+
+
+def training_path(config, backend):
+    """The name in `PATHS` of the path that trains `config` on `backend`; ValueError, before
+    anything is written, for a strategy the backend lacks or a field the path cannot honour."""
+    for path, (name, strategies) in PATHS.items():
+        if name == backend and config.strategy in strategies:
+            break
+    else:
+        valid = [s for b, ss in PATHS.values() if b == backend for s in ss]
+        raise ValueError(f"strategy={config.strategy!r} does not run on the {backend} backend. "
+                         f"Valid there: {valid}" + (" (or set KERAS_BACKEND=tensorflow)"
+                                                    if backend != "tensorflow" else ""))
+    defaults = TrainConfig()
+    for name, why in LIMITS.get(path, {}).items():
+        if (value := getattr(config, name)) not in (getattr(defaults, name), None, False):
+            raise ValueError(f"The {path} cannot honour {name}={value!r}: {why}.")
+    return path
 
 
 #: Named recipes, as `TrainConfig` fields over its defaults (the paper's CIFAR recipe).

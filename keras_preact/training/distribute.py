@@ -2,6 +2,7 @@
 strategy each replica's BatchNorm normalises its share of the batch (as the paper's two GPUs
 did) unless ``synchronized_bn=True`` all-reduces the moments."""
 
+import contextlib
 import logging
 
 import keras
@@ -24,8 +25,18 @@ def configure_runtime(*, cpu_devices=None, intra_op_threads=None, inter_op_threa
         cpu_devices: split the first CPU into that many logical devices (replicas); ValueError
             if TensorFlow already initialised another number.
         intra_op_threads, inter_op_threads: thread pool sizes (too late: a warning).
-        deterministic: enable TensorFlow's op determinism."""
+        deterministic: enable TensorFlow's op determinism (the input pipeline's, on every
+            backend; PyTorch's too on its backend)."""
     import tensorflow as tf
+    if keras.backend.backend() == "torch":
+        import torch
+        torch.use_deterministic_algorithms(bool(deterministic))
+        for kind, value in (("", intra_op_threads), ("interop_", inter_op_threads)):
+            try:
+                if value:
+                    getattr(torch, f"set_num_{kind}threads")(int(value))
+            except RuntimeError:  # inter-op: only before PyTorch's first parallel work
+                logger.warning("PyTorch's %sthreads=%s ignored: set too late.", kind, value)
     if cpu_devices:
         wanted = [tf.config.LogicalDeviceConfiguration() for _ in range(int(cpu_devices))]
         try:
@@ -50,12 +61,27 @@ def configure_runtime(*, cpu_devices=None, intra_op_threads=None, inter_op_threa
         tf.config.experimental.enable_op_determinism()
 
 
+class OneDevice:
+    """The strategy of a run on one device of the JAX or PyTorch backend."""
+
+    num_replicas_in_sync = 1
+    scope = staticmethod(contextlib.nullcontext)
+
+
 def make_strategy(name):
-    """The `tf.distribute.Strategy` for `name`: "default" (one device), "mirrored" (every visible
-    GPU, else every logical CPU) or "tpu". ValueError for another name ("multiworker" trains
-    with its own loop: `train_multiworker`) or "tpu" without a TPU."""
-    import tensorflow as tf
+    """The strategy for `name`: on TensorFlow the `tf.distribute.Strategy` "default" (one
+    device), "mirrored" (every visible GPU, else every logical CPU) or "tpu"; on JAX
+    "data_parallel", a `keras.distribution.DataParallel` over every device JAX sees (with
+    ``num_replicas_in_sync``); else `OneDevice`. ValueError for "multiworker" (it trains with
+    its own loop: `train_multiworker`) or "tpu" without a TPU."""
     check_choice("strategy", name, STRATEGIES)
+    if name == "data_parallel":
+        strategy = keras.distribution.DataParallel(devices=keras.distribution.list_devices())
+        strategy.num_replicas_in_sync = int(strategy.device_mesh.devices.size)
+        return strategy
+    if keras.backend.backend() != "tensorflow":
+        return OneDevice()
+    import tensorflow as tf
     if name == "multiworker":
         raise ValueError("strategy='multiworker' trains with its own loop (`model.fit` fails "
                          "under MultiWorkerMirroredStrategy): use `train_and_evaluate`. "
@@ -118,7 +144,7 @@ def average_replica_statistics(model):
     """Sets every replica's copy of each non-trainable variable (BatchNorm's moving
     statistics) to their mean; returns how many variables had differing copies."""
     changed = 0
-    for variable in model.non_trainable_variables:
+    for variable in model.non_trainable_variables if keras.backend.backend() == "tensorflow" else ():
         copies = getattr(getattr(variable, "value", variable), "values", None) or ()
         arrays = [np.asarray(c.numpy()) for c in copies]
         if all(np.array_equal(arrays[0], a) for a in arrays[1:]):  # also: fewer than 2 copies

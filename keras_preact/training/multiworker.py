@@ -22,7 +22,7 @@ import tensorflow as tf
 from keras_preact import private_api
 from keras_preact.checks import shorten
 from keras_preact.layers.remat import model_pruning_off
-from keras_preact.training.config import RUNTIME_FIELDS
+from keras_preact.training.config import RUNTIME_FIELDS, training_path
 from keras_preact.training.run import Run, Stepper, as_config, optimizer_step
 
 logger = logging.getLogger("keras_preact.training")
@@ -316,7 +316,7 @@ class MultiWorkerStepper(Stepper):
         elif self.is_chief and run.config.weights is not None:
             run.load_pretrained(model)
         reduce_variables(self.strategy, variables, mean=False)
-        self.eval_batch = _make_eval_batch(model)
+        self.forward = tf.function(lambda x: model(x, training=False))
 
     def train_epochs(self, run, model, start_epoch):
         # Grappler's model pruning would undo rematerialisation in the custom step.
@@ -333,14 +333,17 @@ class MultiWorkerStepper(Stepper):
                 + (f" ({last['epoch']})." if last else ".")) from None
 
     def _epochs(self, run, model, start_epoch):
+        """`fit`'s work with `Stepper.callbacks`, by a step of `_make_train_step`."""
         c, spe = run.config, run.spe
-        train_step = _make_train_step(self.strategy, model, model.optimizer, c.batch_size)
+        train_step = _make_train_step(self.strategy, model)
         train = run.train_data(epoch=start_epoch, repeat_epochs=run.epochs - start_epoch)
         iterator = iter(self.strategy.distribute_datasets_from_function(
             _shard_fn(train, c.batch_size)))
+        callbacks = keras.callbacks.CallbackList(self.callbacks(run), model=model)
+        callbacks.on_train_begin()
         step = optimizer_step(model.optimizer)
         for epoch in range(start_epoch, run.epochs):
-            run.epoch_begin()
+            callbacks.on_epoch_begin(epoch)
             steps_now = min(spe, run.total_steps - step)
             bar = keras.utils.Progbar(steps_now, verbose=0)  # silent off the chief
             if self.is_chief and c.verbose != 0:
@@ -355,28 +358,26 @@ class MultiWorkerStepper(Stepper):
             step += steps_now
             for _ in range(spe - steps_now):  # one iterator for all epochs: skip the cut rest
                 next(iterator)
-            sync_non_trainable(self.strategy, model)
             logs = {"loss": loss_sum / max(steps_now, 1),
                     "accuracy": correct_sum / max(steps_now * c.batch_size, 1)}
-            if c.eval_every and (epoch + 1) % c.eval_every == 0:
-                val = self.evaluate(run, model)
-                logs.update(val_loss=val["loss"], val_accuracy=val["accuracy"])
-            run.epoch_end(model, epoch, logs)
+            callbacks.on_epoch_end(epoch, logs)
             logger.info("%s: epoch %d/%d done, step %d, loss %.4f", self.task, epoch + 1,
                         run.epochs, step, logs["loss"])
             if step >= run.total_steps:
                 break
+        callbacks.on_train_end()
 
-    def evaluate(self, run, model):
+    def sync_statistics(self, model):
+        sync_non_trainable(self.strategy, model)
+
+    def predict(self, model, dataset):
         """On this worker alone: every worker holds the same weights, so gets the same."""
-        loss, correct, count = 0.0, 0.0, 0
-        for x, y in run.test_data:
-            a, b, n = self.eval_batch(x, y)
-            loss, correct, count = loss + float(a), correct + float(b), count + int(n)
-        return {"loss": loss / max(count, 1), "accuracy": correct / max(count, 1)}
+        return np.concatenate([self.forward(x) for x, _ in dataset])
 
     def finish(self, run, model):
-        """One set of statistics everywhere, then a check that all weights are equal."""
+        """The moving average into the model (as `fit` ends), one set of statistics everywhere,
+        then a check that all weights are equal."""
+        model.optimizer.finalize_variable_values(model.trainable_variables)
         sync_non_trainable(self.strategy, model)
         digest = weights_digest(model)
         digests = all_gather_rows(self.strategy, np.frombuffer(bytes.fromhex(digest[:32]), ">i4"))
@@ -404,18 +405,10 @@ def train_multiworker(config, workdir, *, connect_timeout=None, collective_timeo
         ClusterError: if another worker fails or stops responding during training.
         RuntimeError: if the workers' final weights differ (a bug)."""
     config = as_config(config)
-    for name, bad, why in (
-        ("strategy", config.strategy != "multiworker", "it needs strategy='multiworker'"),
-        ("precision", config.precision == "mixed_float16", "'mixed_float16' needs loss scaling, "
-         "which the multi-worker loop does not implement; use 'fp32' or 'mixed_bfloat16'"),
-        ("jit_compile", config.jit_compile, "XLA is off under tf.distribute in Keras"),
-        ("cpu_devices", config.cpu_devices, "it is for strategy='mirrored' on one host; "
-         "each worker uses its own devices"),
-        ("label_smoothing", config.label_smoothing, "its loss is the plain cross-entropy"),
-        ("ema_momentum", config.ema_momentum is not None, "it keeps no moving average")):
-        if bad:
-            raise ValueError(f"Unsupported {name} with the multi-worker loop: {why}. "
-                             f"Received: {name}={getattr(config, name)!r}")
+    if config.strategy != "multiworker":
+        raise ValueError("train_multiworker needs strategy='multiworker'. "
+                         f"Received: strategy={config.strategy!r}")
+    training_path(config, "tensorflow")
     stepper = MultiWorkerStepper(parse_tf_config(), connect_timeout=connect_timeout,
                                  collective_timeout=collective_timeout)
     return Run(config, workdir, stepper).train()
@@ -440,16 +433,20 @@ def _shard_fn(global_ds, global_batch):
     return dataset_fn
 
 
-def _make_train_step(strategy, model, optimizer, global_batch):
+def _make_train_step(strategy, model):
+    """A `tf.function` of one global step: each replica computes `fit`'s train step (the
+    compiled loss, scaled for the replicas, by `compute_loss`; the optimizer's loss scaling
+    and `apply`, which all-reduces the gradients and keeps the moving average); returns the
+    summed losses (the global batch's mean) and the number right."""
+    optimizer = model.optimizer
+
     def step_fn(x, y):
         with tf.GradientTape() as tape:
             probs = model(x, training=True)
-            per_example = keras.losses.sparse_categorical_crossentropy(y, probs)
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
-            if model.losses:
-                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            loss = model.compute_loss(x, y, probs, training=True)
+            scaled = optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
         return loss, tf.reduce_sum(keras.metrics.sparse_categorical_accuracy(y, probs))
 
     @tf.function
@@ -460,15 +457,3 @@ def _make_train_step(strategy, model, optimizer, global_batch):
         return strategy.reduce(total, loss, axis=None), strategy.reduce(total, correct, axis=None)
 
     return train_step
-
-
-def _make_eval_batch(model):
-    """A batch's summed loss, number right and size, on this worker alone (no collectives)."""
-    @tf.function
-    def batch(x, y):
-        probs = model(x, training=False)
-        loss = tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, probs))
-        hits = tf.reduce_sum(keras.metrics.sparse_categorical_accuracy(y, probs))
-        return loss, hits, tf.shape(y)[0]
-
-    return batch

@@ -22,7 +22,7 @@ from keras_preact.training import distribute
 from keras_preact.training.config import TrainConfig
 from keras_preact.training.optimizers import make_optimizer
 from keras_preact.training.workdir import (CHECKPOINT_DIR, CURVE_PNG, FINAL_MODEL, METRICS_JSON,
-                                           Workdir, read_json)
+                                           TENSORBOARD_DIR, Workdir, read_json)
 from keras_preact.weights.local import first_difference, load_weights_file, save_weights_file
 
 logger = logging.getLogger("keras_preact.training")
@@ -131,6 +131,32 @@ def compile_model(model, optimizer, label_smoothing=0.0, **kwargs):
                   metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")], **kwargs)
 
 
+def score(predict, dataset, *, flip=False):
+    """Test loss and accuracy, the one evaluation of every path and of `evaluate`.
+
+    Args:
+        predict: a function of a dataset of ``(images, labels)`` batches to the probabilities
+            of its images, in order (rows past the last image are left out).
+        dataset: the ``(images, labels)`` batches, channels last.
+        flip: average the probabilities of each image and its mirror image.
+
+    Returns:
+        dict: ``loss``, the mean cross-entropy against the plain labels (also for a model
+        trained on smoothed ones; probabilities clipped at Keras' epsilon, as its loss does),
+        and ``accuracy``."""
+    import tensorflow as tf
+    labels = np.concatenate([np.reshape(y, (-1,)) for _, y in dataset.as_numpy_iterator()])
+    n = len(labels)
+    probs = np.asarray(predict(dataset), "float64")[:n]
+    if flip:
+        mirrored = dataset.map(lambda x, y: (tf.reverse(x, [2]), y))
+        probs = (probs + np.asarray(predict(mirrored), "float64")[:n]) / 2
+    eps = keras.config.epsilon()
+    picked = np.clip(probs[np.arange(n), labels.astype(int)], eps, 1.0 - eps)
+    return {"loss": float(np.mean(-np.log(picked))),
+            "accuracy": float(np.mean(np.argmax(probs, axis=-1) == labels))}
+
+
 class Stepper:
     """What a kind of training loop supplies to a `Run` (the defaults: TensorFlow, tf.data)."""
 
@@ -143,12 +169,8 @@ class Stepper:
 
     def start(self, run, make_strategy=None):
         """Sets up the runtime, then `make_strategy()` (default: the config's strategy);
-        ValueError on a backend other than TensorFlow or for a batch the replicas cannot split."""
+        ValueError for a batch the replicas cannot split."""
         c = run.config
-        if keras.backend.backend() != "tensorflow":
-            raise ValueError("train_and_evaluate runs on the TensorFlow backend (tf.data and "
-                             f"tf.distribute). Received backend: {keras.backend.backend()!r}. Set "
-                             "KERAS_BACKEND=tensorflow, or use keras_preact.training.jax_parallel.")
         distribute.configure_runtime(
             cpu_devices=c.cpu_devices, intra_op_threads=c.intra_op_threads,
             inter_op_threads=c.inter_op_threads, deterministic=c.deterministic)
@@ -190,25 +212,70 @@ class Stepper:
                 run.load_pretrained(model)
 
     def train_epochs(self, run, model, start_epoch):
-        """Trains the remaining epochs, calling `run.epoch_begin` and `run.epoch_end`."""
-        raise NotImplementedError
+        """Trains the remaining epochs by Keras ``fit``, with `callbacks`."""
+        c, remaining = run.config, run.epochs - start_epoch
+        train = run.train_data(epoch=start_epoch, repeat_epochs=remaining)
+        model.fit(train, epochs=run.epochs, initial_epoch=start_epoch, steps_per_epoch=run.spe,
+                  shuffle=False,  # the pipeline shuffles, keyed by (seed, epoch)
+                  callbacks=self.callbacks(run), verbose=c.verbose)
+
+    def callbacks(self, run):
+        """What every path does around its epochs, as Keras callbacks (`fit` calls them; the
+        multi-worker loop too): the epoch's clock, the replicas' BatchNorm statistics made
+        one, the evaluation every `eval_every` epochs, the epoch's record and checkpoint, the
+        stop after the schedule's last step, and TensorBoard's logs (where files are written)."""
+        stepper, every = self, run.config.eval_every
+
+        class Record(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                run.epoch_begin()
+
+            def on_epoch_end(self, epoch, logs=None):
+                stepper.sync_statistics(self.model)
+                if every and (epoch + 1) % every == 0:  # `logs` goes on to TensorBoard
+                    logs.update({f"val_{k}": v for k, v in stepper.evaluate(run, self.model).items()})
+                run.epoch_end(self.model, epoch, logs)
+
+            def on_train_batch_end(self, batch, logs=None):
+                if optimizer_step(self.model.optimizer) >= run.total_steps:
+                    self.model.stop_training = True
+
+        return [Record()] + ([keras.callbacks.TensorBoard(
+            log_dir=run.workdir.file(TENSORBOARD_DIR), write_graph=False, profile_batch=0)]
+            if run.owns_files else [])
+
+    def sync_statistics(self, model):
+        """Makes the replicas' BatchNorm moving statistics one (their mean)."""
+        distribute.average_replica_statistics(model)
+
+    def predict(self, model, dataset):
+        """The probabilities of `dataset`'s images (every image, in order, maybe followed by
+        more rows). JAX's DataParallel splits every batch evenly: the last one is padded."""
+        if self.replicas > 1 and keras.backend.backend() == "jax":
+            import tensorflow as tf
+            pad = lambda t: tf.pad(t, [[0, -tf.shape(t)[0] % self.replicas]]  # noqa: E731
+                                   + [[0, 0]] * (len(t.shape) - 1))
+            dataset = dataset.map(lambda x, y: (pad(x), pad(y)))
+        with self.strategy.scope():
+            return model.predict(dataset, verbose=0)
 
     def evaluate(self, run, model):
-        """``{"loss", "accuracy"}`` of `model` on the test split."""
-        out = model.evaluate(run.test_data, return_dict=True, verbose=0)
-        return {"loss": float(out["loss"]), "accuracy": float(out["accuracy"])}
+        """``{"loss", "accuracy"}`` of `model` on the test split (`score`)."""
+        return score(functools.partial(self.predict, model), run.test_data)
 
     def finish(self, run, model):
         """Extra entries of the result dict, once training is done."""
+        self.sync_statistics(model)
         return {}
 
 
 class Run:
     """One training run of `config` (a `TrainConfig` or its dict) in `workdir` (a folder,
-    or None for a run without files or resume), its epochs computed by a `Stepper`."""
+    or None for a run without files or resume), its epochs computed by a `Stepper`; `model`:
+    a built Keras model to train instead of the config's (a tuning trial's)."""
 
-    def __init__(self, config, workdir, stepper):
-        self.config = as_config(config)
+    def __init__(self, config, workdir, stepper, model=None):
+        self.config, self.given_model = as_config(config), model
         self.workdir, self.stepper = Workdir(workdir) if workdir is not None else None, stepper
         self.info = data.dataset_info(self.config.dataset, path=self.config.data_path)
         check_classes(self.config, self.info)
@@ -395,7 +462,7 @@ class Run:
         os.environ.setdefault("PYTHONHASHSEED", str(c.seed))
         keras.utils.set_random_seed(int(c.seed))
         with scope or self.stepper.strategy.scope():
-            model = build_model(c, self.info)
+            model = self.given_model or build_model(c, self.info)
             if c.synchronized_bn and keras.backend.backend() == "tensorflow":
                 # On the built layers: the saved model config keeps no training setting. (JAX's
                 # SPMD BatchNorm sees the global batch already.)

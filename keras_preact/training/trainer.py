@@ -1,4 +1,5 @@
-"""Training with Keras ``fit`` (`FitStepper`, `train_and_evaluate`) and `evaluate`."""
+"""Training (`train_and_evaluate`: Keras ``fit`` on every backend, or the multi-worker loop)
+and `evaluate`."""
 
 import functools
 import os
@@ -9,54 +10,10 @@ from keras_preact import data, private_api
 from keras_preact.data.registry import check_dataset_name
 from keras_preact.files import user_path
 from keras_preact.layers.preprocessing import ImageNormalization
-from keras_preact.training.config import TrainConfig
-from keras_preact.training.distribute import average_replica_statistics
-from keras_preact.training.run import (Run, Stepper, as_config, build_model, compile_model,
-                                       optimizer_step)
-from keras_preact.training.workdir import CHECKPOINT_DIR, TENSORBOARD_DIR, Workdir
+from keras_preact.training.config import TrainConfig, training_path
+from keras_preact.training.run import Run, Stepper, as_config, build_model, score
+from keras_preact.training.workdir import CHECKPOINT_DIR, Workdir
 from keras_preact.weights.local import load_keras_file, load_weights_file
-
-
-class FitStepper(Stepper):
-    """Epochs by ``model.fit`` under the config's tf.distribute strategy (one host)."""
-
-    def callbacks(self, run):
-        """Epoch records (replica statistics averaged first), the stop at the end, TensorBoard."""
-        class Record(keras.callbacks.Callback):
-            def on_epoch_begin(self, epoch, logs=None):
-                run.epoch_begin()
-
-            def on_epoch_end(self, epoch, logs=None):
-                average_replica_statistics(self.model)
-                run.epoch_end(self.model, epoch, logs)
-
-            def on_test_begin(self, logs=None):
-                average_replica_statistics(self.model)
-
-            def on_train_batch_end(self, batch, logs=None):
-                if optimizer_step(self.model.optimizer) >= run.total_steps:
-                    self.model.stop_training = True
-
-        return [Record()] + ([keras.callbacks.TensorBoard(
-            log_dir=run.workdir.file(TENSORBOARD_DIR), write_graph=False, profile_batch=0)]
-            if run.owns_files else [])
-
-    def train_epochs(self, run, model, start_epoch):
-        c, remaining = run.config, run.epochs - start_epoch
-        train = run.train_data(epoch=start_epoch, repeat_epochs=remaining)
-        if int(train.cardinality()) != remaining * run.spe:
-            raise ValueError(f"The training data yields {int(train.cardinality())} batches for "
-                             f"{remaining} epochs, expected {remaining * run.spe}.")
-        model.fit(
-            train, epochs=run.epochs, initial_epoch=start_epoch, steps_per_epoch=run.spe,
-            shuffle=False,  # the pipeline shuffles, keyed by (seed, epoch)
-            validation_data=run.test_data if c.eval_every else None,
-            validation_freq=max(1, c.eval_every), callbacks=self.callbacks(run),
-            verbose=c.verbose)
-
-    def finish(self, run, model):
-        average_replica_statistics(model)
-        return {}
 
 
 def train_and_evaluate(config, workdir):
@@ -75,10 +32,11 @@ def train_and_evaluate(config, workdir):
         TypeError: if `workdir` is not a path."""
     user_path(workdir, "workdir")  # TypeError for a non-path; `Run` refuses an empty one
     config = as_config(config)
+    training_path(config, keras.backend.backend())  # what the path cannot honour is refused
     if config.strategy == "multiworker":
         from keras_preact.training.multiworker import train_multiworker
         return train_multiworker(config, workdir)
-    return Run(config, workdir, FitStepper()).train()
+    return Run(config, workdir, Stepper()).train()
 
 
 def load_workdir_model(workdir, checkpoint=None):
@@ -155,14 +113,9 @@ def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=N
     # A model with its own normalisation layer takes raw pixels.
     normalize = not any(isinstance(layer, ImageNormalization)
                         for layer in private_api.flatten_layers(net))
-    if flip:
-        images = keras.Input(net.input_shape[1:])
-        net = keras.Model(images, (net(images) + net(keras.ops.flip(images, axis=2))) / 2)
-    compile_model(net, None)
-    results = net.evaluate(make(batch_size=batch_size, normalize=normalize),
-                           return_dict=True, verbose=verbose)
-    return {"loss": float(results["loss"]), "accuracy": float(results["accuracy"]),
-            "num_examples": int(make(batch_size=1).cardinality()), "dataset": dataset,
+    results = score(functools.partial(net.predict, verbose=verbose),
+                    make(batch_size=batch_size, normalize=normalize), flip=flip)
+    return {**results, "num_examples": int(make(batch_size=1).cardinality()), "dataset": dataset,
             "split": split, "source": source, "flip": bool(flip)}
 
 

@@ -22,9 +22,8 @@ from keras_preact.data.registry import stratified_split
 from keras_preact.layers import UNIT_TYPES
 from keras_preact.models.cifar import CIFAR_WIDTHS, cifar_units_per_stage
 from keras_preact.training.config import TrainConfig
-from keras_preact.training.distribute import check_global_batch
-from keras_preact.training.optimizers import make_optimizer
-from keras_preact.training.run import compile_model, dataset_preprocessing
+from keras_preact.training.distribute import make_strategy
+from keras_preact.training.run import Run, Stepper, build_model
 
 logger = logging.getLogger("keras_preact.tuning")
 
@@ -35,6 +34,10 @@ DEFAULT_DEPTHS = (20, 32, 44, 56, 110, 164, 272, 542, 1001)
 BLOCKS = ("auto", "basic", "bottleneck")
 _COST_NAMES = {"params": "parameters", "macs": "multiply-adds", "step_time": "seconds per step"}
 _TIMED_STEPS = 5  # for a step-time budget, after one that traces the step
+#: `TrainConfig` fields a trial takes from the search space, not from its base `config`.
+_TRIAL_FIELDS = ("model", "model_kwargs", "dataset", "data_dir", "data_source", "data_path",
+                 "batch_size", "learning_rate", "weight_decay", "warmup", "epochs", "steps",
+                 "seed", "eval_every", "verbose", "strategy", "cpu_devices")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,10 +109,19 @@ def _check_width(blocks, w):
 def search_space_spec(*, dataset="digits", depths=DEFAULT_DEPTHS, blocks=("auto",), units=None,
                       width_multipliers=(1,), learning_rates=(0.1,), weight_decays=(1e-4,),
                       warmups=(400,), epochs=1, batch_size=128, validation_fraction=0.1, seed=0,
-                      budget=None, data_dir=None, data_source="auto", data_path=None):
+                      budget=None, data_dir=None, data_source="auto", data_path=None,
+                      config=None):
     """Validates the `PreActResNetHyperModel` arguments; returns them as a dict (a study's
-    identity in ``study.json``). Raises ValueError."""
+    identity in ``study.json``; ``config`` only where it holds a setting). Raises ValueError."""
     check_choice("dataset", dataset, data.list_datasets())
+    if isinstance(config, TrainConfig):
+        config = config.to_dict()
+    if not isinstance(config or {}, dict):
+        raise ValueError("`config` must be None, a TrainConfig or its dict. Received: "
+                         f"config={config!r}")
+    # The space's own arguments win; what is left is the recipe every trial trains with.
+    base = TrainConfig.from_dict(config or {}).validate()
+    config = {k: new for k, (new, _) in base.differences(TrainConfig(), ignore=_TRIAL_FIELDS).items()}
     given, depths = depths, _values("depths", depths)
     if not all(is_int(d) for d in depths):
         raise ValueError("`depths` must be a list of integers (CIFAR depths, e.g. [20, 56]). "
@@ -149,7 +161,8 @@ def search_space_spec(*, dataset="digits", depths=DEFAULT_DEPTHS, blocks=("auto"
             **floats, "epochs": epochs, "batch_size": batch_size,
             "validation_fraction": float(validation_fraction), "seed": seed,
             "budget": dataclasses.asdict(budget) if budget is not None else None,
-            "data_dir": data_dir, "data_source": data_source, "data_path": data_path}
+            "data_dir": data_dir, "data_source": data_source, "data_path": data_path,
+            **({"config": config} if config else {})}
 
 
 class PreActResNetHyperModel(keras_tuner.HyperModel):
@@ -239,19 +252,29 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
 
     declare_hyperparameters = declare
 
-    def make_model(self, arch, **kwargs):
-        """The library model of an architecture dict (see `candidates`)."""
-        info = data.dataset_info(self.dataset, path=self.data_path)
-        common = dict(classes=info["classes"], input_shape=tuple(info["input_shape"]),
-                      preprocessing=dataset_preprocessing(info), **kwargs)
-        if arch.get("unit") is not None:
-            common["unit"] = arch["unit"]
+    def trial_config(self, arch, hp_values=None, *, epochs=None):
+        """The `TrainConfig` of a trial: the study's `config` with the trial's architecture and
+        rates (default: each list's first), what `keras-preact train` would run."""
+        hp_values = hp_values or {}
         block, n = cifar_units_per_stage(arch["depth"], arch["block"])
         wider = f"_w{arch['width']:g}".replace(".", "_") if arch["width"] != 1 else ""
-        return keras_preact.PreActResNet(  # the layout of `preact_resnet_cifar`, `width` x wider
-            block=block, stage_blocks=(n,) * 3, stage_strides=(1, 2, 2),
-            stage_filters=tuple(int(round(f * arch["width"])) for f in CIFAR_WIDTHS[block]),
-            name=f"preact_resnet{arch['depth']}{wider}", **common)
+        architecture = dict(  # the layout of `preact_resnet_cifar`, `width` x wider
+            block=block, stage_blocks=[n] * 3, stage_strides=[1, 2, 2],
+            stage_filters=[int(round(f * arch["width"])) for f in CIFAR_WIDTHS[block]],
+            **({"unit": arch["unit"]} if arch.get("unit") is not None else {}))
+        rates = {name: float(hp_values.get(name, getattr(self, name + "s")[0]))
+                 for name in ("learning_rate", "weight_decay", "warmup")}
+        return TrainConfig(**self.spec.get("config", {})).replace(
+            model=f"preact_resnet{arch['depth']}{wider}",
+            model_kwargs={"architecture": architecture}, dataset=self.dataset,
+            data_dir=self.data_dir, data_source=self.data_source, data_path=self.data_path,
+            batch_size=self.batch_size, epochs=int(epochs or self.epochs), seed=self.seed,
+            eval_every=1, verbose=0, **rates).validate()
+
+    def make_model(self, arch):
+        """The model of an architecture dict (see `candidates`), built as `train` builds it."""
+        config = self.trial_config(arch)
+        return build_model(config, data.dataset_info(config.dataset, path=config.data_path))
 
     def cost(self, arch):
         """``{"params": int, "macs": int}`` of an architecture (cached)."""
@@ -262,20 +285,13 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
                                 "macs": int(keras_preact.count_macs(model))}
         return self._costs[key]
 
-    def train_config(self, hp_values, *, epochs=None):
-        """The `TrainConfig` of a trial (the paper's recipe with the trial's rates)."""
-        return TrainConfig(
-            model="preact_resnet_cifar", model_kwargs={"architecture": {}}, dataset=self.dataset,
-            batch_size=self.batch_size, learning_rate=float(hp_values["learning_rate"]),
-            weight_decay=float(hp_values["weight_decay"]), warmup=float(hp_values["warmup"]),
-            epochs=int(epochs or self.epochs), seed=self.seed).validate()
-
     def measure_step_time(self, arch):
-        """Median seconds of one training step (batch `batch_size`) on a throwaway model."""
-        info = data.dataset_info(self.dataset, path=self.data_path)
-        model = self.make_model(arch)
-        model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
-                      loss="sparse_categorical_crossentropy")
+        """Median seconds of one training step (batch `batch_size`) of a throwaway model
+        compiled as the trial's (its optimizer, loss and precision)."""
+        run = Run(self.trial_config(arch), None, Stepper())
+        run.spe = max(1, len(self.arrays[1]) // self.batch_size)  # the schedule's length
+        model, _ = run.build(contextlib.nullcontext())
+        info = run.info
         rng = np.random.default_rng(0)
         x = rng.uniform(0, 255, (self.batch_size, *info["input_shape"])).astype("float32")
         y = rng.integers(0, info["classes"], self.batch_size)
@@ -299,26 +315,10 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         train, val = stratified_split(y, test_fraction=self.validation_fraction, seed=self.seed)
         return x[train], y[train], x[val], y[val]
 
-    def datasets(self, *, epochs, initial_epoch=0, replicas=1):
-        """``(train_ds, val_ds, steps_per_epoch)`` through the library's pipeline; with several
-        replicas the last partial validation batch is dropped (tf.distribute cannot split it)."""
-        x, y, vx, vy = self.arrays
-        if (spe := len(x) // self.batch_size) < 1:
-            raise ValueError(f"batch_size={self.batch_size} is larger than the {len(x)} training "
-                             f"images of {self.dataset!r} left after the validation split.")
-        augment = data.dataset_info(self.dataset, path=self.data_path).get("augmentation", "none")
-        train = data.dataset_from_arrays(
-            x, y, batch_size=self.batch_size, shuffle=True, augment=augment, normalize=False,
-            seed=self.seed, epoch=initial_epoch, drop_remainder=True,
-            repeat_epochs=epochs - initial_epoch)
-        val_batch = 256 if replicas == 1 else min(256, len(vx) // replicas * replicas)
-        val = data.dataset_from_arrays(vx, vy, batch_size=val_batch, normalize=False,
-                                       drop_remainder=replicas > 1)
-        return train, val, spe
-
     def fit(self, hp, model, *args, epochs=None, initial_epoch=0, callbacks=None,
             verbose="auto", **kwargs):
-        """Trains `model` with the recipe; returns the trial's metrics: ``val_accuracy``
+        """Trains `model` as `keras-preact train` trains `trial_config` (one `Run`); returns
+        the trial's metrics: ``val_accuracy``
         (best epoch; 0 over the budget), ``within_budget`` (1 or 0), ``params``, ``macs``,
         ``step_time_s`` (in training, or the budget probe's), ``train_time_s`` and
         ``replicas`` (devices the trial trained on)."""
@@ -333,27 +333,50 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
                             self.budget.kind)
                 return {OBJECTIVE: 0.0, "within_budget": 0.0, "step_time_s": seconds,
                         "train_time_s": 0.0, **cost}
-        config = self.train_config(hp.values, epochs=epochs)
-        strategy = self.distribution_strategy
-        replicas = int(strategy.num_replicas_in_sync) if strategy else 1
-        check_global_batch(self.batch_size, replicas)
-        train_ds, val_ds, spe = self.datasets(epochs=epochs, initial_epoch=initial_epoch,
-                                              replicas=replicas)
-        with strategy.scope() if strategy else contextlib.nullcontext():
-            optimizer = make_optimizer(config, spe)
-            compile_model(model, optimizer)
-            if initial_epoch:
-                # Hyperband continues a trial: the schedule goes on where it stopped.
-                optimizer.build(model.trainable_variables)
-                optimizer.iterations.assign(initial_epoch * spe)
-        t0 = time.time()
-        history = model.fit(train_ds, epochs=epochs, initial_epoch=initial_epoch,
-                            steps_per_epoch=spe, validation_data=val_ds, callbacks=callbacks,
-                            verbose=verbose, shuffle=False)
-        elapsed = time.time() - t0
-        return {OBJECTIVE: float(max(history.history[OBJECTIVE])), "within_budget": 1.0,
-                "step_time_s": elapsed / max(1, (epochs - initial_epoch) * spe),
-                "train_time_s": elapsed, "replicas": float(replicas), **cost}
+        stepper = _TrialStepper(self, callbacks or [], initial_epoch)
+        config = self.trial_config(arch, hp.values, epochs=epochs)
+        result = Run(config.replace(verbose=verbose), None, stepper, model=model).train()
+        steps = result["steps"] - initial_epoch * stepper.spe
+        return {OBJECTIVE: max(e["val_accuracy"] for e in result["history"]),
+                "within_budget": 1.0, "step_time_s": result["train_time_s"] / max(1, steps),
+                "train_time_s": result["train_time_s"], "replicas": float(stepper.replicas),
+                **cost}
+
+
+class _TrialStepper(Stepper):
+    """`keras-preact train`'s loop for a trial: the held-out share of the training split scores
+    it, KerasTuner's callbacks come along, and Hyperband's `initial_epoch` continues a trial
+    (KerasTuner loaded its weights; the schedule goes on where it stopped)."""
+
+    def __init__(self, hypermodel, callbacks, initial_epoch):
+        self.hypermodel, self.extra, self.initial_epoch = hypermodel, callbacks, initial_epoch
+
+    def start(self, run):
+        super().start(run, lambda: self.hypermodel.distribution_strategy
+                      or make_strategy("default"))
+
+    def load_data(self, run):
+        c, info, (x, y, vx, vy) = run.config, run.info, self.hypermodel.arrays
+        make = partial(data.dataset_from_arrays, batch_size=c.batch_size, seed=c.seed,
+                       normalize=not c.model_normalizes(), mean=info["mean"], std=info["std"])
+        run.test_data = make(vx, vy)
+        augment = info["augmentation"] if c.augment in (None, True) else c.augment or "none"
+        run.train_data = partial(make, x, y, shuffle=True, augment=augment, cutout=c.cutout,
+                                 drop_remainder=True)
+        self.spe = len(y) // c.batch_size
+        return len(y), len(vy)
+
+    def agree(self, run, state, refused):
+        return {"epoch": self.initial_epoch, "step": self.initial_epoch * run.spe} \
+            if self.initial_epoch else None
+
+    def restore(self, run, model, optimizer, state):
+        if state is None:
+            return super().restore(run, model, optimizer, state)
+        optimizer.iterations.assign(state["step"])
+
+    def callbacks(self, run):
+        return super().callbacks(run) + list(self.extra)
 
 
 def _label(arch):
