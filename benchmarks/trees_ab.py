@@ -1,4 +1,5 @@
-"""A/B of two source trees of keras-preact on one `keras_step.py` case, in turns.
+"""A/B of two source trees of keras-preact on one case (`keras_step.py`, or `--case
+train_case` for a whole training run), in turns.
 
 The reference tree (e.g. a `git worktree` of the commit before a change to the training
 step) and the changed tree run the same case in fresh processes, alternating. Reports each
@@ -25,17 +26,19 @@ def main(argv=None):
     p.add_argument("--reference", required=True, help="the tree before the change")
     p.add_argument("--changed", default=REPO, help="the tree after it")
     p.add_argument("--pairs", type=count, default=3)
+    p.add_argument("--case", default="keras_step", choices=("keras_step", "train_case"),
+                   help="the benchmarks script each tree runs")
     args, case_args = p.parse_args(argv[:split]), argv[split + 1:]
     trees = {"reference": args.reference, "changed": args.changed}
     # Each tree first on the import path in turn: its keras_preact runs the case.
     rounds = take_turns({label: lambda tree=tree: launch(
-        "keras_step", *case_args, check=True, path=os.path.abspath(tree))
+        args.case, *case_args, check=True, path=os.path.abspath(tree))
         for label, tree in trees.items()}, args.pairs)
     runs = {label: [r[label] for r in rounds] for label in trees}
     print_table([{"tree": label, **r} for label, rows in runs.items() for r in rows],
                 [("tree", "tree", "s"), ("img/s", "images_per_s", ".1f"),
                  ("peak MB", "peak_rss_mb", ".0f")])
-    report = {"case": case_args, "pairs": args.pairs}
+    report = {"script": args.case, "case": case_args, "pairs": args.pairs}
     for key in ("images_per_s", "peak_rss_mb"):
         medians = {label: statistics.median(r[key] for r in rows) for label, rows in runs.items()}
         report[key] = {**medians, "ratio": medians["changed"] / medians["reference"]}

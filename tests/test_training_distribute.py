@@ -77,7 +77,7 @@ net.fit(tf.data.Dataset.from_tensor_slices((x, np.zeros((16, 1), "float32"))).ba
 copies = lambda: [c.numpy() for c in net.layers[0].moving_mean.value.values]
 before = copies()
 out["stats_before"] = [b.tolist() for b in before]
-out["stats_changed"] = average_replica_statistics(net)
+out["stats_changed"] = average_replica_statistics(strategy, net)
 out["stats_after"] = [a.tolist() for a in copies()]
 out["stats_halves"] = [x[:8].mean(0).tolist(), x[8:].mean(0).tolist()]
 print("RESULT " + json.dumps(out))

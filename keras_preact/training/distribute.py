@@ -1,12 +1,12 @@
-"""tf.distribute strategies and runtime settings on one host (TensorFlow). Under a mirrored
-strategy each replica's BatchNorm normalises its share of the batch (as the paper's two GPUs
-did) unless ``synchronized_bn=True`` all-reduces the moments."""
+"""Strategies (tf.distribute on TensorFlow, DataParallel on JAX) and runtime settings, and
+the collectives that keep replicas' variables one. Under a mirrored strategy each replica's
+BatchNorm normalises its share of the batch (as the paper's two GPUs did) unless
+``synchronized_bn=True`` all-reduces the moments."""
 
 import contextlib
 import logging
 
 import keras
-import numpy as np
 
 from keras_preact import private_api
 from keras_preact.checks import check_choice, shorten
@@ -15,6 +15,7 @@ from keras_preact.training.config import STRATEGIES
 logger = logging.getLogger(__name__)
 
 _STRATEGIES = {}
+_REDUCE_FNS = {}
 
 
 def configure_runtime(*, cpu_devices=None, intra_op_threads=None, inter_op_threads=None,
@@ -140,17 +141,50 @@ def set_synchronized_batch_norm(model, synchronized=True):
     return len(layers)
 
 
-def average_replica_statistics(model):
-    """Sets every replica's copy of each non-trainable variable (BatchNorm's moving
-    statistics) to their mean; returns how many variables had differing copies."""
-    changed = 0
-    for variable in model.non_trainable_variables if keras.backend.backend() == "tensorflow" else ():
-        copies = getattr(getattr(variable, "value", variable), "values", None) or ()
-        arrays = [np.asarray(c.numpy()) for c in copies]
-        if all(np.array_equal(arrays[0], a) for a in arrays[1:]):  # also: fewer than 2 copies
-            continue
-        mean = np.mean(np.stack(arrays).astype(np.float64), axis=0).astype(arrays[0].dtype)
-        for copy in copies:
-            copy.assign(mean)
-        changed += 1
-    return changed
+def on_every_replica(strategy, fn):
+    """A `tf.function` running `fn` on every replica; it returns the first local result."""
+    import tensorflow as tf
+
+    @tf.function(autograph=False)
+    def run():
+        results = strategy.run(fn)
+        return tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], results)
+
+    return run
+
+
+def reduce_variables(strategy, variables, *, mean):
+    """Sets `variables` on every replica of every worker to their mean over all replicas
+    (`mean=True`) or to replica 0's values (bit for bit: the others add zeros)."""
+    import tensorflow as tf
+
+    groups = {}
+    for variable in variables:  # one all-reduce per dtype (they pack their inputs)
+        groups.setdefault(str(variable.dtype), []).append(variable)
+    for group in groups.values():
+        key = (id(strategy), mean, tuple(map(id, group)))
+        if key not in _REDUCE_FNS:  # kept: a new tf.function per epoch would retrace
+
+            def fn(group=group):
+                ctx = tf.distribute.get_replica_context()
+                # tf.identity: an all-reduce of a variable's own read finds no destination.
+                values = [tf.identity(tf.convert_to_tensor(v)) for v in group]
+                if not mean:
+                    source = tf.equal(ctx.replica_id_in_sync_group, 0)
+                    values = [tf.where(source, v, tf.zeros_like(v)) for v in values]
+                total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
+                return [t / ctx.num_replicas_in_sync for t in total] if mean else total
+
+            _REDUCE_FNS[key] = on_every_replica(strategy, fn)
+        for variable, value in zip(group, _REDUCE_FNS[key]()):
+            variable.assign(value)
+
+
+def average_replica_statistics(strategy, model):
+    """Sets every replica's copy (on every worker) of each float non-trainable variable,
+    BatchNorm's moving statistics, to their mean; returns how many variables there are."""
+    if keras.backend.backend() != "tensorflow" or strategy.num_replicas_in_sync < 2:
+        return 0
+    floats = [v for v in model.non_trainable_variables if "float" in str(v.dtype)]
+    reduce_variables(strategy, floats, mean=True)
+    return len(floats)

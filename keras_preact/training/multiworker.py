@@ -23,6 +23,8 @@ from keras_preact import private_api
 from keras_preact.checks import shorten
 from keras_preact.layers.remat import model_pruning_off
 from keras_preact.training.config import RUNTIME_FIELDS, training_path
+from keras_preact.training.distribute import (average_replica_statistics, on_every_replica,
+                                              reduce_variables)
 from keras_preact.training.run import Run, Stepper, as_config, optimizer_step
 
 logger = logging.getLogger("keras_preact.training")
@@ -38,7 +40,6 @@ WORKER_LOCAL_FIELDS = tuple(RUNTIME_FIELDS) + ("data_path",)
 _JOBS = ("chief", "worker")
 _STATUS_OK, _STATUS_WORKDIR_REFUSED, _STATUS_COMPLETE = 0, 1, 2
 _STRATEGY = {}
-_REDUCE_FNS = {}
 
 
 class ClusterError(RuntimeError):
@@ -201,53 +202,12 @@ def make_multiworker_strategy(cluster, connect_timeout, collective_timeout):
     return strategy
 
 
-def _on_every_replica(strategy, fn):
-    """A `tf.function` running `fn` on every replica; it returns the first local result."""
-    @tf.function(autograph=False)
-    def run():
-        results = strategy.run(fn)
-        return tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], results)
-
-    return run
-
-
 def all_gather_rows(strategy, row):
     """Gathers one int32 row from every replica: an array (replicas, len(row))."""
     row = tf.constant(np.asarray(row, dtype=np.int32)[None, :])
-    gather = _on_every_replica(
+    gather = on_every_replica(
         strategy, lambda: tf.distribute.get_replica_context().all_gather(row, axis=0))
     return np.asarray(gather())
-
-
-def reduce_variables(strategy, variables, *, mean):
-    """Sets `variables` on every replica of every worker to their mean over all replicas
-    (`mean=True`) or to replica 0's values (bit for bit: the others add zeros)."""
-    groups = {}
-    for variable in variables:  # one all-reduce per dtype (they pack their inputs)
-        groups.setdefault(str(variable.dtype), []).append(variable)
-    for group in groups.values():
-        key = (id(strategy), mean, tuple(map(id, group)))
-        if key not in _REDUCE_FNS:  # kept: a new tf.function per epoch would retrace
-
-            def fn(group=group):
-                ctx = tf.distribute.get_replica_context()
-                # tf.identity: an all-reduce of a variable's own read finds no destination.
-                values = [tf.identity(tf.convert_to_tensor(v)) for v in group]
-                if not mean:
-                    source = tf.equal(ctx.replica_id_in_sync_group, 0)
-                    values = [tf.where(source, v, tf.zeros_like(v)) for v in values]
-                total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
-                return [t / ctx.num_replicas_in_sync for t in total] if mean else total
-
-            _REDUCE_FNS[key] = _on_every_replica(strategy, fn)
-        for variable, value in zip(group, _REDUCE_FNS[key]()):
-            variable.assign(value)
-
-
-def sync_non_trainable(strategy, model):
-    """Averages BatchNorm's moving statistics over all replicas of all workers."""
-    floats = [v for v in model.non_trainable_variables if "float" in str(v.dtype)]
-    reduce_variables(strategy, floats, mean=True)
 
 
 def weights_digest(model):
@@ -339,36 +299,29 @@ class MultiWorkerStepper(Stepper):
         train = run.train_data(epoch=start_epoch, repeat_epochs=run.epochs - start_epoch)
         iterator = iter(self.strategy.distribute_datasets_from_function(
             _shard_fn(train, c.batch_size)))
-        callbacks = keras.callbacks.CallbackList(self.callbacks(run), model=model)
+        callbacks = keras.callbacks.CallbackList(  # a progress bar on the chief, as `fit` has
+            self.callbacks(run), model=model, add_progbar=self.is_chief and c.verbose != 0,
+            verbose=c.verbose, epochs=run.epochs, steps=spe)
         callbacks.on_train_begin()
         step = optimizer_step(model.optimizer)
         for epoch in range(start_epoch, run.epochs):
             callbacks.on_epoch_begin(epoch)
-            steps_now = min(spe, run.total_steps - step)
-            bar = keras.utils.Progbar(steps_now, verbose=0)  # silent off the chief
-            if self.is_chief and c.verbose != 0:
-                bar = keras.utils.Progbar(steps_now, verbose=1 if c.verbose in ("auto", 1) else 2)
-                logger.info("Epoch %d/%d", epoch + 1, run.epochs)
-            loss_sum = correct_sum = 0.0
+            steps_now, loss_sum, correct_sum = min(spe, run.total_steps - step), 0.0, 0.0
             for i in range(steps_now):
                 loss, correct = train_step(iterator)
                 loss_sum, correct_sum = loss_sum + float(loss), correct_sum + float(correct)
-                bar.update(i + 1, [("loss", loss_sum / (i + 1)),
-                                   ("accuracy", correct_sum / ((i + 1) * c.batch_size))])
+                logs = {"loss": loss_sum / (i + 1),
+                        "accuracy": correct_sum / ((i + 1) * c.batch_size)}
+                callbacks.on_train_batch_end(i, logs)
             step += steps_now
             for _ in range(spe - steps_now):  # one iterator for all epochs: skip the cut rest
                 next(iterator)
-            logs = {"loss": loss_sum / max(steps_now, 1),
-                    "accuracy": correct_sum / max(steps_now * c.batch_size, 1)}
-            callbacks.on_epoch_end(epoch, logs)
+            callbacks.on_epoch_end(epoch, dict(logs))
             logger.info("%s: epoch %d/%d done, step %d, loss %.4f", self.task, epoch + 1,
                         run.epochs, step, logs["loss"])
             if step >= run.total_steps:
                 break
         callbacks.on_train_end()
-
-    def sync_statistics(self, model):
-        sync_non_trainable(self.strategy, model)
 
     def predict(self, model, dataset):
         """On this worker alone: every worker holds the same weights, so gets the same."""
@@ -378,7 +331,7 @@ class MultiWorkerStepper(Stepper):
         """The moving average into the model (as `fit` ends), one set of statistics everywhere,
         then a check that all weights are equal."""
         model.optimizer.finalize_variable_values(model.trainable_variables)
-        sync_non_trainable(self.strategy, model)
+        average_replica_statistics(self.strategy, model)
         digest = weights_digest(model)
         digests = all_gather_rows(self.strategy, np.frombuffer(bytes.fromhex(digest[:32]), ">i4"))
         if (digests != digests[0]).any():

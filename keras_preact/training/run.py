@@ -231,9 +231,10 @@ class Stepper:
                 run.epoch_begin()
 
             def on_epoch_end(self, epoch, logs=None):
-                stepper.sync_statistics(self.model)
+                distribute.average_replica_statistics(stepper.strategy, self.model)
                 if every and (epoch + 1) % every == 0:  # `logs` goes on to TensorBoard
-                    logs.update({f"val_{k}": v for k, v in stepper.evaluate(run, self.model).items()})
+                    val = stepper.evaluate(run, self.model)
+                    logs.update({f"val_{k}": v for k, v in val.items()})
                 run.epoch_end(self.model, epoch, logs)
 
             def on_train_batch_end(self, batch, logs=None):
@@ -243,10 +244,6 @@ class Stepper:
         return [Record()] + ([keras.callbacks.TensorBoard(
             log_dir=run.workdir.file(TENSORBOARD_DIR), write_graph=False, profile_batch=0)]
             if run.owns_files else [])
-
-    def sync_statistics(self, model):
-        """Makes the replicas' BatchNorm moving statistics one (their mean)."""
-        distribute.average_replica_statistics(model)
 
     def predict(self, model, dataset):
         """The probabilities of `dataset`'s images (every image, in order, maybe followed by
@@ -265,7 +262,7 @@ class Stepper:
 
     def finish(self, run, model):
         """Extra entries of the result dict, once training is done."""
-        self.sync_statistics(model)
+        distribute.average_replica_statistics(self.strategy, model)
         return {}
 
 
