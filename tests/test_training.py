@@ -194,6 +194,43 @@ def test_a_larger_epochs_extends_a_finished_run_keeping_its_history(digits_run, 
     assert file_hashes(copy) == before
 
 
+def test_a_run_knows_its_data_from_any_folder(tmp_path, monkeypatch):
+    from keras_preact.training import evaluate, train_and_evaluate
+    from tests.data_fixtures import write_png_folder
+
+    # Two folders of one name: cat/dog under a/, frog/ship under b/.
+    for place, classes in (("a", ["cat", "dog"]), ("b", ["frog", "ship"])):
+        for split, per_class in (("train", 24), ("test", 4)):
+            write_png_folder(tmp_path / place / "c10_2x50" / split, classes, per_class)
+    workdir = str(tmp_path / "run")
+    config = tiny_config(dataset="folder", data_path="c10_2x50", batch_size=16, epochs=1,
+                         eval_every=0)
+    monkeypatch.chdir(tmp_path / "a")
+    train_and_evaluate(config, workdir)
+    stored = json.load(open(os.path.join(workdir, "config.json")))
+    assert stored["train_config"]["data_path"] == str(tmp_path / "a" / "c10_2x50")
+    assert (stored["class_names"], stored["num_examples"]) == (["cat", "dog"], [48, 8])
+    # The same spelling in b/ is other data: refused, as it used to be trained on.
+    monkeypatch.chdir(tmp_path / "b")
+    before = file_hashes(workdir)
+    with pytest.raises(ValueError, match=r"different config \(epochs: stored 1, requested 2, "
+                                         r"class_names: stored \['cat', 'dog'\], requested "
+                                         r"\['frog', 'ship'\]\)"):
+        train_and_evaluate(config.replace(epochs=2), workdir)
+    assert file_hashes(workdir) == before
+    # From b/, `evaluate` finds the run's data; the same folder spelt otherwise extends it.
+    assert evaluate(workdir)["num_examples"] == 8
+    longer = config.replace(epochs=2, data_path="../a/c10_2x50")
+    assert train_and_evaluate(longer, workdir)["resumed_from_epoch"] == 1
+    # A workdir written before (its data_path as typed, no num_examples) still resumes.
+    del stored["num_examples"]
+    stored["train_config"].update(data_path="c10_2x50", epochs=2)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        json.dump(stored, f)
+    monkeypatch.chdir(tmp_path / "a")
+    assert train_and_evaluate(config.replace(epochs=2), workdir)["resumed_from_epoch"] is None
+
+
 def test_extending_by_steps_trains_exactly_to_the_new_count(tmp_path):
     from keras_preact.training import train_and_evaluate
 

@@ -23,9 +23,10 @@ LR_SCALINGS = ("linear", "sqrt", "none")
 #: Which variables get the coupled L2 term (see `keras_preact.training.optimizers`).
 DECAY_VARIABLES = ("all", "kernels")
 
-#: Fields that may change between a run and its resumption: none changes the weights.
-RUNTIME_FIELDS = ("data_dir", "download", "eval_every", "keep_checkpoints", "verbose",
-                  "intra_op_threads", "inter_op_threads")
+#: Fields that may change between a run and its resumption: none changes the weights (a run
+#: checks its data by their class names and counts, wherever `data_path` finds them).
+RUNTIME_FIELDS = ("data_dir", "data_path", "download", "eval_every", "keep_checkpoints",
+                  "verbose", "intra_op_threads", "inter_op_threads")
 
 
 def _field(default=None, help="", *, choices=None):

@@ -34,8 +34,6 @@ CONNECT_TIMEOUT_ENV = "KERAS_PREACT_CONNECT_TIMEOUT_S"
 COLLECTIVE_TIMEOUT_ENV = "KERAS_PREACT_COLLECTIVE_TIMEOUT_S"
 #: Seconds without a worker's heartbeat before it is declared dead (the others abort).
 HEARTBEAT_TIMEOUT_S = 15.0
-#: Config fields that may differ between workers.
-WORKER_LOCAL_FIELDS = tuple(RUNTIME_FIELDS) + ("data_path",)
 
 _JOBS = ("chief", "worker")
 _STATUS_OK, _STATUS_WORKDIR_REFUSED, _STATUS_COMPLETE = 0, 1, 2
@@ -238,7 +236,7 @@ class MultiWorkerStepper(Stepper):
     def agree(self, run, state, refused):
         """The start-of-run exchange: status, resume epoch, rank and a CRC per config field."""
         values = run.config.to_dict()
-        names = sorted(k for k in values if k not in WORKER_LOCAL_FIELDS)
+        names = sorted(k for k in values if k not in RUNTIME_FIELDS)
         crcs = [zlib.crc32(json.dumps(values[k], sort_keys=True).encode()) & 0x7FFFFFFF
                 for k in names]
         status = (_STATUS_WORKDIR_REFUSED if refused is not None
@@ -249,7 +247,7 @@ class MultiWorkerStepper(Stepper):
             raise ValueError(
                 f"The workers were started with different training configs (fields {differ} "
                 f"differ; this is {self.task}). Every worker must run the same command; only "
-                f"{list(WORKER_LOCAL_FIELDS)} may differ between hosts. Nothing was written.")
+                f"{list(RUNTIME_FIELDS)} may differ between hosts. Nothing was written.")
         if refused is not None:
             raise refused
         chief_status, chief_epoch = (int(v) for v in {int(r[2]): r for r in rows}[0][:2])

@@ -16,7 +16,7 @@ import keras_preact
 from keras_preact import data, finetune
 from keras_preact.architecture import DEFAULTS
 from keras_preact.checks import check_known_arguments, shorten
-from keras_preact.files import atomic_save, atomic_write_json
+from keras_preact.files import atomic_save, atomic_write_json, user_path
 from keras_preact.models.preact_resnet import MODEL_ARGUMENTS
 from keras_preact.training import distribute
 from keras_preact.training.config import TrainConfig
@@ -31,13 +31,15 @@ CONFIG_FORMAT = 1
 
 
 def as_config(config):
-    """A validated `TrainConfig` from a `TrainConfig` or its dict."""
+    """A validated `TrainConfig` from a `TrainConfig` or its dict, its `data_path` absolute
+    (as stored: a rerun or `evaluate` from another folder finds the same data)."""
     if isinstance(config, dict):
         config = TrainConfig.from_dict(config)
     if not isinstance(config, TrainConfig):
         raise ValueError("`config` must be a TrainConfig or its dict. "
                          f"Received: {type(config).__name__}")
-    return config.validate()
+    path = config.validate().data_path
+    return config if path is None else config.replace(data_path=user_path(path, "data_path"))
 
 
 def build_model(config, info):
@@ -276,6 +278,9 @@ class Run:
         self.workdir, self.stepper = Workdir(workdir) if workdir is not None else None, stepper
         self.info = data.dataset_info(self.config.dataset, path=self.config.data_path)
         check_classes(self.config, self.info)
+        # What the data is, wherever it is: a resumed run must find the same.
+        self.data = {"class_names": list(self.info["class_names"]), "num_examples": [
+            int(self.info["num_train"]), int(self.info["num_test"])]}
         self.extends = self.wrote_config = False
 
     def train(self):
@@ -390,6 +395,9 @@ class Run:
                                  "Nothing was changed. Use an empty or new --workdir.")
             return None
         diff = self.config.differences(TrainConfig.from_dict(stored))
+        stored = wd.read_config()  # a run written before has no num_examples
+        diff.update({k: (v, stored[k]) for k, v in self.data.items()
+                     if stored.get(k) not in (None, v)})
         state = wd.read_state()
         # A longer --epochs (or --steps) extends the run: its history is kept.
         self.extends = bool(diff) and state is not None and all(
@@ -512,7 +520,7 @@ class Run:
         if state is None or self.extends:
             atomic_write_json(self.workdir.config_path, {
                 "format": CONFIG_FORMAT, "keras_preact_version": keras_preact.__version__,
-                "train_config": self.config.to_dict(), "class_names": self.info["class_names"]})
+                "train_config": self.config.to_dict(), **self.data})
             self.wrote_config = state is None
         if state is None:
             self.write_reports()
