@@ -52,13 +52,14 @@ def check_choice(name, value, valid):
     return value
 
 
-def check_known_arguments(given, valid, *, where):
+def check_known_arguments(given, valid, *, where, aliases=None):
     """ValueError, with the closest valid name, for the first key of `given` not in `valid`;
-    `where` names the receiver (e.g. "preact_resnet20")."""
-    valid = sorted(valid)
+    `where` names the receiver (e.g. "preact_resnet20"); `aliases` maps other names users
+    know (e.g. command-line ones) to valid ones, for the hint."""
+    valid, aliases = sorted(valid), aliases or {}
     for name in sorted(set(given) - set(valid)):
-        close = difflib.get_close_matches(name, valid, n=1)
-        hint = f" Did you mean `{close[0]}`?" if close else ""
+        close = difflib.get_close_matches(name, valid + list(aliases), n=1)
+        hint = f" Did you mean `{aliases.get(close[0], close[0])}`?" if close else ""
         raise ValueError(f"Unknown argument `{name}` for {where}.{hint} Received: "
                          f"{name}={given[name]!r}. Valid: {', '.join(valid)}")
 

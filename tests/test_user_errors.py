@@ -3,6 +3,7 @@ what is valid, an exit status of 2 from the command line, and no data lost or ov
 (a full disk, damaged files, folders that are not ours, huge or corrupt images)."""
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -390,7 +391,7 @@ def test_python_api_refuses_what_it_used_to_misread(tmp_path):
     import keras_preact as kp
     from keras_preact import finetune
     from keras_preact.export import load_export
-    from keras_preact.training import TrainConfig, train_and_evaluate
+    from keras_preact.training import TrainConfig, recipe, train_and_evaluate
     from keras_preact.tuning import tune
 
     cases = [  # each raised a Python error naming no argument, or was accepted silently
@@ -416,7 +417,7 @@ def test_python_api_refuses_what_it_used_to_misread(tmp_path):
          "`top_k` must be None or an integer >= 1. Received: top_k=-1"),
         (lambda: tune(str(tmp_path / "t"), depth=[20]), ValueError,
          "Unknown argument `depth` for tune. Did you mean `depths`? Received: depth=[20]. "
-         "Valid: batch_size, blocks, budget, data_dir, data_path, data_source, dataset, "
+         "Valid: batch_size, blocks, budget, config, data_dir, data_path, data_source, dataset, "
          "depths, epochs, learning_rates, seed, units, validation_fraction, warmups, "
          "weight_decays, width_multipliers"),
         (lambda: kp.list_models(5), ValueError,  # TypeError from posixpath
@@ -429,6 +430,16 @@ def test_python_api_refuses_what_it_used_to_misread(tmp_path):
         (lambda: train_and_evaluate(TrainConfig(model="tiny", model_kwargs=TINY), None),
          TypeError, "`workdir` must be a path (str or os.PathLike). Received: workdir=None of "
          "type NoneType"),
+        # A softmax over one class always said 1.0; a billion classes ran out of memory.
+        (lambda: kp.preact_resnet20(classes=1), ValueError, "A softmax over one class always "
+         "outputs 1.0. Received: classes=1, classifier_activation='softmax'. Valid: classes >= "
+         "2, or classifier_activation='sigmoid' (one class: a yes/no output) or None"),
+        (lambda: kp.preact_resnet20(classes=10**9), ValueError, "`classes` is too large: the "
+         "head would hold 64,000,000,000 weights (64 per class), over 2**31. Received: "
+         "classes=1000000000"),
+        (lambda: recipe("fast", lr=0.1), ValueError, "Unknown argument `lr` for TrainConfig. "
+         "Did you mean `learning_rate`? Received: lr=0.1. Valid: " + ", ".join(sorted(
+             f.name for f in dataclasses.fields(TrainConfig)))),
     ]
     for value, name, message in (
             ("boundaries", 5, "a list of numbers > 0"), ("freeze", 5, "a list of part names"),
@@ -682,3 +693,25 @@ def test_the_folder_dataset_without_a_path_names_the_flag(capsys, tmp_path):
                             "--workdir", str(tmp_path / "run")], capsys)
     assert code == cli.EXIT_ERROR and "needs `path` (--data-path)" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_flags_that_would_do_nothing_are_refused(tmp_path, capsys):
+    workdir = tmp_path / "run"
+    for flags, message in [
+            (["--cutout", "100"], "`cutout` must be smaller than the 'digits' images (32x32), "
+             "or every image is blanked. Received: cutout=100"),
+            (["--recipe", "fast", "--schedule", "step"], "schedule='step' needs `boundaries` "
+             "(--boundaries, e.g. 15,25): the 'fast' recipe has none, so the rate would never "
+             "drop. Received: recipe='fast', schedule='step'"),
+            (["--schedule", "cosine", "--boundaries", "10,20"], "The cosine schedule has no rate "
+             "drops (`boundaries`). Received: schedule='cosine', boundaries=[10.0, 20.0]. Leave "
+             "--boundaries out, or use --schedule step.")]:
+        code, _, err = run_cli([*TINY_TRAIN, "--epochs", "1", "--workdir", str(workdir),
+                                *flags], capsys)
+        assert code == cli.EXIT_ERROR and error_lines(err) == [f"error: {message}"]
+        assert not workdir.exists()
+    code, _, err = run_cli(["export", "preact_resnet20", "--classes", "1", "--out",
+                            str(tmp_path / "export")], capsys)
+    [line] = error_lines(err)
+    assert code == cli.EXIT_ERROR and line.startswith("error: A softmax over one class always ")
+    assert not (tmp_path / "export").exists()

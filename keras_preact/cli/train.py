@@ -5,12 +5,9 @@ import dataclasses
 import typing
 
 from keras_preact.cli.common import float_list, json_dict, verbosity
-from keras_preact.training.config import RECIPES, TrainConfig, recipe
+from keras_preact.training.config import ALIASES, RECIPES, TrainConfig, recipe
 from keras_preact.training.demo import DEMO_EPOCHS, DEMO_WORKDIR
 
-#: Short second spellings of some `train` flags.
-_ALIASES = {"learning_rate": ("--lr",), "warmup_learning_rate": ("--warmup-lr",),
-            "lr_scaling": ("--lr-scale",)}
 #: Argument types the annotations do not tell (`TrainConfig` splits `freeze` at the commas).
 _TYPES = {"model_kwargs": json_dict, "boundaries": float_list, "freeze": str, "verbose": verbosity}
 #: The first field of each group of `keras-preact train --help`.
@@ -72,7 +69,8 @@ def add_config_arguments(parser):
     defaults, group, recipes = TrainConfig(), parser, set().union(*RECIPES.values())
     for field in dataclasses.fields(TrainConfig):
         group = parser.add_argument_group(_GROUPS[field.name]) if field.name in _GROUPS else group
-        flags = ["--" + field.name.replace("_", "-"), *_ALIASES.get(field.name, ())]
+        flags = ["--" + name.replace("_", "-") for name in [field.name, *(
+            alias for alias, name in ALIASES.items() if name == field.name)]]
         default = getattr(defaults, field.name)
         # A recipe's field not given stays out of the namespace: the recipe's value applies.
         kwargs = dict(dest=field.name, help=field.metadata["help"],

@@ -62,7 +62,9 @@ def check_input_tensor(input_tensor):
                          f"a layer). Received: input_tensor={input_tensor!r}")
 
 
-def _check_head(include_top, pooling, classes, classifier_activation, features):
+def _check_head(include_top, pooling, classes, classifier_activation, features, width):
+    """ValueError for a head that cannot work: also a softmax over one class (always 1.0) and
+    one over `width` features too large to allocate."""
     check_choice("pooling", pooling, POOLINGS)
     if features and pooling is not None:
         raise ValueError("`features=True` returns the stages' 4D feature maps, which are not "
@@ -72,13 +74,19 @@ def _check_head(include_top, pooling, classes, classifier_activation, features):
     if isinstance(classes, bool) or not isinstance(classes, int) or classes < 1:
         raise ValueError("`classes` must be an integer >= 1 when include_top=True. "
                          f"Received: classes={classes!r}")
-    if classifier_activation is not None:
-        try:
-            keras.activations.get(classifier_activation)
-        except (ValueError, TypeError):
-            raise ValueError(f"Unknown `classifier_activation`. Received: classifier_activation="
-                             f"{classifier_activation!r}. Valid: None, 'softmax', 'sigmoid', "
-                             "'linear' or any keras.activations name") from None
+    try:
+        activation = keras.activations.get(classifier_activation)
+    except (ValueError, TypeError):
+        raise ValueError(f"Unknown `classifier_activation`. Received: classifier_activation="
+                         f"{classifier_activation!r}. Valid: None, 'softmax', 'sigmoid', "
+                         "'linear' or any keras.activations name") from None
+    if classes == 1 and activation is keras.activations.softmax:
+        raise ValueError("A softmax over one class always outputs 1.0. Received: classes=1, "
+                         f"classifier_activation={classifier_activation!r}. Valid: classes >= 2, "
+                         "or classifier_activation='sigmoid' (one class: a yes/no output) or None")
+    if classes * width > 2**31:  # refused before numpy tries to allocate it
+        raise ValueError(f"`classes` is too large: the head would hold {classes * width:,} "
+                         f"weights ({width} per class), over 2**31. Received: classes={classes}")
 
 
 def _check_input_shape(input_shape, data_format, total_stride):
@@ -140,7 +148,7 @@ def validate_config(arch):
     for name in ("include_top", "features", "zero_init_last"):
         check_bool(name, getattr(a, name))
     include_top = a.include_top and not a.features
-    _check_head(include_top, a.pooling, a.classes, a.classifier_activation, a.features)
+    _check_head(include_top, a.pooling, a.classes, a.classifier_activation, a.features, widths[-1])
     for name, optional in (("head_dropout", True), ("stochastic_depth", False)):
         rate = getattr(a, name)
         if not (rate is None and optional or isinstance(rate, (int, float)) and 0 <= rate < 1):

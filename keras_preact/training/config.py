@@ -8,7 +8,7 @@ import os
 import re
 from typing import Optional, get_args
 
-from keras_preact.checks import check_choice, check_int, is_int
+from keras_preact.checks import check_choice, check_int, check_known_arguments, is_int
 from keras_preact.files import user_path
 
 #: "data_parallel": `keras.distribution.DataParallel` over every device JAX sees; the others
@@ -27,6 +27,8 @@ DECAY_VARIABLES = ("all", "kernels")
 #: checks its data by their class names and counts, wherever `data_path` finds them).
 RUNTIME_FIELDS = ("data_dir", "data_path", "download", "eval_every", "keep_checkpoints",
                   "verbose", "intra_op_threads", "inter_op_threads")
+#: The short names of some fields (``keras-preact train --lr``).
+ALIASES = {"lr": "learning_rate", "warmup_lr": "warmup_learning_rate", "lr_scale": "lr_scaling"}
 
 
 def _field(default=None, help="", *, choices=None):
@@ -183,9 +185,8 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, values):
         """Builds a config from `to_dict` output; ValueError for keys that are not fields."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        if unknown := sorted(set(values) - names):
-            raise ValueError(f"Unknown training config keys: {unknown}. Valid: {sorted(names)}")
+        if unknown := sorted(set(values) - set(_FIELDS)):
+            raise ValueError(f"Unknown training config keys: {unknown}. Valid: {sorted(_FIELDS)}")
         return cls(**values)
 
     def replace(self, **changes):
@@ -303,8 +304,20 @@ RECIPES = {"paper": {}, "fast": dict(
 
 
 def recipe(name="paper", **overrides):
-    """The `TrainConfig` of a recipe of `RECIPES` ("paper" or "fast"), with `overrides`."""
-    return TrainConfig(**{**RECIPES[check_choice("recipe", name, RECIPES)], **overrides})
+    """The `TrainConfig` of a recipe of `RECIPES` ("paper" or "fast"), with `overrides`;
+    ValueError for an unknown field (naming the closest, also for the `ALIASES`) and for a
+    schedule the recipe's or given `boundaries` do not fit."""
+    check_known_arguments(overrides, _FIELDS, where="TrainConfig", aliases=ALIASES)
+    config = TrainConfig(**{**RECIPES[check_choice("recipe", name, RECIPES)], **overrides})
+    if config.schedule == "cosine" and config.boundaries and "boundaries" in overrides:
+        raise ValueError("The cosine schedule has no rate drops (`boundaries`). Received: "
+                         f"schedule='cosine', boundaries={list(config.boundaries)}. Leave "
+                         "--boundaries out, or use --schedule step.")
+    if config.schedule == "step" and not config.boundaries and "boundaries" not in overrides:
+        raise ValueError("schedule='step' needs `boundaries` (--boundaries, e.g. 15,25): the "
+                         f"{name!r} recipe has none, so the rate would never drop. Received: "
+                         f"recipe={name!r}, schedule='step'")
+    return config
 
 
 def paper_cifar_recipe(**overrides):
@@ -343,6 +356,7 @@ _CHECKS = (
     ("verbose", lambda v: v in ("auto", 0, 1, 2), "'auto', 0, 1 or 2"),
     ("weights", lambda v: isinstance(v, str) and v,
      "None, a catalog tag, a .weights.h5 / .keras path or a URL with its hash"))
+_FIELDS = [f.name for f in dataclasses.fields(TrainConfig)]
 #: The fields that may be None.
 _OPTIONAL = [f.name for f in dataclasses.fields(TrainConfig) if type(None) in get_args(f.type)]
 

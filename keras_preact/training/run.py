@@ -73,7 +73,8 @@ def build_model(config, info):
 
 
 def check_classes(config, info):
-    """ValueError unless the model's `classes` and input channels fit the dataset."""
+    """ValueError unless the model's `classes` and input channels, and the `cutout`, fit the
+    dataset."""
     kwargs = {**config.model_kwargs.get("architecture", {}), **config.model_kwargs}
     classes = kwargs.get("classes", info["classes"])
     shape, size = kwargs.get("input_shape"), info["input_shape"]
@@ -82,6 +83,9 @@ def check_classes(config, info):
         raise ValueError(f"The {config.dataset!r} images are {tuple(info['input_shape'])} "
                          f"(height, width, channels). Received: model_kwargs input_shape="
                          f"{shape!r}. Leave `input_shape` out (the dataset's is used).")
+    if config.cutout >= min(size[:2]):
+        raise ValueError(f"`cutout` must be smaller than the {config.dataset!r} images ({size[0]}x"
+                         f"{size[1]}), or every image is blanked. Received: cutout={config.cutout}")
     if kwargs.get("include_top", DEFAULTS["include_top"]) and classes != info["classes"]:
         raise ValueError(
             f"The {config.dataset!r} dataset has {info['classes']} classes, so the model needs "
