@@ -715,3 +715,26 @@ def test_flags_that_would_do_nothing_are_refused(tmp_path, capsys):
     [line] = error_lines(err)
     assert code == cli.EXIT_ERROR and line.startswith("error: A softmax over one class always ")
     assert not (tmp_path / "export").exists()
+
+
+def test_a_loss_that_is_not_finite_stops_the_run_keeping_the_last_checkpoint(tmp_path, capsys):
+    # One epoch at the warm-up rate, then 1e6 (5e5 at batch 64): the weights overflow in
+    # epoch 2. It used to go on to "loss nan", exit 0 and save the NaN model as model.keras.
+    workdir = tmp_path / "run"
+    code, _, err = run_cli([*TINY_TRAIN, "--workdir", str(workdir), "--schedule-unit", "epochs",
+                            "--warmup", "1", "--boundaries", "2", "--total", "3",
+                            "--warmup-lr", "0.01", "--lr", "1e6"], capsys)
+    assert code == cli.EXIT_ERROR, err
+    [line] = error_lines(err)
+    assert re.fullmatch(r"error: The loss became nan at step (2[3-9]|3\d|4[0-4]) \(learning "
+                        r"rate 500000\.0\): training stopped, keeping the completed epochs' "
+                        r"checkpoints\. Try a lower --lr in a new --workdir\.", line), line
+    state = json.loads((workdir / "checkpoints" / "state.json").read_text())
+    assert state["epoch"] == 1 and not (workdir / "model.keras").exists()
+    assert (workdir / "checkpoints" / state["checkpoint"]).exists()
+
+
+def test_steps_end_the_progress_bar_where_training_stops(tmp_path, capsys):
+    code, out, _ = run_cli([*TINY_TRAIN[:-2], "--steps", "2", "--verbose", "1", "--workdir",
+                            str(tmp_path / "run")], capsys)
+    assert code == 0 and "2/2" in out and "22/22" not in out, out

@@ -229,7 +229,8 @@ class Stepper:
         """What every path does around its epochs, as Keras callbacks (`fit` calls them; the
         multi-worker loop too): the epoch's clock, the replicas' BatchNorm statistics made
         one, the evaluation every `eval_every` epochs, the epoch's record and checkpoint, the
-        stop after the schedule's last step, and TensorBoard's logs (where files are written)."""
+        stop after the schedule's last step or at a loss that is not finite, the progress bar
+        (on the chief) and TensorBoard's logs (where files are written)."""
         stepper, every = self, run.config.eval_every
 
         class Record(keras.callbacks.Callback):
@@ -244,10 +245,21 @@ class Stepper:
                 run.epoch_end(self.model, epoch, logs)
 
             def on_train_batch_end(self, batch, logs=None):
-                if optimizer_step(self.model.optimizer) >= run.total_steps:
+                step, loss = optimizer_step(self.model.optimizer), float(logs.get("loss", 0))
+                if not np.isfinite(loss):  # no later step can undo it: stop, save nothing
+                    raise ValueError(f"The loss became {loss} at step {step} (learning rate "
+                                     f"{run.rate_at(step)}): training stopped, keeping the "
+                                     "completed epochs' checkpoints. Try a lower --lr in a new "
+                                     "--workdir.")
+                if step >= run.total_steps:
                     self.model.stop_training = True
 
-        return [Record()] + ([keras.callbacks.TensorBoard(
+        class Progress(keras.callbacks.ProgbarLogger):
+            def on_epoch_begin(self, epoch, logs=None):  # the last epoch may stop early
+                self.target = min(run.spe, run.total_steps - epoch * run.spe)
+                super().on_epoch_begin(epoch, logs)
+
+        return [Record()] + [Progress()] * self.is_chief + ([keras.callbacks.TensorBoard(
             log_dir=run.workdir.file(TENSORBOARD_DIR), write_graph=False, profile_batch=0)]
             if run.owns_files else [])
 
@@ -353,6 +365,11 @@ class Run:
         """Starts the epoch's clock (for its images per second)."""
         self._epoch_t0 = time.time()
 
+    def rate_at(self, step):
+        """The learning rate of update `step` (counted from 1)."""
+        return getattr(self.schedule, "value_at", lambda s: float(self.schedule(s)))(
+            max(step - 1, 0))
+
     def epoch_end(self, model, epoch, logs=None):
         """Records epoch `epoch` (0-based) with its Keras `logs`; writes checkpoint and reports."""
         logs = dict(logs or {})
@@ -360,9 +377,7 @@ class Run:
         elapsed = time.time() - self._epoch_t0
         done = step - (self.history[-1]["step"] if self.history else 0)
         speed = round(done * self.config.batch_size / elapsed, 2) if elapsed > 0 else None
-        entry = {"epoch": epoch + 1, "step": step,
-                 "learning_rate": getattr(self.schedule, "value_at", lambda s: float(
-                     self.schedule(s)))(max(step - 1, 0)),
+        entry = {"epoch": epoch + 1, "step": step, "learning_rate": self.rate_at(step),
                  "time_s": round(elapsed, 3), "images_per_s": speed}
         entry.update({k: float(logs[k]) for k in ("loss", "accuracy", "val_loss", "val_accuracy")
                       if k in logs})
