@@ -738,3 +738,14 @@ def test_steps_end_the_progress_bar_where_training_stops(tmp_path, capsys):
     code, out, _ = run_cli([*TINY_TRAIN[:-2], "--steps", "2", "--verbose", "1", "--workdir",
                             str(tmp_path / "run")], capsys)
     assert code == 0 and "2/2" in out and "22/22" not in out, out
+
+
+def test_mixed_float16_on_a_cpu_is_quiet_but_says_it_is_slow(tmp_path):
+    run = run_command([*TINY_TRAIN, "--steps", "1", "--precision", "mixed_float16",
+                       "--workdir", str(tmp_path / "run")], env=USER_ENV)
+    assert run.returncode == 0, run.stderr
+    # It used to print TensorFlow's "E0000 ... oneDNN supports DT_HALF only on platforms
+    # with AVX-512. Falling back to the default Eigen-based implementation if present."
+    assert "oneDNN" not in run.stderr and "E0000" not in run.stderr, run.stderr
+    assert run.stderr.count("warning: float16 is slow on CPUs: use --precision fp32 or "
+                            "mixed_bfloat16.") == 1, run.stderr

@@ -132,6 +132,10 @@ def main(argv=None):
     try:
         if args.uses_keras:
             check_environment()
+            if getattr(args, "precision", None) == "mixed_float16":
+                # oneDNN's float16 kernels need AVX-512 FP16: elsewhere it logs an error line
+                # once training starts, then runs Eigen's, as this does from the start.
+                os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
             _quiet_tensorflow()
         return args.func(args)
     except KeyboardInterrupt:

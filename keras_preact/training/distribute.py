@@ -62,6 +62,14 @@ def configure_runtime(*, cpu_devices=None, intra_op_threads=None, inter_op_threa
         tf.config.experimental.enable_op_determinism()
 
 
+def accelerated():
+    """Whether the backend computes on a GPU or TPU (else on the CPU)."""
+    if keras.backend.backend() == "torch":  # Keras lists no PyTorch devices
+        import torch
+        return torch.cuda.is_available()
+    return any(not d.lower().startswith("cpu") for d in keras.distribution.list_devices())
+
+
 class OneDevice:
     """The strategy of a run on one device of the JAX or PyTorch backend."""
 

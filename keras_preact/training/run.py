@@ -183,6 +183,8 @@ class Stepper:
         self.strategy = make_strategy() if make_strategy else distribute.make_strategy(c.strategy)
         self.replicas = self.strategy.num_replicas_in_sync
         distribute.check_global_batch(c.batch_size, self.replicas)
+        if c.precision == "mixed_float16" and not distribute.accelerated():
+            logger.warning("float16 is slow on CPUs: use --precision fp32 or mixed_bfloat16.")
 
     def load_data(self, run):
         """Returns ``(num_train, num_test)``; keeps the data `train_epochs` reads."""
