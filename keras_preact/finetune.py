@@ -117,28 +117,21 @@ def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
     entry = hooks.url_entry(model_name, weights)
     if entry is None and catalog.looks_like_tag(weights):
         entry = catalog.resolve_tag(model_name, weights)
-    path = user_path(weights) if entry is None else fetch_weights(entry, build=get_model)
-    source = None
-    if path.endswith(local.KERAS_SUFFIX) or os.path.isfile(
-            os.path.join(path, presets.CONFIG_FILE)):
-        source = (presets.from_preset(path) if os.path.isdir(path)
-                  else local.load_keras_file(path))
-        if not isinstance(source, PreActResNet):
-            raise ValueError(f"{path} holds a {type(source).__name__}, not a keras-preact "
-                             f"PreActResNet: its weights cannot be loaded. Received: "
-                             f"weights={weights!r}")
-        classes = source.classes if source.include_top else None
-    else:
-        path = local.resolve_weights_argument(path)
-        classes = local.inspect_weights_file(path)["classes"]
+    kind, path = hooks.local_weights(weights if entry is None else fetch_weights(
+        entry, build=get_model))
+    if (info := hooks.recorded_info(kind, path)) is None:  # a .keras file of another model
+        other = local.read_keras_file_config(path).get("class_name")
+        raise ValueError(f"{path} holds a {other}, not a keras-preact PreActResNet: its "
+                         f"weights cannot be loaded. Received: weights={weights!r}")
+    classes = info["classes"]
     # A donor of the model's architecture and the weights' head checks and takes them.
     config = dict(model.get_config(), include_top=classes is not None, classes=classes or 1,
                   pooling=None, preprocessing=None, name=model.name, trainable=True)
     donor = PreActResNet.from_config(config)
-    if source is not None:
-        local.copy_weights_from_model(source, donor, source_label=path)
+    if kind == "preset":  # through the whole model, so that its architecture is compared
+        local.copy_weights_from_model(presets.from_preset(path), donor, source_label=path)
     else:
-        local.load_weights_file(donor, path)
+        hooks.load_planned_weights(donor, {"kind": kind, "path": path})
     copied = _copy_weights(donor, model, copy_head=copy_head)
     return {"source": path, "copied_head": copied, "classes": classes}
 
@@ -148,10 +141,8 @@ def pretrained_architecture(model_name, weights):
     arch = {}
     if catalog.looks_like_tag(weights):
         arch = catalog.resolve_tag(model_name, weights).architecture
-    elif isinstance(weights, str) and os.path.exists(path := user_path(weights)):
+    elif isinstance(weights, str) and os.path.exists(user_path(weights)):
         with contextlib.suppress(ValueError):  # a damaged or unfit file: reported on load
-            info = (local.config_info(presets.model_config(path)) if os.path.isdir(path)
-                    else local.keras_file_info(path) if path.endswith(local.KERAS_SUFFIX)
-                    else {"architecture": local.read_recorded(path)[1]})
-            arch = (info or {}).get("architecture") or {}
+            info = hooks.recorded_info(*hooks.local_weights(weights))
+            arch = (info or {}).get("architecture", {})
     return {k: v for k, v in arch.items() if v is not None and k not in _NOT_PLANNED}

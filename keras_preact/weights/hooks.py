@@ -103,33 +103,47 @@ def plan_weights(request):
                 "input_shape": entry.input_shape}
         _apply(plan, request, info, entry.architecture, f"weights {entry.key!r}")
         return plan
+    kind, path = local_weights(weights)
+    plan.update(kind=kind, path=path)
+    _plan_recorded(plan, request, kind)
+    return plan
+
+
+def local_weights(weights):
+    """``(kind, path)`` of a local `weights` path: "preset" (a preset folder), "keras" (a
+    `.keras` file) or "weights_h5" (a checked `.weights.h5`, also a preset's); ValueError for
+    a missing `.keras` file or another path."""
     path = user_path(weights)
     if os.path.isfile(os.path.join(path, presets.CONFIG_FILE)):
-        plan.update(kind="preset", path=path)
-        info = local.config_info(presets.model_config(path))
-        _apply(plan, request, info, info["architecture"])
-        return plan
+        return "preset", path
     path = local.preset_weights(path)
     if path.endswith(local.KERAS_SUFFIX):
         if not os.path.isfile(path):
             raise _bad("The .keras file does not exist.", weights)
-        plan.update(kind="keras", path=path)
-        if (info := local.keras_file_info(path)) is not None:
-            _apply(plan, request, info, info["architecture"])
-        return plan
+        return "keras", path
     if not path.endswith(local.WEIGHTS_SUFFIX):
         raise _bad("`weights` must be None, a path to a Keras weights file ending in "
                    f"'{local.WEIGHTS_SUFFIX}', a model file ending in '{local.KERAS_SUFFIX}' "
                    "or a preset folder.", weights)
-    plan.update(kind="weights_h5", path=local.resolve_weights_argument(path))
-    _plan_h5(plan, request)
-    return plan
+    return "weights_h5", local.resolve_weights_argument(path)
 
 
-def _plan_h5(plan, request):
-    info = local.inspect_weights_file(plan["path"])
-    _, architecture, defaults = local.read_recorded(plan["path"])
-    _apply(plan, request, {**(defaults or {}), **info}, architecture or {})
+def recorded_info(kind, path):
+    """What the local weights of `local_weights` record: a dict like `local.config_info`'s
+    (a `.weights.h5` records its shapes and, if keras-preact saved it, its architecture and
+    defaults); None for a `.keras` file of another model."""
+    if kind == "preset":
+        return local.config_info(presets.model_config(path))
+    if kind == "keras":
+        return local.keras_file_info(path)
+    shapes = local.inspect_weights_file(path)
+    _, architecture, defaults = local.read_recorded(path)
+    return {**(defaults or {}), **shapes, "architecture": architecture or {}}
+
+
+def _plan_recorded(plan, request, kind):
+    if (info := recorded_info(kind, plan["path"])) is not None:
+        _apply(plan, request, info, info["architecture"])
 
 
 def _same(a, b):
@@ -194,7 +208,7 @@ def materialize(plan, request, *, build):
     if plan["kind"] in ("entry", "url"):
         plan["path"] = fetch_weights(plan["entry"], build=build)
         if plan["kind"] == "url":
-            _plan_h5(plan, request)
+            _plan_recorded(plan, request, "weights_h5")
     return plan["path"]
 
 
