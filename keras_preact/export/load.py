@@ -119,11 +119,9 @@ def load_model_to_export(name_or_path, *, classes=10, preprocessing=AUTO):
         raise ValueError("`name_or_path` must be a registered model name or a .keras file. "
                          f"Received: name_or_path={name_or_path!r}. "
                          f"Models: {', '.join(kp.list_models())}")
-    if not os.path.isfile(name_or_path):
-        raise ValueError(f"The model file does not exist. Received: name_or_path={name_or_path!r}")
+    model = load_keras_file(name_or_path)  # ValueError for a missing or damaged file
     weights_info = {"file": os.path.basename(name_or_path), "sha256": file_hash(name_or_path)}
-    described = {"preprocessing": preprocessing, "weights_info": weights_info, "metrics": None}
-    return load_keras_file(name_or_path), described
+    return model, {"preprocessing": preprocessing, "weights_info": weights_info, "metrics": None}
 
 
 def read_image_file(path, input_shape, *, resize=False):
