@@ -48,8 +48,9 @@ def build_with_weights(model_name, architecture, *, weights, include_top, input_
               "classifier_activation": classifier_activation, "input_shape": input_shape,
               "input_tensor": input_tensor, "name": name or model_name, **overrides, **kwargs}
     if plan["kind"] in ("entry", "url"):
-        # Bad arguments must not cost a download (a URL's classes come with its file).
-        known = 1 if config["classes"] is None else config["classes"]
+        # Bad arguments must not cost a download (a URL's classes come with its file: until
+        # then, 2 stands in, a count every head takes).
+        known = 2 if config["classes"] is None else config["classes"]
         validate_config(Architecture(**{k: v for k, v in {**config, "classes": known}.items()
                                         if k in ARGUMENTS}))
     weights_hooks.materialize(plan, request, build=get_model)
