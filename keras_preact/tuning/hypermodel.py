@@ -7,7 +7,6 @@ import dataclasses
 import itertools
 import logging
 import math
-import time
 import timeit
 from functools import cached_property, partial
 
