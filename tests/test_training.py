@@ -231,6 +231,31 @@ def test_a_run_knows_its_data_from_any_folder(tmp_path, monkeypatch):
     assert train_and_evaluate(config.replace(epochs=2), workdir)["resumed_from_epoch"] is None
 
 
+def test_a_folder_is_read_at_the_model_kwargs_input_shape(tmp_path):
+    """A model whose smallest input exceeds a folder's 32x32 trains on the images resized."""
+    import keras
+
+    from keras_preact.training import evaluate, train_and_evaluate
+    from tests.data_fixtures import write_png_folder
+
+    for split, per_class in (("train", 4), ("test", 2)):
+        write_png_folder(tmp_path / "imgs" / split, ["cat", "dog"], per_class)
+    config = tiny_config(model="preact_resnet18", model_kwargs={}, dataset="folder",
+                         data_path=str(tmp_path / "imgs"), batch_size=8, epochs=1, eval_every=0)
+    with pytest.raises(ValueError, match=r"at least 64.*A folder's images are resized to the "
+                                         r"model_kwargs input_shape: --model-kwargs "):
+        train_and_evaluate(config, str(tmp_path / "refused"))
+    assert not (tmp_path / "refused").exists()
+    workdir = str(tmp_path / "run")
+    sized = config.replace(model_kwargs={"input_shape": [64, 64, 3]})
+    train_and_evaluate(sized, workdir)
+    stored = json.load(open(os.path.join(workdir, "config.json")))
+    assert stored["num_examples"] == [8, 4]
+    model = keras.saving.load_model(os.path.join(workdir, "model.keras"), compile=False)
+    assert tuple(model.input_shape) == (None, 64, 64, 3)
+    assert evaluate(workdir)["num_examples"] == 4  # read at 64x64, as the model takes
+
+
 def test_extending_by_steps_trains_exactly_to_the_new_count(tmp_path):
     from keras_preact.training import train_and_evaluate
 

@@ -94,7 +94,8 @@ class TrainConfig:
     cpu_devices: Optional[int] = _field(None, "N logical CPU devices (mirrored on a CPU-only host)")
     synchronized_bn: bool = _field(False, "BatchNorm statistics over the global batch")
     precision: str = _field("fp32", "float precision policy", choices=PRECISIONS)
-    jit_compile: bool = _field(False, "XLA (measure first: slower on CPU here)")
+    jit_compile: bool = _field(False, "TensorFlow's XLA (measure first: slower on CPU here); JAX "
+                                      "always compiles the step")
     eval_every: int = _field(1, "epochs between test evaluations (0: end only)")
     keep_checkpoints: int = _field(2, "completed-epoch checkpoints kept")
     intra_op_threads: Optional[int] = _field(None, "TensorFlow intra-op thread count")
@@ -173,6 +174,14 @@ class TrainConfig:
         if "preprocessing" in kwargs:  # as the model is built: model_kwargs win
             return kwargs["preprocessing"] is not None
         return bool(self.preprocessing_in_model)
+
+    def data_arguments(self):
+        """The dataset's arguments beside its name (`keras_preact.data.make_dataset`): its
+        ``path`` and, for a folder, the ``image_size`` of a model_kwargs ``input_shape`` (the
+        images are resized to it; 32x32 by default)."""
+        shape = {**self.model_kwargs.get("architecture", {}), **self.model_kwargs}.get(
+            "input_shape") if self.dataset == "folder" else None
+        return {"path": self.data_path, "image_size": tuple(shape[:2]) if shape else None}
 
     def to_dict(self):
         """A JSON-ready dict of every field (tuples become lists)."""

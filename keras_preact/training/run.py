@@ -70,6 +70,11 @@ def build_model(config, info):
     except TypeError as err:
         raise ValueError(f"Invalid model arguments for {config.model!r}: {err}. "
                          f"Received: model_kwargs={config.model_kwargs!r}") from None
+    except ValueError as err:
+        if config.dataset != "folder" or "input_shape" not in str(err):
+            raise
+        raise ValueError(f"{err} A folder's images are resized to the model_kwargs input_shape: "
+                         """--model-kwargs '{"input_shape": [64, 64, 3]}'.""") from None
 
 
 def check_classes(config, info):
@@ -190,8 +195,8 @@ class Stepper:
         """Returns ``(num_train, num_test)``; keeps the data `train_epochs` reads."""
         c = run.config
         make = functools.partial(data.make_dataset, c.dataset, batch_size=c.batch_size,
-                                 data_dir=c.data_dir, source=c.data_source, path=c.data_path,
-                                 download=c.download, seed=c.seed,
+                                 data_dir=c.data_dir, source=c.data_source, download=c.download,
+                                 **c.data_arguments(), seed=c.seed,
                                  normalize=not c.model_normalizes())
         test = functools.partial(make, "test", shuffle=False, augment=False, drop_remainder=False)
         try:  # the test split first: missing or corrupt files fail before the workdir is touched
@@ -294,7 +299,7 @@ class Run:
     def __init__(self, config, workdir, stepper, model=None):
         self.config, self.given_model = as_config(config), model
         self.workdir, self.stepper = Workdir(workdir) if workdir is not None else None, stepper
-        self.info = data.dataset_info(self.config.dataset, path=self.config.data_path)
+        self.info = data.dataset_info(self.config.dataset, **self.config.data_arguments())
         check_classes(self.config, self.info)
         # What the data is, wherever it is: a resumed run must find the same.
         self.data = {"class_names": list(self.info["class_names"]), "num_examples": [
@@ -477,7 +482,15 @@ class Run:
         if dropped := n % c.batch_size:  # whole batches only: say so, lose no image silently
             logger.warning("Training drops the last %d of %d training images each epoch "
                            "(batch %d).", dropped, n, c.batch_size)
-        if self.spe < 10:
+        # The README's folder example (ResNet-20, batch 32, 10 epochs of 900 images: 280
+        # steps) learns; 14 steps of the defaults stay at chance (docs/performance.md).
+        if self.total_steps < 100 and c.weights is None:
+            logger.warning("The whole run is %d steps (%d training images at batch %d): too "
+                           "few to learn from scratch. Start from pretrained weights (--weights, "
+                           "`keras-preact weights list`), or take more steps: more --epochs, a "
+                           "smaller --batch-size and, on small data, --model preact_resnet20.",
+                           self.total_steps, n, c.batch_size)
+        elif self.spe < 10:
             logger.warning("An epoch is only %d step(s) (%d training images at batch %d): its "
                            "checkpoint and evaluation cost more than its training; a smaller "
                            "batch size gives more steps.", self.spe, n, c.batch_size)
@@ -501,7 +514,10 @@ class Run:
             optimizer = make_optimizer(c, self.spe)
             if c.precision == "mixed_float16":
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-            compile_model(model, optimizer, c.label_smoothing, jit_compile=bool(c.jit_compile))
+            # JAX runs an uncompiled step op by op, each op compiled apart (9 s a ResNet-20
+            # step here): its step is always compiled; `jit_compile` is TensorFlow's XLA.
+            compile_model(model, optimizer, c.label_smoothing,
+                          jit_compile=bool(c.jit_compile) or keras.backend.backend() == "jax")
             optimizer.build(model.trainable_variables)
         return model, optimizer
 

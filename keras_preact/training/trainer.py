@@ -52,7 +52,7 @@ def load_workdir_model(workdir, checkpoint=None):
         return keras.saving.load_model(path, compile=False), config, path
     if checkpoint is None and (state := wd.read_state()) is None:
         raise ValueError(f"The run in {wd.path} has no completed epoch yet.")
-    model = build_model(config, data.dataset_info(config.dataset, path=config.data_path))
+    model = build_model(config, data.dataset_info(config.dataset, **config.data_arguments()))
     ckpt = checkpoint or wd.file(CHECKPOINT_DIR, state["checkpoint"])
     load_weights_file(model, ckpt)
     return model, config, ckpt
@@ -102,14 +102,17 @@ def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=N
             raise ValueError("A weights file needs `model`, the architecture it belongs to "
                              f"(only a .keras file holds its own). Received: weights={weights!r}")
         net, source = _model_for(model, weights, dataset, data_path, model_kwargs), weights
-    classes = data.dataset_info(dataset, path=data_path)["classes"]
+    # A folder's images are read at the model's size.
+    size = getattr(net, "input_shape", (None,) * 4)[1:3] if dataset == "folder" else ()
+    size = tuple(size) if all(isinstance(d, int) for d in size) and size else None
+    classes = data.dataset_info(dataset, path=data_path, image_size=size)["classes"]
     shape = getattr(net, "output_shape", None)
     if (outputs := shape[-1] if isinstance(shape, tuple) else None) != classes:
         raise ValueError(f"The {dataset!r} dataset has {classes} classes and the model "
                          f"({source}) {outputs} outputs: it cannot be scored on it.")
     make = functools.partial(data.make_dataset, dataset, split, data_dir=data_dir,
-                             source=data_source, path=data_path, shuffle=False, augment=False,
-                             drop_remainder=False)
+                             source=data_source, path=data_path, image_size=size, shuffle=False,
+                             augment=False, drop_remainder=False)
     # A model with its own normalisation layer takes raw pixels.
     normalize = not any(isinstance(layer, ImageNormalization)
                         for layer in private_api.flatten_layers(net))
@@ -127,7 +130,7 @@ def _model_for(model, weights, dataset, data_path, model_kwargs):
         # As training builds it, with the dataset's normalisation (a layer without weights).
         config = TrainConfig(model=model, model_kwargs=model_kwargs or {}, dataset=dataset,
                              data_path=data_path).validate()
-        model = build_model(config, data.dataset_info(dataset, path=data_path))
+        model = build_model(config, data.dataset_info(dataset, **config.data_arguments()))
     if weights is not None:
         load_weights_file(model, weights)
     return model
