@@ -10,11 +10,14 @@ keras-preact and the PyTorch reference, each of ``--seeds``) and ``quick`` (a sm
 
     python benchmarks/run.py --suite cpu [--pairs 3] [--out benchmarks/results/cpu.json]
     python benchmarks/run.py --suite cifar --data-path CIFAR-10-images --runs runs/cifar
+    python benchmarks/run.py --suite folder --data-path CIFAR-10-images --runs runs/folder
 """
 
 import csv
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -283,6 +286,45 @@ def suite_cifar(args, report):
                         "data_path": os.path.basename(os.path.normpath(args.data_path))}
 
 
+def readme_folder_command():
+    """The README's image-folder example: its one ```bash block that trains ``my_images``."""
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        blocks = re.findall(r"```bash\n(.*?)```", f.read(), re.S)
+    (command,) = [b for b in blocks if "--data-path my_images" in b]
+    return command.replace("\\\n", " ").split()
+
+
+def suite_folder(args, report):
+    """The README's image-folder example, as a new user runs it first: on --folder-classes of
+    --data-path (train/ and test/ class folders), 300 training and 100 test images a class,
+    for each of --seeds; its test accuracy and wall-clock minutes, command start to end."""
+    if not args.data_path:
+        raise SystemExit("--suite folder needs --data-path, a folder with train/ and test/")
+    subset = os.path.join(args.runs, "my_images")
+    for split, count_ in (("train", 300), ("test", 100)):
+        for name in args.folder_classes:
+            os.makedirs(out := os.path.join(subset, split, name), exist_ok=True)
+            for file in sorted(os.listdir(os.path.join(args.data_path, split, name)))[:count_]:
+                shutil.copy(os.path.join(args.data_path, split, name, file), out)
+    command = readme_folder_command()
+    for seed in args.seeds:
+        workdir = os.path.join(args.runs, f"seed{seed}")
+        shutil.rmtree(workdir, ignore_errors=True)
+        argv = [subset if a == "my_images" else a for a in command[1:]]
+        argv[argv.index("--workdir") + 1] = workdir
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "keras_preact", *argv, "--seed", str(seed),
+                        "--verbose", "2"], check=True, cwd=REPO,
+                       env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        with open(os.path.join(workdir, "metrics.json"), encoding="utf-8") as f:
+            accuracy = json.load(f)["test_accuracy"]
+        report["rows"].append({"case": f"README folder example seed {seed}",
+                               "minutes": (time.perf_counter() - start) / 60,
+                               "test_accuracy": accuracy})
+    report["recipe"] = {"command": " ".join(command), "classes": args.folder_classes,
+                        "per_class": {"train": 300, "test": 100}}
+
+
 def suite_quick(args, report):
     report["rows"] += [{"case": "ResNet-20 b16 keras/tf", **keras_case("preact_resnet20", 16, 3)},
                        {"case": "ResNet-20 b16 torch", **torch_case(20, 16, 3)}]
@@ -330,7 +372,7 @@ COUNTS = (("--pairs", 3, "alternating rounds against the PyTorch reference"),
 
 
 SUITES = {"cpu": suite_cpu, "jax": suite_jax, "gpu": suite_gpu, "cifar": suite_cifar,
-          "quick": suite_quick}
+          "folder": suite_folder, "quick": suite_quick}
 
 
 def main(argv=None):
@@ -354,10 +396,13 @@ def main(argv=None):
                    default=["preact_resnet110", "preact_resnet164", "preact_resnet1001"])
     p.add_argument("--precisions", nargs="+", default=["fp32", "mixed_bfloat16", "mixed_float16"],
                    choices=("fp32", "mixed_bfloat16", "mixed_float16"), help="gpu suite")
-    p.add_argument("--data-path", help="cifar suite: an image folder with train/ and test/")
+    p.add_argument("--data-path", help="cifar, folder suites: an image folder with train/ and "
+                                       "test/")
     p.add_argument("--runs", default=os.path.join("runs", "cifar"),
                    help="cifar suite: where the runs are kept (finished runs are read again)")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="cifar suite")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="cifar, folder suites")
+    p.add_argument("--folder-classes", nargs="+", default=["airplane", "automobile", "bird"],
+                   help="folder suite: the classes of --data-path to take")
     p.add_argument("--epochs", type=count, default=20, help="cifar suite: the paper's recipe")
     p.add_argument("--fast-epochs", type=int, default=16,
                    help="cifar suite: the fast recipe (16 fit in 30 minutes on 2 idle cores)")

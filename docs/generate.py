@@ -36,6 +36,8 @@ JAX_MEASURED = os.path.join(REPO, "benchmarks", "measured", "2026-12-05-jax")
 CIFAR = os.path.join(REPO, "benchmarks", "measured", "2026-12-06-cifar", "cifar.json")
 #: `benchmarks/step_ab.py`'s fp32 and mixed bfloat16 training steps, taking turns.
 BF16 = os.path.join(REPO, "benchmarks", "measured", "2026-12-06-cifar", "bf16_ab.json")
+#: `benchmarks/run.py --suite folder`'s report: the README's image-folder example.
+FOLDER = os.path.join(REPO, "benchmarks", "measured", "2026-12-07-folder", "folder.json")
 MARKER = re.compile(r"^<!-- generated: ([\w-]+) -->$", re.M)
 #: README.md's model table lies between these two lines (the site includes it from there).
 TABLE_START, TABLE_END = "<!-- --8<-- [start:models] -->", "<!-- --8<-- [end:models] -->"
@@ -388,6 +390,21 @@ def cifar_table():
             f"JSON is in `{os.path.relpath(CIFAR, REPO)}`).")
 
 
+def folder_table():
+    """The README's image-folder example on a 3-class subset of real CIFAR-10 (folder.json)."""
+    with open(FOLDER, encoding="utf-8") as f:
+        report = json.load(f)
+    recipe = report["recipe"]
+    rows = [(r["case"], f"{r['minutes']:.1f}", f"{100 * r['test_accuracy']:.2f}%")
+            for r in report["rows"]]
+    return (table(("run", "minutes, command start to end", "test accuracy"), rows)
+            + f"\n\n`{recipe['command']}` on the classes {', '.join(recipe['classes'])}, "
+            f"{recipe['per_class']['train']} training and {recipe['per_class']['test']} test "
+            f"images a class (chance: {100 / len(recipe['classes']):.1f}%), on "
+            f"{report['machine']['cpu']['model']} ({report['machine']['cpus']} cores), written on {report['started'][:10]} (the JSON is in "
+            f"`{os.path.relpath(FOLDER, REPO)}`).")
+
+
 def bf16_table():
     """fp32 and mixed bfloat16 training steps of each model in turns (bf16_ab.json)."""
     with open(BF16, encoding="utf-8") as f:
@@ -410,7 +427,8 @@ PARTS = {"speed": speed_table, "speed-avx2": lambda: speed_table("cpu_avx2"),
          "cli": cli_reference, "training-paths": training_paths_table,
          "feature-levels": feature_levels_table,
          "gradient-flow": gradient_flow_table, "gradient-flow-1001": gradient_flow_1001_table,
-         "ablation": ablation_table, "cifar": cifar_table, "bf16": bf16_table}
+         "ablation": ablation_table, "cifar": cifar_table, "bf16": bf16_table,
+         "folder": folder_table}
 
 
 # --- the figures ------------------------------------------------------------------------

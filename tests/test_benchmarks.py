@@ -233,3 +233,25 @@ def test_cifar_suite_trains_both_sides_and_reads_finished_runs_again(tmp_path):
     assert report["curves"]["PyTorch ref paper seed 0"] == [] and log.stat().st_mtime_ns == stamp
     assert [r["case"] for r in report["rows"]] == ["keras-preact paper seed 0",
                                                    "keras-preact fast seed 0"]
+
+
+def test_folder_suite_runs_the_readmes_folder_command(tmp_path):
+    from tests.data_fixtures import write_png_folder
+
+    classes = ["airplane", "automobile", "bird"]
+    for split, n in (("train", 11), ("test", 3)):  # 33 images: one batch of 32 an epoch
+        write_png_folder(tmp_path / "images" / split, classes, n)
+    runs, out = tmp_path / "runs", tmp_path / "folder.json"
+    assert run.main(["--suite", "folder", "--data-path", str(tmp_path / "images"),
+                     "--runs", str(runs), "--seeds", "0", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    (row,) = report["rows"]
+    assert row["minutes"] > 0 and row["test_accuracy"] * 9 == pytest.approx(
+        round(row["test_accuracy"] * 9), abs=1e-5)  # scored on the 9 test images
+    # The run is the README's command on the subset: its flags are in the stored config.
+    command = run.readme_folder_command()
+    stored = json.loads((runs / "seed0" / "config.json").read_text())["train_config"]
+    for flag, key in (("--model", "model"), ("--batch-size", "batch_size"), ("--epochs", "epochs")):
+        assert str(stored[key]) == command[command.index(flag) + 1]
+    assert stored["data_path"] == str(runs / "my_images")
+    assert sorted(os.listdir(runs / "my_images" / "train")) == classes
