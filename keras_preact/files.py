@@ -12,7 +12,6 @@ import os
 import pathlib
 import pickle
 import shutil
-import tempfile
 import uuid
 
 NO_SPACE = os.strerror(errno.ENOSPC)  # "No space left on device"
@@ -42,21 +41,27 @@ def atomic_save(path, save_fn):
     """Calls ``save_fn(tmp)``, flushes `tmp` to disk and renames it to `path` (atomic); `tmp`
     is a free path beside `path` with its suffix (Keras picks a format from it). Creates the
     folder; a full disk raises ``OSError(ENOSPC)`` naming `path`, with `tmp` removed."""
-    path = user_path(path)
-    if os.path.isdir(path):
+    if os.path.isdir(path := user_path(path)):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     suffix = ".weights.h5" if path.endswith(".weights.h5") else os.path.splitext(path)[1]
     # A name no file has: Keras refuses to overwrite without asking on some paths.
     tmp = os.path.join(os.path.dirname(path), f".tmp-{uuid.uuid4().hex}{suffix}")
-    try:
+    with _undone_on_error(path, lambda: pathlib.Path(tmp).unlink(missing_ok=True)):
         save_fn(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _undone_on_error(path, undo):
+    """Calls ``undo()`` when the block raises; a full disk raises ``OSError(ENOSPC)`` naming
+    `path` instead (TensorFlow's error names no path)."""
+    try:
+        yield
     except BaseException as err:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
+        undo()
         if isinstance(err, Exception) and is_no_space(err):
             raise OSError(errno.ENOSPC, NO_SPACE, path) from None
         raise
@@ -69,26 +74,24 @@ def staged_folder(target, *, check, what, name="path"):
     `target`, before and after the block; ValueError naming `what` (e.g. "an export") and
     argument `name` for an unwritable parent."""
     check()
-    parent = os.path.dirname(target)
+    parent, base = os.path.split(target)
     try:
         os.makedirs(parent, exist_ok=True)
-        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.partial-", dir=parent)
-        # mkdtemp's folder is private (0700); a server running as another user must read it.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o777 & ~umask)
+        # Made with the umask's permissions, not private (as mkdtemp's): a server running as
+        # another user must read it.
+        staging = os.path.join(parent, f".{base}.partial-{uuid.uuid4().hex[:8]}")
+        os.mkdir(staging)
     except OSError as err:
         raise ValueError(f"Cannot write {what} under {parent!r}: {err.strerror or err}. "
                          f"Received: {name}={target!r}") from None
-    try:
+    with _undone_on_error(target, lambda: shutil.rmtree(staging, ignore_errors=True)):
         yield staging
         check()  # it may have appeared meanwhile
         if not os.path.lexists(target):
             os.replace(staging, target)
             return
         # The old folder is moved aside, and back if the final rename fails.
-        backup = os.path.join(parent, f".{os.path.basename(target)}.replaced-"
-                              f"{uuid.uuid4().hex[:8]}")
+        backup = os.path.join(parent, f".{base}.replaced-{uuid.uuid4().hex[:8]}")
         os.replace(target, backup)
         try:
             os.replace(staging, target)
@@ -96,11 +99,6 @@ def staged_folder(target, *, check, what, name="path"):
             os.replace(backup, target)
             raise
         shutil.rmtree(backup, ignore_errors=True)
-    except BaseException as err:
-        shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(err, Exception) and is_no_space(err):  # TensorFlow's error names no path
-            raise OSError(errno.ENOSPC, NO_SPACE, target) from None
-        raise
 
 
 def atomic_write_bytes(path, data):
@@ -115,8 +113,7 @@ def atomic_write_text(path, text):
 
 def atomic_write_json(path, value, *, indent=2):
     """Writes `value` as JSON (sorted keys, NumPy values as lists and numbers)."""
-    text = json.dumps(value, indent=indent, sort_keys=True, default=_plain)
-    atomic_write_text(path, text + "\n")
+    atomic_write_text(path, json.dumps(value, indent=indent, sort_keys=True, default=_plain) + "\n")
 
 
 def _plain(value):
