@@ -2,7 +2,7 @@
 file into `model`, built from the catalog entry's architecture, and return facts (at least
 ``{"converted_tensors": int}``); another architecture raises ValueError, changing nothing."""
 
-import importlib
+import pkgutil
 
 import numpy as np
 
@@ -18,8 +18,7 @@ def get_converter(name):
     if name not in CONVERTERS:
         raise ValueError(f"Unknown weights converter. Received: converter={name!r}. "
                          f"Valid: {sorted(CONVERTERS)}")
-    module_name, func_name = CONVERTERS[name].split(":")
-    return getattr(importlib.import_module(module_name), func_name)
+    return pkgutil.resolve_name(CONVERTERS[name])
 
 
 def convert_keras_weights(source_path, model, entry):

@@ -29,23 +29,23 @@ def read_legacy_h5(path):
     if not h5py.is_hdf5(path):
         raise ValueError("The keras.applications weights file is not an HDF5 file. "
                          f"Received: {path!r}")
-    out = {}
     with h5py.File(path, "r") as f:
         group = f["model_weights"] if "model_weights" in f and "layer_names" not in f.attrs else f
         if (layer_names := _string_list_attr(group, "layer_names")) is None:
             raise ValueError("The file is not a legacy Keras HDF5 weights file (no "
                              "'layer_names' attribute; a Keras 3 '.weights.h5' has another "
                              f"format). Received: {path!r}")
-        for name in layer_names:
-            if name not in group:
-                raise ValueError(f"The weights file lists the layer {name!r} but holds no "
-                                 f"group for it. Received: {path!r}")
-            layer = group[name]
-            weights = {w.split("/")[-1].split(":")[0]: np.asarray(layer[w][()])
-                       for w in _string_list_attr(layer, "weight_names") or []}
-            if weights:
-                out[name] = weights
-    return out
+        if missing := [name for name in layer_names if name not in group]:
+            raise ValueError(f"The weights file lists the layer {missing[0]!r} but holds no "
+                             f"group for it. Received: {path!r}")
+        layers = {name: _layer_weights(group[name]) for name in layer_names}
+    return {name: weights for name, weights in layers.items() if weights}
+
+
+def _layer_weights(layer):
+    """Weight name ("kernel", ...) -> numpy array, of one layer's group."""
+    return {w.split("/")[-1].split(":")[0]: np.asarray(layer[w][()])
+            for w in _string_list_attr(layer, "weight_names") or []}
 
 
 def _string_list_attr(group, name):
@@ -62,15 +62,12 @@ def _string_list_attr(group, name):
 def check_layout(model):
     """Raises ValueError unless `model` is a `PreActResNet` in `KERAS_LAYOUT`."""
     require_preact_resnet(model, "keras_applications")
-    config = model.get_config()
-    wrong = []
-    for key, want in {**KERAS_LAYOUT, **_FIXED}.items():
-        have = config.get(key)
-        have = list(have) if isinstance(have, tuple) else have
-        if key == "bn_epsilon" and have is not None and abs(have - want) <= 1e-12:
-            continue
-        if have != want:
-            wrong.append(f"{key}={have!r} (needs {want!r})")
+    config = {k: list(v) if isinstance(v, tuple) else v for k, v in model.get_config().items()}
+    epsilon = config.get("bn_epsilon")
+    if epsilon is not None and abs(epsilon - KERAS_LAYOUT["bn_epsilon"]) <= 1e-12:
+        config["bn_epsilon"] = KERAS_LAYOUT["bn_epsilon"]  # equal but for rounding
+    wrong = [f"{key}={config.get(key)!r} (needs {want!r})"
+             for key, want in {**KERAS_LAYOUT, **_FIXED}.items() if config.get(key) != want]
     if wrong:
         raise ValueError(
             f"{model.name!r} is not built in the keras.applications ResNetV2 layout the "
@@ -79,19 +76,17 @@ def check_layout(model):
             "its catalog entry).")
 
 
-def _unit_targets(layer_prefix, variables):
-    """Yields (variable, ((keras layer, weight name), None)) for the variables of one unit."""
-    for name, var in variables.items():
-        head, _, field = name.partition("_")
-        if name.startswith("preact_bn_"):
-            layer, field = f"{layer_prefix}_preact_bn", name[len("preact_bn_"):]
-        elif head == "shortcut":
-            layer = f"{layer_prefix}_0_conv"
-        elif head.startswith("bn"):
-            layer = f"{layer_prefix}_{int(head[2:]) - 1}_bn"
-        else:  # the full pre-activation unit has only conv{i} variables left
-            layer = f"{layer_prefix}_{int(head[4:])}_conv"
-        yield var, ((layer, field), None)
+def _unit_source(layer_prefix, name):
+    """((keras layer, weight name), transform None) of the variable `name` of one unit."""
+    head, _, field = name.partition("_")
+    if name.startswith("preact_bn_"):
+        return (f"{layer_prefix}_preact_bn", name[len("preact_bn_"):]), None
+    if head == "shortcut":
+        return (f"{layer_prefix}_0_conv", field), None
+    if head.startswith("bn"):
+        return (f"{layer_prefix}_{int(head[2:]) - 1}_bn", field), None
+    # The full pre-activation unit has only conv{i} variables left.
+    return (f"{layer_prefix}_{int(head[4:])}_conv", field), None
 
 
 def assignments(model):
@@ -102,14 +97,14 @@ def assignments(model):
     for s in range(1, len(model.stage_blocks) + 1):
         stage = model.get_layer(f"stage{s}")
         prefix = f"conv{s + 1}_block"
-        for var, source in _unit_targets(f"{prefix}1", stage.unit1._vars):
-            yield var, [source], False
+        for name, var in stage.unit1._vars.items():
+            yield var, [_unit_source(f"{prefix}1", name)], False
         for name, var in stage._stacked.items():
-            yield var, [next(_unit_targets(f"{prefix}{u}", {name: None}))[1]
+            yield var, [_unit_source(f"{prefix}{u}", name)
                         for u in range(2, 2 + stage.num_stacked)], True
         if stage.unit_last is not None:
-            for var, source in _unit_targets(f"{prefix}{stage.num_blocks}", stage.unit_last._vars):
-                yield var, [source], False
+            for name, var in stage.unit_last._vars.items():
+                yield var, [_unit_source(f"{prefix}{stage.num_blocks}", name)], False
 
 
 def load_weights(model, weights, *, source="weights"):

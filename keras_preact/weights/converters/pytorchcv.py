@@ -42,13 +42,11 @@ def _batchnorm(layer, prefix):
 
 def _assignments(model):
     """Yields `assign_arrays` assignments: (variable, [(torch key, transform), ...], stacked)."""
-    stem = model.get_layer(STEM_CONV_LAYER)
-    if getattr(model, "stem", "cifar") == "imagenet":
-        # PreResInitBlock: 7x7/2 conv, BN, ReLU, 3x3/2 max pool.
-        yield stem.kernel, [("features.init_block.conv.weight", _conv_kernel)], False
+    imagenet = getattr(model, "stem", "cifar") == "imagenet"
+    stem_key = "features.init_block.conv.weight" if imagenet else "features.init_block.weight"
+    yield model.get_layer(STEM_CONV_LAYER).kernel, [(stem_key, _conv_kernel)], False
+    if imagenet:  # PreResInitBlock: 7x7/2 conv, BN, ReLU, 3x3/2 max pool.
         yield from _batchnorm(model.get_layer("stem_bn"), "features.init_block.bn")
-    else:
-        yield stem.kernel, [("features.init_block.weight", _conv_kernel)], False
     for s in range(1, len(model.stage_blocks) + 1):
         stage = model.get_layer(f"stage{s}")
         for name, var in stage.unit1._vars.items():
