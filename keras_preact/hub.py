@@ -144,10 +144,9 @@ class PreActResNetDeepLabV3ImageSegmenter(keras_hub.models.DeepLabV3ImageSegment
         if isinstance(backbone, PreActResNetBackbone):
             low, top = list(backbone.pyramid_outputs)[0], list(backbone.pyramid_outputs)[-1]
             backbone = keras_hub.models.DeepLabV3Backbone(
-                image_encoder=backbone, spatial_pyramid_pooling_key=top,
-                low_level_feature_key=low, upsampling_size=2 ** (int(top[1:]) - int(low[1:])),
-                dilation_rates=list(dilation_rates), image_shape=backbone.image_shape,
-                dtype=backbone.dtype_policy)
+                image_encoder=backbone, spatial_pyramid_pooling_key=top, low_level_feature_key=low,
+                upsampling_size=2 ** (int(top[1:]) - int(low[1:])), dtype=backbone.dtype_policy,
+                dilation_rates=list(dilation_rates), image_shape=backbone.image_shape)
         super().__init__(backbone=backbone, num_classes=num_classes, **kwargs)
 
 

@@ -187,8 +187,7 @@ def parse_hash(value, *, what="the weights"):
     if isinstance(value, Hash):
         return value
     if isinstance(value, str) and ":" in value:
-        algorithm, _, hexvalue = value.partition(":")
-        value = {"algorithm": algorithm, "value": hexvalue}
+        value = dict(zip(("algorithm", "value"), value.split(":", 1)))
     if not isinstance(value, dict) or set(value) != {"algorithm", "value"}:
         raise ValueError(f"The hash of {what} must be {{'algorithm': ..., 'value': ...}} or "
                          f"'algorithm:hex'. Received: hash={value!r}")
@@ -243,9 +242,8 @@ def list_entries(model=None):
     """The catalog's `WeightsEntry`s (of `model`, default all), in the registry's
     model order (``zoo/models.json``), then by tag."""
     order = {name: i for i, name in enumerate(load_json("models.json")["models"])}
-    entries = sorted(load_catalog().values(),
-                     key=lambda e: (order.get(e.model, len(order)), e.model, e.tag))
-    return [e for e in entries if model is None or e.model == model]
+    return sorted((e for e in load_catalog().values() if model is None or e.model == model),
+                  key=lambda e: (order.get(e.model, len(order)), e.model, e.tag))
 
 
 def get_entry(key):
@@ -257,12 +255,6 @@ def get_entry(key):
     return catalog[key]
 
 
-def _tags_for(model):
-    """The tags the catalog holds for `model` (plus "DEFAULT" when it has any)."""
-    tags = [e.tag for e in list_entries(model)]
-    return tags + ["DEFAULT"] if tags else []
-
-
 def looks_like_tag(weights):
     """Whether a `weights` string names a catalog entry rather than a file or URL."""
     return (isinstance(weights, str) and "/" not in weights and "\\" not in weights
@@ -272,17 +264,18 @@ def looks_like_tag(weights):
 def resolve_tag(model, weights):
     """The `WeightsEntry` that `weights` (a tag, "DEFAULT" or a "model.tag" key) names for
     `model`; ValueError for an unknown tag (listing the valid ones) or another model's key."""
+    entries = list_entries(model)
+    tags = [e.tag for e in entries] + ["DEFAULT"] if entries else []  # the valid ones
     entry_model, dot, tag = weights.rpartition(".")
     if dot and entry_model != model:
         raise ValueError(f"The weights {weights!r} are for {entry_model!r}, not {model!r}. "
-                         f"Valid for {model}: {_tags_for(model) or 'none'}")
+                         f"Valid for {model}: {tags or 'none'}")
     default = tag in ("DEFAULT", "default")
-    chosen = [e for e in list_entries(model) if (e.default if default else e.tag == tag)]
+    chosen = [e for e in entries if (e.default if default else e.tag == tag)]
     if not chosen:
-        tags = _tags_for(model) or "(no pretrained weights for this model)"
         raise ValueError(f"Unknown weights tag for {model}. Received: weights={weights!r}. "
                          "Valid: None, a path ending in '.weights.h5' or '.keras', a URL with "
-                         f"its hash, or one of {tags}")
+                         f"its hash, or one of {tags or '(no pretrained weights for this model)'}")
     return chosen[0]
 
 

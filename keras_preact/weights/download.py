@@ -105,10 +105,9 @@ def fetch_weights(key_or_entry, *, build, cache_dir=None, offline=None, progress
             file was altered.
         WeightsDownloadError (an OSError): the file could not be fetched, or offline
             without a local copy; nothing is cached."""
-    if isinstance(key_or_entry, dict):
-        entry = validate_entry(key_or_entry, strict=False)
-    else:
-        entry = key_or_entry if isinstance(key_or_entry, WeightsEntry) else get_entry(key_or_entry)
+    entry = (validate_entry(key_or_entry, strict=False) if isinstance(key_or_entry, dict)
+             else key_or_entry if isinstance(key_or_entry, WeightsEntry)
+             else get_entry(key_or_entry))
     offline = env_flag("KERAS_PREACT_OFFLINE") if offline is None else bool(offline)
     cache = resolve_cache_dir(cache_dir)
     if (found := _lookup_cache(entry, cache)) is not None:
@@ -126,9 +125,7 @@ def fetch_weights(key_or_entry, *, build, cache_dir=None, offline=None, progress
             return found
         with tempfile.TemporaryDirectory(prefix=entry.key + ".", dir=os.path.join(
                 cache, TMP_FOLDER), ignore_cleanup_errors=True) as work:
-            source, converted = _local_or_download(
-                entry, work, offline=offline,
-                progress=progress and getattr(sys.stdout, "isatty", bool)())
+            source, converted = _local_or_download(entry, work, offline=offline, progress=progress)
             out = os.path.join(work, "converted.weights.h5")
             return _commit(entry, cache, *_convert(entry, source, out, build, converted=converted))
 
@@ -169,7 +166,7 @@ def _url_filename(url):
 def _download(url, work, *, progress):
     logger.info("Downloading %s", url)
     interactive = keras.config.is_interactive_logging_enabled()
-    if not progress:
+    if not (progress and getattr(sys.stdout, "isatty", bool)()):
         keras.config.disable_interactive_logging()
     try:
         return keras.utils.get_file(fname=_url_filename(url), origin=url, cache_dir=work,
@@ -271,9 +268,8 @@ def convert_checkpoint(source, out, *, model, build, converter="pytorchcv", clas
 
 def _commit(entry, cache, tmp, facts):
     path, sidecar = cached_paths(entry, cache)
-    record = {"key": entry.key, "sha256": file_hash(tmp, "sha256"),
-              "source": entry.source_record(), "conversion": facts,
-              "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    record = {"key": entry.key, "sha256": file_hash(tmp, "sha256"), "source": entry.source_record(),
+              "conversion": facts, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     # The sidecar first: a file without its record is never trusted, a lone record ignored.
     atomic_write_json(sidecar, record)
     os.replace(tmp, path)
@@ -283,9 +279,8 @@ def _commit(entry, cache, tmp, facts):
 
 def cached_entries(cache=None):
     """The cache's files: dicts with key, path, size and sha256 (None without a record)."""
-    folder = pathlib.Path(resolve_cache_dir(cache))
     out = []
-    for path in sorted(folder.glob("*.weights.h5")):
+    for path in sorted(pathlib.Path(resolve_cache_dir(cache)).glob("*.weights.h5")):
         try:
             record = json.loads(pathlib.Path(f"{path}{SIDECAR_SUFFIX}").read_text())
         except (OSError, ValueError):
@@ -318,12 +313,11 @@ def verify_cache(keys=None, cache=None):
     cached = {e["key"]: e["path"] for e in cached_entries(cache)}
     rows = [{"key": key, "path": cached.get(key) or cached_paths(get_entry(key), cache)[0],
              "status": "not cached"} for key in keys or sorted(cached)]
-    for row in rows:
-        if os.path.isfile(row["path"]):
-            try:
-                row.update(status="ok", sha256=verify_cached(row["path"])["sha256"])
-            except FileNotFoundError:
-                row["status"] = "no record"
-            except ValueError as err:  # a changed hash, or a sidecar that is not JSON
-                row.update(status="altered", error=str(err))
+    for row in (row for row in rows if os.path.isfile(row["path"])):
+        try:
+            row.update(status="ok", sha256=verify_cached(row["path"])["sha256"])
+        except FileNotFoundError:
+            row["status"] = "no record"
+        except ValueError as err:  # a changed hash, or a sidecar that is not JSON
+            row.update(status="altered", error=str(err))
     return rows

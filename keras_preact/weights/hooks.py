@@ -33,11 +33,10 @@ def url_entry(model, weights):
         url, hash_value = weights["url"], weights["hash"]
     elif isinstance(weights, str) and weights.startswith(catalog.URL_SCHEMES):
         url, _, fragment = weights.partition("#")
-        algorithm, sep, value = fragment.partition("=")
-        if not sep:
+        if "=" not in fragment:
             raise _bad("A weights URL needs its hash, e.g. "
                        "'https://host/file.weights.h5#sha256=<hex>'.", weights)
-        hash_value = {"algorithm": algorithm, "value": value}
+        hash_value = dict(zip(("algorithm", "value"), fragment.split("=", 1)))
     else:
         return None
     if not isinstance(url, str) or not url.startswith(catalog.URL_SCHEMES):
@@ -50,8 +49,7 @@ def url_entry(model, weights):
     digest = hashlib.sha256(f"{url}#{hash_value.value}".encode()).hexdigest()[:16]
     return catalog.validate_entry(
         {"model": model, "tag": f"url-{digest}", "url": url, "hash": hash_value,
-         "converter": "keras_weights", "converter_args": {"verbatim": True}},
-        strict=False)
+         "converter": "keras_weights", "converter_args": {"verbatim": True}}, strict=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,12 +98,12 @@ def plan_weights(request):
                              f"weights={request.weights!r}")
         info = {"in_channels": None if entry.input_shape is None else entry.input_shape[-1],
                 "classes": entry.classes, "preprocessing": entry.preprocessing,
-                "input_shape": entry.input_shape}
-        _apply(plan, request, info, entry.architecture, f"weights {entry.key!r}")
+                "input_shape": entry.input_shape, "architecture": entry.architecture}
+        _apply(plan, request, info, f"weights {entry.key!r}")
         return plan
     kind, path = local_weights(weights)
     plan.update(kind=kind, path=path)
-    _plan_recorded(plan, request, kind)
+    _apply(plan, request, recorded_info(kind, path))
     return plan
 
 
@@ -141,19 +139,17 @@ def recorded_info(kind, path):
     return {**(defaults or {}), **shapes, "architecture": architecture or {}}
 
 
-def _plan_recorded(plan, request, kind):
-    if (info := recorded_info(kind, plan["path"])) is not None:
-        _apply(plan, request, info, info["architecture"])
-
-
 def _same(a, b):
     """Equal as recorded (a tuple equals the list a file records)."""
     return json.dumps(a, default=str) == json.dumps(b, default=str)
 
 
-def _apply(plan, request, info, architecture, name="weights"):
-    """Checks what the weights record (`info`: input channels, stem, classes; `architecture`)
-    against the request, and plans in their architecture, preprocessing and input shape."""
+def _apply(plan, request, info, name="weights"):
+    """Checks what the weights record (`info`: input channels, stem, classes, architecture;
+    None: nothing) against the request, and plans in their architecture, preprocessing and
+    input shape."""
+    if info is None:  # a .keras file of another model
+        return
     shape, channels = request.input_shape, info["in_channels"]
     want = None if shape is None else shape[-1] if request.channels_last else shape[0]
     if None not in (want, channels) and want != channels:
@@ -166,15 +162,14 @@ def _apply(plan, request, info, architecture, name="weights"):
                           f"model has {stem}.")
     plan["classes"] = _resolve_classes(info["classes"], request)
     fixed, kwargs, overrides = request.fixed, request.kwargs, plan["overrides"]
-    for key, value in architecture.items():
+    for key, value in info["architecture"].items():
         if key in _FACTORY_KEYS or value is None:  # None: not recorded (an older file)
             continue
         if key in fixed:
             if not _same(fixed[key], value):
-                raise request.bad(
-                    "The weights file does not match the architecture of this model: it was "
-                    f"made for {key}={value!r}, the model has {key}={fixed[key]!r}. Nothing "
-                    "was loaded.")
+                raise request.bad("The weights file does not match the architecture of this "
+                                  f"model: it was made for {key}={value!r}, the model has "
+                                  f"{key}={fixed[key]!r}. Nothing was loaded.")
         elif key in kwargs and not _same(kwargs[key], value):
             raise ValueError(f"The weights were made for {key}={value!r}. Received: {key}="
                              f"{kwargs[key]!r}, weights={request.weights!r}. Pass "
@@ -208,7 +203,7 @@ def materialize(plan, request, *, build):
     if plan["kind"] in ("entry", "url"):
         plan["path"] = fetch_weights(plan["entry"], build=build)
         if plan["kind"] == "url":
-            _plan_recorded(plan, request, "weights_h5")
+            _apply(plan, request, recorded_info("weights_h5", plan["path"]))
     return plan["path"]
 
 

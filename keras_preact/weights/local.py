@@ -3,7 +3,6 @@
 load silently wrong: `save_weights_file` records the variable paths and architecture
 arguments, which `load_weights_file` compares. `.keras` files must hold no Lambda layer."""
 
-import contextlib
 import io
 import itertools
 import json
@@ -31,17 +30,15 @@ OPTIONAL_ARCHITECTURE_KEYS = {**{k: DEFAULTS[k] for k in WEIGHTS_ARGUMENTS_IF_SE
 PRESET_WEIGHTS = "model.weights.h5"  # the weights of a preset folder (`weights.presets`)
 
 
-@contextlib.contextmanager
 def open_hdf5(path, mode="r"):
-    """The h5py file at `path`; ValueError naming it when it is damaged or truncated."""
+    """The h5py file at `path` (use it in a ``with`` block); ValueError naming it when it is
+    damaged or truncated."""
     try:
-        file = h5py.File(path, mode)
+        return h5py.File(path, mode)
     except OSError as err:
         raise ValueError(f"The weights file {path} cannot be read ({shorten(err)}): it is "
                          "damaged or incomplete (an interrupted copy or download?); copy or "
                          "fetch it again.") from None
-    with file:
-        yield file
 
 
 def preset_weights(path):
@@ -65,8 +62,7 @@ def resolve_weights_argument(weights):
     if not path.endswith(WEIGHTS_SUFFIX):
         raise ValueError("`weights` must be None or a path to a Keras weights file ending in "
                          f"'{WEIGHTS_SUFFIX}'. Received: weights={weights!r}")
-    path = os.path.abspath(path)
-    if not os.path.isfile(path):
+    if not os.path.isfile(path := os.path.abspath(path)):
         raise ValueError(f"The weights file does not exist. Received: weights={weights!r}")
     if not h5py.is_hdf5(path):
         raise ValueError("The weights file is not an HDF5 file (corrupt or of another format). "
@@ -109,8 +105,7 @@ def architecture_record(config, *, only_set=True):
     out = {k: _jsonable(config.get(k)) for k in WEIGHTS_ARGUMENTS}
     for key, default in OPTIONAL_ARCHITECTURE_KEYS.items():
         value = config.get(key, default)
-        if key == "stem" and value != "imagenet_preact":
-            value = default
+        value = default if key == "stem" and value != "imagenet_preact" else value
         if not only_set or value != default:
             out[key] = _jsonable(value)
     return out
@@ -128,8 +123,7 @@ def has_head(model):
 def save_weights_file(model, path):
     """Saves `model`'s weights to `path` as a Keras `.weights.h5` with its layout recorded
     (see `record_model`); returns the absolute path."""
-    path = user_path(path)
-    if not path.endswith(WEIGHTS_SUFFIX):
+    if not (path := user_path(path)).endswith(WEIGHTS_SUFFIX):
         raise ValueError(f"A weights file name must end in '{WEIGHTS_SUFFIX}'. "
                          f"Received: path={path!r}")
     if not model.built:
@@ -220,8 +214,7 @@ def check_weights_file_layout(model, path):
     private_api.write_weights_h5(model, own)
     expected, found = _h5_datasets(own), _h5_datasets(path)
     if not has_head(model):
-        found = {k: v for k, v in found.items()
-                 if k in expected or not k.startswith(HEAD_PATH)}
+        found = {k: v for k, v in found.items() if k in expected or not k.startswith(HEAD_PATH)}
     if found != expected:
         missing = sorted(set(expected) - set(found))[:3]
         extra = sorted(set(found) - set(expected))[:3]

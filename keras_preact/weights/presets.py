@@ -30,10 +30,9 @@ def preset_file(preset, name):
     except ImportError:
         raise ModuleNotFoundError(f"A {scheme} preset needs `{REMOTE[scheme]}` "
                                   '(pip install "keras-preact[hub]").') from None
-    handle = preset[len(scheme):]
     if scheme == "hf://":
-        return hub.hf_hub_download(repo_id=handle, filename=name)
-    return hub.model_download(handle, name)
+        return hub.hf_hub_download(repo_id=preset.removeprefix(scheme), filename=name)
+    return hub.model_download(preset.removeprefix(scheme), name)
 
 
 def model_config(preset):
@@ -50,9 +49,8 @@ def model_config(preset):
     if config.get("registered_name") != BACKBONE_CLASS:
         raise ValueError(f"The preset holds a {config.get('class_name')!r}, not a keras-preact "
                          f"model. Received: preset={preset!r}")
-    inner = {k: v for k, v in config["config"].items()
-             if k not in ("image_shape", "trainable", "name")}
-    inner.update(input_shape=config["config"]["image_shape"], include_top=False)
+    inner = {k: v for k, v in config["config"].items() if k not in ("trainable", "name")}
+    inner.update(input_shape=inner.pop("image_shape"), include_top=False)
     try:
         task_path = preset_file(preset, TASK_FILE)
     except Exception:  # noqa: BLE001 - each hub library has its own "not found"
@@ -100,8 +98,7 @@ def load_preset_weights(model, preset):
     local.copy_weights_from_model(trunk, model, source_label=path)
     if local.has_head(model):
         with local.open_hdf5(preset_file(preset, TASK_WEIGHTS)) as f:
-            head = [f[f"{HEAD_PATH}vars/{i}"][()] for i in (0, 1)]
-        model.get_layer(HEAD_LAYER).set_weights(head)
+            model.get_layer(HEAD_LAYER).set_weights([f[f"{HEAD_PATH}vars/{i}"][()] for i in (0, 1)])
     return model
 
 

@@ -92,8 +92,7 @@ def _read_zip(file):
 def _read_legacy(f):
     if [RestrictedUnpickler(f, {}, WHAT).load() for _ in range(3)][:2] != LEGACY_HEADER:
         raise ValueError("neither a zip nor torch's legacy format (no magic number)")
-    storages = {}
-    obj = _load_object(f, storages)
+    obj = _load_object(f, storages := {})
     # The storage keys, then their bytes, sliced: a corrupt element count allocates nothing.
     keys, rest, at, buffers = RestrictedUnpickler(f, {}, WHAT).load(), memoryview(f.read()), 0, {}
     for storage in (storages[key] for key in keys):
