@@ -35,10 +35,9 @@ def _versions(extra=()):
 
 
 def _architecture(model):
-    try:
+    macs = None  # for a free input size
+    with contextlib.suppress(ValueError):
         macs = count_macs(model)
-    except ValueError:
-        macs = None  # free input size
     arch = {"name": model.name, "class": type(model).__name__, "parameters": count_params(model),
             "parameters_total": count_params(model, trainable_only=False), "multiply_adds": macs,
             "input_shape": list(model.inputs[0].shape[1:]),
@@ -66,11 +65,9 @@ def make_model_card(model, parts, *, export_format, class_names, weights_info, m
 
 
 def _fmt(value):
-    if value is None:
-        return "not given"
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return f"{value:,}" if isinstance(value, int) else str(value)
+    if isinstance(value, (int, float)):
+        return f"{value:.6g}" if isinstance(value, float) else f"{value:,}"
+    return "not given" if value is None else str(value)
 
 
 def _section(title, items, *, empty="not given", fmt=_fmt):
@@ -92,10 +89,8 @@ def render_model_card(card):
               f"| input shape | {arch['input_shape']} |", f"| classes | {arch['classes']} |"]
     lines += _section("Weights", card.get("weights"))
     lines += _section("Preprocessing (inside the export)", card["preprocessing"])
-    inp = card["input"]
     lines += ["", "## Input and outputs", "",
-              f"- input `{inp['name']}`: {inp['dtype']} {inp['shape']}, {inp['layout']}, "
-              f"{inp['range']}"]
+              "- input `{name}`: {dtype} {shape}, {layout}, {range}".format(**card["input"])]
     lines += [f"- output `{name}`: {spec['dtype']} {spec['shape']}"
               for name, spec in card["outputs"].items()]
     if names := card.get("class_names"):
@@ -149,20 +144,18 @@ def locate_export(path, *, must_exist=True):
         raise ValueError(f"`path` must be a path. Received: path={path!r}")
     path = user_path(path)
     if os.path.isdir(path):
-        versions = [int(name) for name in os.listdir(path) if name.isdigit()
-                    and os.path.isfile(os.path.join(path, name, "saved_model.pb"))]
         if os.path.isfile(os.path.join(path, "saved_model.pb")):
             return "saved_model", path, path
-        if versions:
+        if versions := [int(name) for name in os.listdir(path) if name.isdigit()
+                        and os.path.isfile(os.path.join(path, name, "saved_model.pb"))]:
             latest = os.path.join(path, str(max(versions)))
             return "saved_model", latest, latest
-        for kind, name in (("litert", LITERT_FILE), ("onnx", ONNX_FILE)):
-            if os.path.isfile(os.path.join(path, name)):
-                return kind, path, os.path.join(path, name)
-    elif os.path.isfile(path):
-        for suffix, kind in ((".tflite", "litert"), (".onnx", "onnx"), (".keras", "keras")):
-            if path.endswith(suffix):
-                return kind, os.path.dirname(path), path
+        # A LiteRT or ONNX export folder stands for its model file, read as below.
+        files = [os.path.join(path, name) for name in (LITERT_FILE, ONNX_FILE)]
+        path = next((file for file in files if os.path.isfile(file)), path)
+    for suffix, kind in ((".tflite", "litert"), (".onnx", "onnx"), (".keras", "keras")):
+        if os.path.isfile(path) and path.endswith(suffix):
+            return kind, os.path.dirname(path), path
     if not must_exist:
         return None, None, None
     what = "does not exist" if not os.path.exists(path) else "is not an export"

@@ -1,7 +1,6 @@
 """Running exports (`load_export`), the model `keras-preact export` takes, images from files."""
 
 import dataclasses
-import logging
 import os
 import warnings
 
@@ -15,10 +14,9 @@ from keras_preact.export.card import locate_export, read_model_card
 from keras_preact.export.saved_model import SIGNATURE_METADATA
 from keras_preact.export.serving import AUTO, ServingParts, check_class_names, validate_images
 from keras_preact.export.single_file import RUNTIMES
+from keras_preact.export.staging import logger
 from keras_preact.files import file_hash
 from keras_preact.weights.local import keras_file_info, load_keras_file
-
-logger = logging.getLogger("keras_preact.export")
 
 #: Pillow modes read as they are (8 bits a channel), those converted on reading, and the mode
 #: of each channel count (``resize``).
@@ -142,13 +140,11 @@ def read_image_file(path, input_shape, *, resize=False):
                              "pixels (0..255)")
     else:
         array = _read_with_pillow(path)
-    if array.ndim == 2:
-        array = array[..., None]
-    if array.ndim == 3:
-        return [(path, fit_image(array, input_shape, resize=resize, name=path))]
-    if array.ndim != 4:
+    if array.ndim not in (2, 3, 4):
         raise ValueError(f"image {path!r} has shape {array.shape}; expected [H, W], [H, W, C] "
                          "or [N, H, W, C]")
+    if array.ndim < 4:  # [H, W]: one channel
+        return [(path, fit_image(np.atleast_3d(array), input_shape, resize=resize, name=path))]
     names = [f"{path}[{i}]" for i in range(len(array))]
     return [(n, fit_image(a, input_shape, resize=resize, name=n)) for n, a in zip(names, array)]
 
@@ -163,20 +159,18 @@ def _read_with_pillow(path):
                 if getattr(image, "n_frames", 1) > 1:
                     logger.warning("image %r has %d frames: the first is classified.", path,
                                    image.n_frames)
-                if image.mode == "P":
-                    image = image.convert("RGBA" if "transparency" in image.info else "RGB")
-                elif image.mode in _CONVERTED_MODES:
-                    image = image.convert(_CONVERTED_MODES[image.mode])
-                mode = image.mode
+                palette = "RGBA" if "transparency" in image.info else "RGB"
+                if convert := {**_CONVERTED_MODES, "P": palette}.get(image.mode):
+                    image = image.convert(convert)
                 # Read inside the block: closing the file releases the pixels.
-                array = np.asarray(image, dtype=np.uint8) if mode in _8BIT_MODES else None
+                array = np.asarray(image, dtype=np.uint8) if image.mode in _8BIT_MODES else None
     except Image.DecompressionBombError as err:
         raise ValueError(f"image {path!r} is too large to read safely ({err}); make it "
                          "smaller first") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
         raise ValueError(f"image {path!r} cannot be read as an image ({err})") from None
     if array is None:
-        raise ValueError(f"image {path!r} has {mode!r} pixels (not 8-bit); the model takes "
+        raise ValueError(f"image {path!r} has {image.mode!r} pixels (not 8-bit); the model takes "
                          "8-bit (uint8) images")
     return array
 
@@ -202,8 +196,7 @@ def fit_image(array, input_shape, *, resize=False, name="image"):
                          "resizing converts 1 to 4 channels into 1, 3 or 4")
     image = Image.fromarray(array[..., 0] if c == 1 else array).convert(_CHANNEL_MODES[channels])
     image = image.resize((width or w, height or h), Image.Resampling.BILINEAR)
-    out = np.asarray(image, dtype=np.uint8)
-    return out[..., None] if out.ndim == 2 else out
+    return np.atleast_3d(np.asarray(image, dtype=np.uint8))  # grey: [H, W] -> [H, W, 1]
 
 
 def top_k_predictions(outputs, *, top_k=None, class_names=None):

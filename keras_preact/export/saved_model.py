@@ -60,8 +60,7 @@ def _write_archive(folder, parts, card, version, accept_encoded):
         return image
 
     def serve_encoded(image_bytes):
-        spec = tf.TensorSpec(parts.input_shape, tf.uint8)
-        return serve_images(tf.map_fn(decode, image_bytes, fn_output_signature=spec))
+        return serve_images(tf.map_fn(decode, image_bytes, fn_output_signature=tf.uint8))
 
     # No parity figures in this copy (measured after writing); model_card.json has them.
     card_json = json.dumps(card, default=str)
@@ -115,9 +114,7 @@ def export_saved_model(model, path, *, version=1, accept_encoded=False, **option
     check_bool("accept_encoded", accept_encoded)
     if os.path.exists(base) and not os.path.isdir(base):
         raise ValueError(f"`path` must be a folder. Received: path={path!r} (a file)")
-    return export_folder(
-        model, os.path.join(base, str(version)), export_format="saved_model",
-        write=lambda folder, parts, card: _write_archive(folder, parts, card, version,
-                                                         accept_encoded),
-        run=lambda folder, images: open_saved_model(folder)[1](images),
-        class_names_dir="assets.extra", **options)
+    return export_folder(model, os.path.join(base, str(version)), export_format="saved_model",
+                         write=lambda *args: _write_archive(*args, version, accept_encoded),
+                         run=lambda folder, images: open_saved_model(folder)[1](images),
+                         class_names_dir="assets.extra", **options)

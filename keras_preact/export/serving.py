@@ -18,9 +18,8 @@ FORMATS = ("saved_model", "litert", "onnx")
 QUANTIZATIONS = (None, "float16", "dynamic_range", "int8")
 ONNX_QUANTIZATIONS = (None, "int8")  # int8: static, calibrated (onnxruntime.quantization)
 #: Largest |difference| of `probabilities` between an export and the Keras model.
-PARITY_TOLERANCES = {"saved_model": 1e-5, "onnx": 1e-5, "litert": 1e-5,
-                     "litert_float16": 1e-2, "litert_dynamic_range": 0.1, "litert_int8": 0.25,
-                     "onnx_int8": 0.25}
+PARITY_TOLERANCES = {"saved_model": 1e-5, "onnx": 1e-5, "litert": 1e-5, "litert_float16": 1e-2,
+                     "litert_dynamic_range": 0.1, "litert_int8": 0.25, "onnx_int8": 0.25}
 AUTO = "auto"  # preprocessing: the model's own layer
 EXPORT_EXTRA = 'pip install "keras-preact[export]"'
 
@@ -63,9 +62,8 @@ def check_class_names(class_names, classes):
         raise ValueError(f"`class_names` must have one name per class ({classes}). Received "
                          f"{len(names)} names: {names[:5]}{'...' if len(names) > 5 else ''}")
     if len(set(names)) != len(names):
-        twice = sorted({n for n in names if names.count(n) > 1})
         raise ValueError("`class_names` must name each class differently. Received "
-                         f"{twice[:5]} more than once.")
+                         f"{sorted({n for n in names if names.count(n) > 1})[:5]} more than once.")
     return names
 
 
@@ -103,8 +101,7 @@ def validate_images(images, input_shape, *, name="images"):
     if (images := np.asarray(images)).dtype != np.uint8:
         raise ValueError(f"`{name}` must be uint8 pixels in 0..255 (.astype('uint8')). "
                          f"Received: dtype={images.dtype}")
-    if images.ndim == 3:
-        images = images[None]
+    images = images[None] if images.ndim == 3 else images
     if images.ndim != 4:
         raise ValueError(f"`{name}` must be [batch, height, width, channels] or one image "
                          f"[height, width, channels]. Received: shape={images.shape}")
@@ -137,13 +134,11 @@ def _resolve_preprocessing(model, preprocessing):
     elif (resolved := resolve_preprocessing(preprocessing)) is None:
         return None, {"source": "none: raw 0..255 values as float32"}
     else:
-        scale, mean, std = resolved
         source = f"export argument {preprocessing!r}"
-        layer = ImageNormalization(scale=scale, mean=mean, std=std,
-                                   data_format=_data_format(model), name="serving_preprocessing")
+        layer = ImageNormalization(*resolved, data_format=_data_format(model),
+                                   name="serving_preprocessing")
     return layer, {"source": source, "scale": getattr(layer, "scale", None),
-                   "mean": list(getattr(layer, "mean", ()) or ()),
-                   "std": list(getattr(layer, "std", ()) or ())}
+                   **{key: list(getattr(layer, key, ()) or ()) for key in ("mean", "std")}}
 
 
 class ServingParts:
@@ -181,8 +176,7 @@ class ServingParts:
         # Serving clients send channels-last images whatever the model's layout.
         out = core(self._to_model_layout(inputs))
         probabilities = out["probabilities"]
-        if self.softmax:
-            probabilities = ops.softmax(probabilities, axis=-1)
+        probabilities = ops.softmax(probabilities, axis=-1) if self.softmax else probabilities
         scores, classes = ops.top_k(probabilities, self.top_k)
         result = {"probabilities": probabilities, "top_k_classes": classes, "top_k_scores": scores}
         if include_features:
@@ -227,11 +221,9 @@ class ServingParts:
         x = images.astype("float32")
         if self.added_preprocessing:
             layer = self.preprocessing_layer
-            mean = np.asarray(layer.mean).astype("float32")
-            std = np.asarray(layer.std).astype("float32")
+            mean, std = (np.asarray(v).astype("float32") for v in (layer.mean, layer.std))
             x = ((x * np.float32(layer.scale) - mean) / std).astype("float32")
-        if self.channels_first:
-            x = np.transpose(x, (0, 3, 1, 2))
+        x = np.transpose(x, (0, 3, 1, 2)) if self.channels_first else x
         out = np.asarray(model.predict(x, verbose=0, batch_size=len(x)))
         return ops.convert_to_numpy(ops.softmax(out, axis=-1)) if self.softmax else out
 
@@ -245,10 +237,9 @@ def compare(name, reference, outputs, tolerance, labels=None):
                                 f"the Keras model {reference.shape}.")
     diff = float(np.max(np.abs(got - reference)))
     if not diff <= tolerance:
-        raise ExportParityError(
-            f"The {name} export differs from the Keras model: max |difference| of probabilities "
-            f"{diff:.3g} > tolerance {tolerance:.3g} on {len(reference)} images. "
-            "Nothing was written.")
+        raise ExportParityError(f"The {name} export differs from the Keras model: max |difference| "
+                                f"of probabilities {diff:.3g} > tolerance {tolerance:.3g} on "
+                                f"{len(reference)} images. Nothing was written.")
     agreement = np.mean(np.argmax(got, -1) == np.argmax(reference, -1))
     record = {"max_abs_diff": diff, "tolerance": tolerance, "top1_agreement": float(agreement),
               "images": int(len(reference))}

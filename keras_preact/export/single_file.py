@@ -85,10 +85,9 @@ def _quantize_onnx(path, images):
     prepared = path + ".prepared.onnx"
     # The symbolic pass stops at top_k; ONNX shape inference and the optimizer still run.
     quantization.shape_inference.quant_pre_process(path, prepared, skip_symbolic_shape=True)
-    quantization.quantize_static(prepared, path, Reader(), per_channel=True,
-                                 quant_format=quantization.QuantFormat.QDQ,
-                                 activation_type=quantization.QuantType.QInt8,
-                                 weight_type=quantization.QuantType.QInt8)
+    quantization.quantize_static(
+        prepared, path, Reader(), per_channel=True, quant_format=quantization.QuantFormat.QDQ,
+        activation_type=quantization.QuantType.QInt8, weight_type=quantization.QuantType.QInt8)
     os.remove(prepared)
 
 
@@ -98,15 +97,13 @@ def _export_single_file(model, path, export_format, converter_kwargs, quantizati
     filename, versions = _FILES[export_format]
 
     def write(folder, parts, card):
-        card["serving"] = {
-            "file": filename, "quantization": quantization,
-            "inputs": {"images": {"dtype": "uint8", "shape": [None, *parts.input_shape]}},
-            "outputs": sorted(parts.describe_outputs())}
+        inputs = {"images": {"dtype": "uint8", "shape": [None, *parts.input_shape]}}
+        card["serving"] = {"file": filename, "quantization": quantization, "inputs": inputs,
+                           "outputs": sorted(parts.describe_outputs())}
         file_path = os.path.join(folder, filename)
         images = _calibration(quantization, calibration_images, parts)
-        kwargs = dict(converter_kwargs)
         if images is not None and export_format == "litert":
-            kwargs["representative_dataset"] = lambda: ([x[None]] for x in images)
+            converter_kwargs["representative_dataset"] = lambda: ([x[None]] for x in images)
         if not getattr(parts.raw, "_called", True):
             # Keras' ONNX exporter refuses a model that was never called.
             parts.raw(parts.parity_images(None)[:1], training=False)
@@ -114,7 +111,7 @@ def _export_single_file(model, path, export_format, converter_kwargs, quantizati
             # tf2onnx's numpy-2 shim and the LiteRT converter warn about deprecations not ours.
             warnings.simplefilter("ignore", FutureWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
-            parts.raw.export(file_path, format=export_format, verbose=False, **kwargs)
+            parts.raw.export(file_path, format=export_format, verbose=False, **converter_kwargs)
         if images is not None:
             card["serving"]["calibration_images"] = len(images)
             if export_format == "onnx":
@@ -165,12 +162,11 @@ def export_onnx(model, path, *, opset_version=None, quantization=None, calibrati
 
     Raises as `export_saved_model`; ImportError without `tf2onnx` or (parity check)
     `onnxruntime`."""
-    if opset_version is not None:
-        check_int("opset_version", opset_version, minimum=1)
+    converter_kwargs = {} if opset_version is None else {
+        "opset_version": check_int("opset_version", opset_version, minimum=1)}
     check_choice("quantization", quantization, ONNX_QUANTIZATIONS)
     # The converter Keras' ONNX export calls, checked before any work.
     _require("tf2onnx", "ONNX export on the TensorFlow backend needs `tf2onnx` and `onnx`")
-    converter_kwargs = {} if opset_version is None else {"opset_version": opset_version}
     return _export_single_file(model, path, "onnx", converter_kwargs, quantization=quantization,
                                calibration_images=calibration_images, **kwargs)
 

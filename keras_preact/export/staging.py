@@ -58,11 +58,10 @@ def export_folder(model, target, *, export_format, write, run, quantization=None
                          f"Received: parity_tolerance={parity_tolerance!r}")
     parts = ServingParts(model, preprocessing=preprocessing, top_k=top_k,
                          include_features=include_features)
-    card = make_model_card(
-        model, parts, export_format=export_format,
-        class_names=check_class_names(class_names, parts.classes),
-        weights_info=check_json("weights_info", weights_info),
-        metrics=check_json("metrics", metrics), extra_versions=extra_versions)
+    card = make_model_card(model, parts, export_format=export_format,
+                           class_names=check_class_names(class_names, parts.classes),
+                           weights_info=check_json("weights_info", weights_info),
+                           metrics=check_json("metrics", metrics), extra_versions=extra_versions)
     images = parts.parity_images(parity_images) if check_parity else None
     if parity_labels is not None:
         parity_labels = np.asarray(parity_labels).reshape(-1)
@@ -76,9 +75,8 @@ def export_folder(model, target, *, export_format, write, run, quantization=None
         write(staging, parts, card)
         progress.update(1)
         if check_parity:
-            reference = parts.reference_probabilities(model, images)
-            card["parity"] = compare(key, reference, run(staging, images), float(parity_tolerance),
-                                     parity_labels)
+            card["parity"] = compare(key, parts.reference_probabilities(model, images),
+                                     run(staging, images), float(parity_tolerance), parity_labels)
         progress.update(2)
         if card["class_names"] is not None:
             names_file = os.path.join(staging, class_names_dir, CLASS_NAMES_FILE)
