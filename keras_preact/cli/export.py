@@ -6,9 +6,12 @@ import json
 import os
 import sys
 
+import numpy as np
+
 from keras_preact.cli.common import error_message, partial_status, print_error
 from keras_preact.files import file_hash, user_path
 from keras_preact.training.config import TrainConfig
+from keras_preact.training.workdir import Workdir, run_metrics, workdir_of
 
 #: Copies of `keras_preact.export.FORMATS` and `QUANTIZATIONS` (it imports TensorFlow, which
 #: `--help` must not), and the formats that take each flag of some formats only.
@@ -29,9 +32,8 @@ def add_commands(subparsers):
                    "checkpoints/ckpt-*.weights.h5")
     p.add_argument("--format", choices=EXPORT_FORMATS, default="saved_model",
                    help="saved_model (TF Serving), litert (.tflite) or onnx (default saved_model)")
-    p.add_argument("--out", required=True, metavar="DIR",
-                   help="saved_model: the base folder (the export goes to DIR/<version>); "
-                        "litert/onnx: the export folder")
+    p.add_argument("--out", required=True, metavar="DIR", help="saved_model: the base folder "
+                   "(the export goes to DIR/<version>); litert/onnx: the export folder")
     p.add_argument("--overwrite", action="store_true", help="replace an existing export")
     p.add_argument("--version", type=int, help="saved_model version folder (default 1)")
     p.add_argument("--top-k", type=int, help="classes in the top_k_* outputs (default 5, or fewer)")
@@ -61,17 +63,15 @@ def add_commands(subparsers):
         description="Print the top-k classes of each image. Images are checked (size, "
         "channels, 8-bit pixels, readable) before the model runs; a bad image is "
         "reported on stderr and the others are still classified (exit status 1).")
-    p.add_argument("model", metavar="EXPORT_OR_MODEL",
-                   help="a SavedModel export (base or version folder), a LiteRT/ONNX export "
-                        "folder or file, or a .keras file")
+    p.add_argument("model", metavar="EXPORT_OR_MODEL", help="a SavedModel export (base or "
+                   "version folder), a LiteRT/ONNX export folder or file, or a .keras file")
     p.add_argument("images", metavar="IMAGE", nargs="+",
                    help="image files (PNG, JPEG, ...), .npy uint8 arrays or image folders")
     p.add_argument("--top-k", type=int, help="default: the export's top-k")
     p.add_argument("--preprocessing", default="auto", help="for a .keras model without its layer")
     p.add_argument("--class-names", metavar="FILE", help="overrides the export's class names")
-    p.add_argument("--resize", action="store_true",
-                   help="convert images to the model's channels (grey, RGB) and resize them "
-                        "to its input size, instead of refusing them")
+    p.add_argument("--resize", action="store_true", help="convert images to the model's channels "
+                   "(grey, RGB) and resize them to its input size, instead of refusing them")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_predict)
 
@@ -84,9 +84,8 @@ def _preprocessing_and_names(args):
         from keras_preact.layers.preprocessing import resolve_preprocessing
         resolve_preprocessing(preprocessing)
     from keras_preact.export import read_class_names
-    names = None if args.class_names is None else read_class_names(
+    return preprocessing, None if args.class_names is None else read_class_names(
         args.class_names, argument="--class-names")
-    return preprocessing, names
 
 
 def _check_format_flags(args):
@@ -110,9 +109,7 @@ def _run_dataset(model_path):
     """`load_arrays`' arguments for the dataset of the training run whose workdir holds
     `model_path` (a run's model.keras, the workdir or a checkpoint) and the class names the
     run recorded, or ``(None, None)``."""
-    from keras_preact.training.workdir import Workdir, workdir_of
-    workdir = workdir_of(model_path)
-    stored = (Workdir(workdir).read_config() or {}) if workdir else {}
+    stored = (Workdir(workdir).read_config() or {}) if (workdir := workdir_of(model_path)) else {}
     if "train_config" not in stored:
         return None, None
     run = TrainConfig.from_dict(stored["train_config"])
@@ -124,28 +121,23 @@ def _model_to_export(args, preprocessing):
     """`load_model_to_export`'s ``(model, described)``, also for a workdir or checkpoint."""
     from keras_preact import export
     path = user_path(args.model)
-    from keras_preact.training.workdir import run_metrics, workdir_of
     if not (os.path.isdir(path) or path.endswith(".weights.h5")):
         model, described = export.load_model_to_export(args.model, classes=args.classes,
                                                        preprocessing=preprocessing)
-        if os.path.isfile(path):
-            described["metrics"] = run_metrics(path)
-        return model, described
+        # A .keras file may be a training run's (None for a model name: no such file).
+        return model, {**described, "metrics": run_metrics(path)}
     from keras_preact.training.trainer import load_workdir_model
     if (workdir := workdir_of(path)) is None:
         raise ValueError("A folder or .weights.h5 file to export must be a training workdir or "
                          f"one of its checkpoints (no config.json found). Received: {args.model}")
     model, _, source = load_workdir_model(workdir, None if os.path.isdir(path) else path)
-    return model, {"preprocessing": preprocessing, "metrics": None,
-                   "weights_info": {"file": os.path.relpath(source, workdir),
-                                    "sha256": file_hash(source)}}
+    weights_info = {"file": os.path.relpath(source, workdir), "sha256": file_hash(source)}
+    return model, {"preprocessing": preprocessing, "metrics": None, "weights_info": weights_info}
 
 
 def _export_data(args, class_names):
     """Export options from datasets: int8 calibration images, held-out parity images, and
     `class_names` (default: those the training run recorded)."""
-    import numpy as np
-
     from keras_preact.data import load_arrays
     run, names = _run_dataset(args.model)
     options = {"class_names": class_names or names}
@@ -161,21 +153,19 @@ def _export_data(args, class_names):
         options["calibration_images"] = images[np.sort(pick)]
     if run and args.held_out_images > 0 and not args.no_parity_check:
         try:
-            images, labels = load_arrays(split="test", **run)
+            images, labels = (a[:args.held_out_images] for a in load_arrays(split="test", **run))
         except ValueError as err:  # e.g. the run's data is not on this machine
             print(f"warning: no held-out check ({error_message(err)})", file=sys.stderr)
             return options
-        options.update(parity_images=images[:args.held_out_images],
-                       parity_labels=labels[:args.held_out_images])
+        options.update(parity_images=images, parity_labels=labels)
     return options
 
 
 def cmd_export(args):
     options = _check_format_flags(args)
     for flag, least in (("calibration_images", 1), ("held_out_images", 0)):
-        if getattr(args, flag) < least:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= {least}. "
-                             f"Received: {getattr(args, flag)}")
+        if (value := getattr(args, flag)) < least:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= {least}. Received: {value}")
     preprocessing, class_names = _preprocessing_and_names(args)
     from keras_preact import export
     options.update(_export_data(args, class_names))
@@ -185,24 +175,20 @@ def cmd_export(args):
         include_features=args.include_features, overwrite=args.overwrite,
         check_parity=not args.no_parity_check, verbose=sys.stdout.isatty(), **described, **options)
     card = export.read_model_card(folder)
-    size = card["serving"].get("bytes")
-    print(f"Exported {args.model} as {args.format}"
-          f"{' ' + args.quantization if args.quantization else ''} to {folder}"
-          + (f" ({size / 1e6:.2f} MB)" if size else ""))
+    quantized = f" {args.quantization}" if args.quantization else ""
+    size = f" ({card['serving']['bytes'] / 1e6:.2f} MB)" if card["serving"].get("bytes") else ""
+    print(f"Exported {args.model} as {args.format}{quantized} to {folder}{size}")
     if parity := card.get("parity"):
         print("Parity with the Keras model: max |difference| of probabilities "
               f"{parity['max_abs_diff']:.3g} (tolerance {parity['tolerance']:.3g}), top-1 "
               f"agreement {parity['top1_agreement']:.1%} on {parity['images']} images")
         if accuracy := parity.get("accuracy"):
-            print(f"Held-out accuracy: export {accuracy['export']:.2%}, Keras "
-                  f"{accuracy['keras']:.2%}")
+            print("Held-out accuracy: export {export:.2%}, Keras {keras:.2%}".format(**accuracy))
     print(f"Model card: {os.path.join(folder, 'model_card.md')}")
     return 0
 
 
 def cmd_predict(args):
-    import numpy as np
-
     from keras_preact import export
     from keras_preact.data.folder import image_files
     preprocessing, class_names = _preprocessing_and_names(args)
