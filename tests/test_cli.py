@@ -228,7 +228,7 @@ def test_train_warns_when_an_epoch_drops_images_or_has_few_steps(cifar_dir, tmp_
     code, _, err = run_cli(tiny_train_args(cifar_dir, tmp_path / "run", "--batch-size", "6"), capsys)
     assert code == 0, err
     assert "warning: Training drops the last 2 of 20 training images each epoch (batch 6).\n" in err
-    assert "warning: The whole run is 3 steps (20 training images at batch 6): too few to " \
+    assert "warning: The whole run is 3 step(s) (20 training images at batch 6): too few to " \
         "learn from scratch. Start from pretrained weights (--weights" in err
     assert "An epoch is only" not in err
     # 34 epochs are 102 steps: enough to learn from, but each epoch is short.

@@ -749,3 +749,32 @@ def test_mixed_float16_on_a_cpu_is_quiet_but_says_it_is_slow(tmp_path):
     assert "oneDNN" not in run.stderr and "E0000" not in run.stderr, run.stderr
     assert run.stderr.count("warning: float16 is slow on CPUs: use --precision fp32 or "
                             "mixed_bfloat16.") == 1, run.stderr
+
+
+def test_weights_take_a_training_run_or_a_preset_folder_by_its_bare_name(tmp_path, monkeypatch):
+    import keras
+    import numpy as np
+
+    import keras_preact as kp
+    from keras_preact.training import TrainConfig, train_and_evaluate
+    from tests.helpers import to_numpy
+
+    monkeypatch.chdir(tmp_path)
+    train_and_evaluate(TrainConfig(model="preact_resnet20", dataset="digits", batch_size=256,
+                                   steps=1, eval_every=0, verbose=0), "run")
+    images = np.random.default_rng(0).uniform(0, 1, (2, 32, 32, 3)).astype("float32")
+    trained = keras.saving.load_model(os.path.join("run", "model.keras"), compile=False)
+    np.testing.assert_array_equal(to_numpy(kp.preact_resnet20(weights="run")(images)),
+                                  to_numpy(trained(images)))
+    os.makedirs("unfinished")
+    with open(os.path.join("unfinished", "config.json"), "w") as f:
+        json.dump({"train_config": {}}, f)
+    with pytest.raises(ValueError, match=r"/unfinished is a training run's workdir without its "
+                                         r"final model.keras \(not finished\?\): pass one of its "
+                                         r"checkpoints/\*.weights.h5. Received: "
+                                         r"weights='unfinished'"):
+        kp.preact_resnet20(weights="unfinished")
+    pytest.importorskip("keras_hub", reason="save_preset needs the hub extra")
+    kp.save_preset(trained, "p")
+    np.testing.assert_array_equal(to_numpy(kp.preact_resnet20(weights="p")(images)),
+                                  to_numpy(trained(images)))

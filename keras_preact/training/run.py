@@ -485,7 +485,7 @@ class Run:
         # The README's folder example (ResNet-20, batch 32, 10 epochs of 900 images: 280
         # steps) learns; 14 steps of the defaults stay at chance (docs/performance.md).
         if self.total_steps < 100 and c.weights is None:
-            logger.warning("The whole run is %d steps (%d training images at batch %d): too "
+            logger.warning("The whole run is %d step(s) (%d training images at batch %d): too "
                            "few to learn from scratch. Start from pretrained weights (--weights, "
                            "`keras-preact weights list`), or take more steps: more --epochs, a "
                            "smaller --batch-size and, on small data, --model preact_resnet20.",

@@ -5,6 +5,7 @@ manifest's ``defaults`` updated by its own fields; one entry per model is its ``
 import dataclasses
 import functools
 import json
+import os
 from importlib import resources
 from typing import Optional
 
@@ -256,9 +257,11 @@ def get_entry(key):
 
 
 def looks_like_tag(weights):
-    """Whether a `weights` string names a catalog entry rather than a file or URL."""
+    """Whether a `weights` string names a catalog entry rather than a file, URL or folder of
+    keras-preact's (a preset or a training run: it holds a config.json)."""
     return (isinstance(weights, str) and "/" not in weights and "\\" not in weights
-            and not weights.endswith((".h5", ".keras")) and not weights.startswith(URL_SCHEMES))
+            and not weights.endswith((".h5", ".keras")) and not weights.startswith(URL_SCHEMES)
+            and not os.path.isfile(os.path.join(weights, "config.json")))
 
 
 def resolve_tag(model, weights):

@@ -9,7 +9,7 @@ import os
 import urllib.parse
 
 from keras_preact.architecture import DEFAULTS
-from keras_preact.files import user_path
+from keras_preact.files import read_json, user_path
 from keras_preact.weights import catalog, local, presets
 from keras_preact.weights.download import fetch_weights
 
@@ -112,8 +112,14 @@ def local_weights(weights):
     `.keras` file) or "weights_h5" (a checked `.weights.h5`, also a preset's); ValueError for
     a missing `.keras` file or another path."""
     path = user_path(weights)
-    if os.path.isfile(os.path.join(path, presets.CONFIG_FILE)):
-        return "preset", path
+    if os.path.isfile(config := os.path.join(path, presets.CONFIG_FILE)):
+        if "train_config" not in read_json(config):
+            return "preset", path
+        # A training run's workdir: its final model (model.keras, `keras_preact.training`).
+        if not os.path.isfile(final := os.path.join(path, "model.keras")):
+            raise _bad(f"{path} is a training run's workdir without its final model.keras (not "
+                       "finished?): pass one of its checkpoints/*.weights.h5.", weights)
+        return "keras", final
     path = local.preset_weights(path)
     if path.endswith(local.KERAS_SUFFIX):
         if not os.path.isfile(path):
