@@ -6,10 +6,9 @@ from keras_preact.data.registry import (AUGMENTATIONS, CIFAR10_CLASSES, CIFAR100
 from keras_preact.data.safe_pickle import safe_load_pickle
 from keras_preact.data.sources import SOURCES, clear_cache, dataset_info, load_arrays
 
-__all__ = [
-    "AUGMENTATIONS", "CIFAR10_CLASSES", "CIFAR100_CLASSES", "SOURCES", "channel_stats",
-    "clear_cache", "dataset_from_arrays", "dataset_info", "epoch_order", "list_datasets",
-    "load_arrays", "make_dataset", "safe_load_pickle"]
+__all__ = ["AUGMENTATIONS", "CIFAR10_CLASSES", "CIFAR100_CLASSES", "SOURCES", "channel_stats",
+           "clear_cache", "dataset_from_arrays", "dataset_info", "epoch_order", "list_datasets",
+           "load_arrays", "make_dataset", "safe_load_pickle"]
 
 
 def __getattr__(name):

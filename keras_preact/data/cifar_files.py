@@ -16,21 +16,19 @@ from keras_preact.files import user_path
 _PIXELS = 32 * 32 * 3
 
 
-def _spec(folder, archive, train, test):
-    return {"dir": folder, "archive": archive, "train": tuple(train), "test": (test,)}
+def _layouts(n, folders, train, test):
+    """CIFAR-`n`'s python and binary layouts, extracted to `folders`: archives named
+    ``cifar-<n>-<layout>.tar.gz``, the binary files named as the python ones plus ".bin"."""
+    return {layout: {"dir": folder, "archive": f"cifar-{n}-{layout}.tar.gz",
+                     "train": tuple(f + suffix for f in train), "test": (test + suffix,)}
+            for layout, folder, suffix in zip(("python", "binary"), folders, ("", ".bin"))}
 
 
-_BATCHES = [f"data_batch_{i}" for i in range(1, 6)]
 #: Per dataset and layout: folder name inside the archive, archive name, files per split.
 LAYOUTS = {
-    "cifar10": {
-        "python": _spec("cifar-10-batches-py", "cifar-10-python.tar.gz", _BATCHES, "test_batch"),
-        "binary": _spec("cifar-10-batches-bin", "cifar-10-binary.tar.gz",
-                        [b + ".bin" for b in _BATCHES], "test_batch.bin")},
-    "cifar100": {
-        "python": _spec("cifar-100-python", "cifar-100-python.tar.gz", ["train"], "test"),
-        "binary": _spec("cifar-100-binary", "cifar-100-binary.tar.gz", ["train.bin"],
-                        "test.bin")}}
+    "cifar10": _layouts(10, ("cifar-10-batches-py", "cifar-10-batches-bin"),
+                        [f"data_batch_{i}" for i in range(1, 6)], "test_batch"),
+    "cifar100": _layouts(100, ("cifar-100-python", "cifar-100-binary"), ["train"], "test")}
 # Python layout: the labels' key (CIFAR-100: the 100 fine classes, as the paper's results).
 _LABEL_KEY = {"cifar10": b"labels", "cifar100": b"fine_labels"}
 # Binary layout: number of label bytes before the pixels and which one is used.
@@ -53,11 +51,10 @@ def find_cifar_files(name, location):
         inner = os.path.join(location, spec["dir"])
         archive = os.path.join(location, spec["archive"])
         batch_files = [os.path.join(location, spec[s][0]) for s in ("test", "train")]
-        checks = (
-            (base == spec["dir"], "dir", location),  # the extracted folder itself
-            (any(map(os.path.isfile, batch_files)), "dir", location),  # renamed folder
-            (os.path.isdir(inner), "dir", inner),  # a folder holding the extracted one
-            (os.path.isfile(archive), "tar", archive))  # a folder holding the archive
+        checks = ((base == spec["dir"], "dir", location),  # the extracted folder itself
+                  (any(map(os.path.isfile, batch_files)), "dir", location),  # renamed folder
+                  (os.path.isdir(inner), "dir", inner),  # a folder holding the extracted one
+                  (os.path.isfile(archive), "tar", archive))  # a folder holding the archive
         hits += [(rank, kind, layout, path) for rank, (ok, kind, path) in enumerate(checks) if ok]
     return min(hits, key=lambda hit: hit[0])[1:] if hits else None
 
@@ -110,8 +107,7 @@ def _read_tar(name, split, archive, layout):
     except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
         raise ValueError(f"The archive {archive!r} is truncated or corrupt "
                          f"({type(err).__name__}: {err}).") from None
-    layout = next((k for k, spec in specs.items() if spec["dir"] in tops), None)
-    if layout is None:
+    if (layout := next((k for k, spec in specs.items() if spec["dir"] in tops), None)) is None:
         raise ValueError(f"The archive {archive!r} holds no {name} folder (expected "
                          f"{' or '.join(spec['dir'] + '/' for spec in specs.values())}).")
     return layout, {f: data for (top, f), data in found.items() if top == specs[layout]["dir"]}
@@ -148,8 +144,7 @@ def _parse_binary_batch(name, source, data):
                          f"positive multiple of the {record}-byte record ({num_label_bytes} "
                          f"label byte(s) + {_PIXELS} pixels): truncated or of the wrong layout.")
     rows = np.frombuffer(data, dtype=np.uint8).reshape(-1, record)
-    labels = rows[:, label_index].astype(np.int64)
-    return _to_nhwc(name, source, rows[:, num_label_bytes:], labels)
+    return _to_nhwc(name, source, rows[:, num_label_bytes:], rows[:, label_index].astype(np.int64))
 
 
 def _to_nhwc(name, source, pixels, labels):
@@ -158,5 +153,4 @@ def _to_nhwc(name, source, pixels, labels):
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(f"In {source!r}, labels range over [{labels.min()}, {labels.max()}]; "
                          f"{name} has classes 0..{num_classes - 1}.")
-    images = np.ascontiguousarray(pixels.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
-    return images, labels
+    return np.ascontiguousarray(pixels.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)), labels

@@ -2,6 +2,7 @@
 order and the crops of example ``i`` of epoch ``e`` are functions of ``(seed, e, i)``
 only, so a resumed run sees the same crops. Transforms as in fb.resnet.torch."""
 
+import functools
 import math
 import os
 
@@ -99,16 +100,14 @@ def list_image_folder(root, split):
             raise ValueError("The ImageNet-style folder has no val/ (or test/) sub-folder. "
                              f"Received: path={root!r}, split={split!r}")
         class_folders(split_dir, within=class_names)
-    paths, labels = [], []
-    for label, name in enumerate(class_names):
-        class_dir = os.path.join(split_dir, name)
-        if os.path.isdir(class_dir):
-            files = sorted(f for f in os.listdir(class_dir) if f.lower().endswith(IMAGE_SUFFIXES))
-            paths.extend(os.path.join(class_dir, f) for f in files)
-            labels.extend([label] * len(files))
-    if not paths:
+    # Each class's images in name order; a class the held-out folder lacks has none.
+    examples = [(os.path.join(class_dir, f), label) for label, name in enumerate(class_names)
+                if os.path.isdir(class_dir := os.path.join(split_dir, name))
+                for f in sorted(os.listdir(class_dir)) if f.lower().endswith(IMAGE_SUFFIXES)]
+    if not examples:
         raise ValueError(f"No images ({', '.join(IMAGE_SUFFIXES)}) under {split_dir!r}.")
-    return paths, np.asarray(labels, np.int32), class_names
+    paths, labels = zip(*examples)
+    return list(paths), np.asarray(labels, np.int32), class_names
 
 
 def _folder_examples(path, split, *, shuffle, seed, epoch):
@@ -130,11 +129,8 @@ def _tfds_examples(split, *, data_dir, manual_dir):
     import tensorflow_datasets as tfds
     data_dir = None if data_dir is None else user_path(data_dir)
     builder = tfds.builder("imagenet2012", data_dir=data_dir)
-
-    def read():
-        return builder.as_dataset(split=TFDS_SPLITS[split], shuffle_files=False,
-                                  decoders={"image": tfds.decode.SkipDecoding()})
-
+    read = functools.partial(builder.as_dataset, split=TFDS_SPLITS[split], shuffle_files=False,
+                             decoders={"image": tfds.decode.SkipDecoding()})
     try:
         ds = read()
     except (AssertionError, FileNotFoundError, tf.errors.NotFoundError):

@@ -23,9 +23,8 @@ def stateless_key(seed, epoch, stream, index=None):
     """The int64 (2,) key of ``(seed, epoch, stream)``, folded with `index` when given."""
     base = tf.stack([tf.cast(seed, tf.int64), tf.constant(stream, tf.int64)])
     key = tf.random.experimental.stateless_fold_in(base, tf.cast(epoch, tf.int64), alg=ALG)
-    if index is None:
-        return key
-    return tf.random.experimental.stateless_fold_in(key, tf.cast(index, tf.int64), alg=ALG)
+    return key if index is None else tf.random.experimental.stateless_fold_in(
+        key, tf.cast(index, tf.int64), alg=ALG)
 
 
 def pad_crop_flip(images, key, *, pad=PAD, flip=True):

@@ -66,9 +66,8 @@ def channel_stats(images):
     """Per-channel ``(mean, std)`` of uint8 NHWC images in [0, 1] units, tuples of C floats
     (a channel with zero spread gets std 1 so normalisation stays finite)."""
     x = np.asarray(images, dtype=np.float64).reshape(-1, images.shape[-1]) / 255.0
-    mean, std = x.mean(axis=0), x.std(axis=0)
-    std = np.where(std > 0, std, 1.0)
-    return tuple(float(m) for m in mean), tuple(float(s) for s in std)
+    std = x.std(axis=0)
+    return tuple(map(float, x.mean(axis=0))), tuple(map(float, np.where(std > 0, std, 1.0)))
 
 
 def stratified_split(labels, *, test_fraction=0.2, seed=0):
@@ -79,11 +78,7 @@ def stratified_split(labels, *, test_fraction=0.2, seed=0):
                          f"Received: test_fraction={test_fraction!r}")
     labels = np.asarray(labels)
     rng = np.random.RandomState(seed)
-    train, test = [], []
-    for cls in np.unique(labels):
-        members = np.flatnonzero(labels == cls)
-        members = members[rng.permutation(len(members))]
-        n_test = int(round(test_fraction * len(members)))
-        test.append(members[:n_test])
-        train.append(members[n_test:])
+    shuffled = [rng.permutation(np.flatnonzero(labels == cls)) for cls in np.unique(labels)]
+    cuts = [(members, int(round(test_fraction * len(members)))) for members in shuffled]
+    train, test = [m[n:] for m, n in cuts], [m[:n] for m, n in cuts]
     return tuple(np.sort(np.concatenate(part)).astype(np.int64) for part in (train, test))

@@ -99,13 +99,12 @@ def _load_cifar(name, split, data_dir, source, path, download, cache):
         raise ValueError("source='archive' needs `path` (CIFAR files) or `data_dir` (a folder "
                          "holding them). Received: path=None, data_dir=None")
     expected = cifar_files.describe_expected(name)
-    found = None
-    if source != "tfds" and location is not None:
-        location = user_path(location)
-        found = cifar_files.find_cifar_files(name, location)
-        if found is None and (source == "archive" or path is not None):
-            raise ValueError(f"No {name} files found. Received: {arg}={location!r}. Expected "
-                             f"one of: {expected} (or a path to one of them).")
+    # Where the original files may be (TFDS finds its own in `data_dir`).
+    location = None if source == "tfds" or location is None else user_path(location)
+    found = cifar_files.find_cifar_files(name, location) if location is not None else None
+    if found is None and (source == "archive" or path is not None):
+        raise ValueError(f"No {name} files found. Received: {arg}={location!r}. Expected "
+                         f"one of: {expected} (or a path to one of them).")
     if found is not None:
         if download:
             raise ValueError("`download` only applies to TFDS; the original files were found "
@@ -171,8 +170,7 @@ def _fingerprint(*paths):
     followed, hidden files skipped): a changed file is a new key."""
     out = []
     for path in map(user_path, paths):
-        files = folder.visible_files(path) if os.path.isdir(path) else [path]
-        for file in files:
+        for file in folder.visible_files(path) if os.path.isdir(path) else [path]:
             with contextlib.suppress(OSError):  # removed since the walk: not in the folder
                 out.append((file, (st := os.stat(file)).st_size, st.st_mtime_ns))
     return tuple(out)
@@ -193,13 +191,9 @@ def _kept_on_disk(path, key, read):
         atomic_save(file, lambda tmp: np.savez(tmp, images=images, labels=labels, stamp=stamp,
                                                meta=json.dumps(meta)))
     except OSError as err:
-        _say_not_kept(os.path.dirname(file), err.strerror)
+        if folder._once("not kept", where := os.path.dirname(file), err.strerror):
+            logger.warning("Decoded image folders are not kept in %s (%s).", where, err.strerror)
     return images, labels, meta
-
-
-@functools.lru_cache(maxsize=None)
-def _say_not_kept(where, reason):
-    logger.warning("Decoded image folders are not kept in %s (%s).", where, reason)
 
 
 def _cached(key, cache, read):
@@ -251,13 +245,11 @@ def dataset_info(name, *, path=None, image_size=None):
     if name == "digits":
         info["mean"], info["std"] = _digits_stats()
     elif name == "folder":
-        kw = dict(path=path, image_size=image_size)
-        train_x, _, meta = load_arrays_with_meta("folder", "train", **kw)
-        test_x = load_arrays_with_meta("folder", "test", **kw)[0]
+        (train_x, _, meta), (test_x, _, _) = (load_arrays_with_meta(
+            "folder", split, path=path, image_size=image_size) for split in SPLITS)
         info.update(class_names=meta["class_names"], classes=len(meta["class_names"]),
                     num_train=int(train_x.shape[0]), num_test=int(test_x.shape[0]),
                     input_shape=tuple(int(d) for d in train_x.shape[1:]), path=meta["path"])
         info["mean"], info["std"] = channel_stats(train_x)
-    for key in ("mean", "std", "class_names"):
-        info[key] = tuple(info[key])
+    info.update({key: tuple(info[key]) for key in ("mean", "std", "class_names")})
     return info

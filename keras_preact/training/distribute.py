@@ -39,22 +39,19 @@ def configure_runtime(*, cpu_devices=None, intra_op_threads=None, inter_op_threa
             except RuntimeError:  # inter-op: only before PyTorch's first parallel work
                 logger.warning("PyTorch's %sthreads=%s ignored: set too late.", kind, value)
     if cpu_devices:
-        wanted = [tf.config.LogicalDeviceConfiguration() for _ in range(int(cpu_devices))]
         try:
-            tf.config.set_logical_device_configuration(
-                tf.config.list_physical_devices("CPU")[0], wanted)
+            tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0], [
+                tf.config.LogicalDeviceConfiguration() for _ in range(int(cpu_devices))])
         except RuntimeError:  # TensorFlow is initialised: fine if it has those devices
-            have = len(tf.config.list_logical_devices("CPU"))
-            if have != int(cpu_devices):
+            if (have := len(tf.config.list_logical_devices("CPU"))) != int(cpu_devices):
                 raise ValueError("`cpu_devices` can only be set before TensorFlow initialises its "
                                  f"devices (it has {have} logical CPU device(s) now). Received: "
                                  f"cpu_devices={cpu_devices}. Run in a fresh process.") from None
-    threading = tf.config.threading
     for kind, value in (("intra", intra_op_threads), ("inter", inter_op_threads)):
-        getter = getattr(threading, f"get_{kind}_op_parallelism_threads")
+        getter = getattr(tf.config.threading, f"get_{kind}_op_parallelism_threads")
         if value and getter() != value:
             try:
-                getattr(threading, f"set_{kind}_op_parallelism_threads")(int(value))
+                getattr(tf.config.threading, f"set_{kind}_op_parallelism_threads")(int(value))
             except RuntimeError:
                 logger.warning("%s_op_threads=%s ignored: TensorFlow is already initialised "
                                "with %s.", kind, value, getter())
@@ -101,8 +98,7 @@ def make_strategy(name):
         # Without a GPU, every logical CPU (MirroredStrategy() would take CPU:0 only).
         devices = None if tf.config.list_logical_devices("GPU") else [
             d.name for d in tf.config.list_logical_devices("CPU")]
-        key = tuple(devices or ())
-        if key not in _STRATEGIES:
+        if (key := tuple(devices or ())) not in _STRATEGIES:
             # One per device set: a second MirroredStrategy restarts the collective keys and
             # collides with the first's cached ones ("Shape mismatch in the collective ...").
             _STRATEGIES[key] = tf.distribute.MirroredStrategy(devices=devices)
@@ -112,10 +108,9 @@ def make_strategy(name):
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
     except (ValueError, RuntimeError, tf.errors.OpError) as err:
-        raise ValueError(
-            "strategy='tpu' was requested but no TPU was found on this machine "
-            f"({type(err).__name__}: {shorten(err, 200)}). Use strategy='default' or 'mirrored'."
-        ) from None
+        raise ValueError("strategy='tpu' was requested but no TPU was found on this machine "
+                         f"({type(err).__name__}: {shorten(err, 200)}). Use strategy='default' "
+                         "or 'mirrored'.") from None
     return tf.distribute.TPUStrategy(resolver)
 
 

@@ -67,10 +67,9 @@ class Workdir:
         try:
             lock.acquire()
         except filelock.Timeout:
-            raise WorkdirInUseError(
-                f"The workdir {self.path} is in use by another process (it holds "
-                f"{self.file(LOCK_FILE)}). Nothing was changed. Wait for that run to "
-                "end, or use another workdir.") from None
+            raise WorkdirInUseError(f"The workdir {self.path} is in use by another process (it "
+                                    f"holds {self.file(LOCK_FILE)}). Nothing was changed. Wait "
+                                    "for that run to end, or use another workdir.") from None
         try:
             yield
         finally:
@@ -186,8 +185,7 @@ def run_metrics(model_path):
     """The held-out metrics of the training run that wrote `model_path` (its
     ``metrics.json``, for a model card), or None. ValueError if that file is not JSON."""
     workdir = workdir_of(model_path)
-    path = os.path.join(workdir, METRICS_JSON) if workdir else ""
-    if not os.path.isfile(path):
+    if not workdir or not os.path.isfile(path := os.path.join(workdir, METRICS_JSON)):
         return None
     final = read_json(path)
     # Metrics that name another model file (a checkpoint exported by hand) are not its.
