@@ -5,11 +5,7 @@ import dataclasses
 from keras_preact.cli.common import float_list, int_list, print_table, str_list
 from keras_preact.cli.train import add_config_arguments
 from keras_preact.training.config import RECIPES, TrainConfig, recipe
-
-#: `train` flags a trial takes from the search space: refused here, with what to use instead.
-_SPACE_FLAGS = {"model": "--depths/--widths/--units", "model_kwargs": "--depths/--widths/--units",
-                "learning_rate": "--lrs", "weight_decay": "--weight-decays",
-                "warmup": "--warmups", "steps": "--epochs", "eval_every": "nothing (each epoch)"}
+from keras_preact.tuning import SPACE_FLAGS
 
 
 def add_commands(subparsers):
@@ -42,8 +38,7 @@ def add_commands(subparsers):
                    help="trials in all (default 10; may grow between runs)")
     g.add_argument("--validation-fraction", type=float, default=0.1,
                    help="held-out share of the training split that scores trials (0: test split)")
-    g.add_argument("--workdir", required=True,
-                   help="folder of the study (a rerun continues it)")
+    g.add_argument("--workdir", required=True, help="folder of the study (a rerun continues it)")
     g.add_argument("--overwrite", action="store_true", help="start this study again")
     g.add_argument("--no-export", action="store_true", help="skip exporting the best trial")
     p.add_argument("--recipe", choices=list(RECIPES), default="paper", help="the training "
@@ -60,28 +55,25 @@ def _number(value):
 
 
 def cmd_tune(args):
-    budget = None
-    for kind, value in (("params", args.max_params), ("macs", args.max_macs),
-                        ("step_time", args.max_step_time)):
-        if value is not None:
-            budget = {"kind": kind, "limit": value if kind == "step_time" else _number(value)}
+    limits = {"params": args.max_params, "macs": args.max_macs, "step_time": args.max_step_time}
+    budget = next(({"kind": kind, "limit": value if kind == "step_time" else _number(value)}
+                   for kind, value in limits.items() if value is not None), None)
     given = [f.name for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)]
     config = recipe(args.recipe, **{name: getattr(args, name) for name in given})
-    for name, instead in _SPACE_FLAGS.items():
+    for name, instead in SPACE_FLAGS.items():
         if (value := getattr(config, name)) != getattr(recipe(args.recipe), name):
             raise ValueError(f"tune searches `{name}`: use {instead}. Received: "
                              f"--{name.replace('_', '-')} {value!r}")
-    space = dict(dataset=config.dataset, blocks=args.blocks, units=args.units,
+    # The recipe's dataset, batch size, seed and data paths: those of every trial.
+    space = dict(blocks=args.blocks, units=args.units, budget=budget, config=config,
                  width_multipliers=[_number(w) for w in args.widths],
                  learning_rates=args.lrs or [config.learning_rate],
                  weight_decays=args.weight_decays or [config.weight_decay],
                  warmups=[_number(w) for w in args.warmups or [config.warmup]],
-                 epochs=config.epochs or 1, batch_size=config.batch_size,
-                 validation_fraction=args.validation_fraction, seed=config.seed, budget=budget,
-                 data_dir=config.data_dir, data_source=config.data_source,
-                 data_path=config.data_path, config=config)
-    if args.depths is not None:
-        space["depths"] = args.depths
+                 epochs=config.epochs or 1, validation_fraction=args.validation_fraction,
+                 **{name: getattr(config, name) for name in (
+                     "dataset", "batch_size", "seed", "data_dir", "data_source", "data_path")},
+                 **({"depths": args.depths} if args.depths is not None else {}))
     if config.cpu_devices:
         from keras_preact.training.distribute import configure_runtime
         configure_runtime(cpu_devices=config.cpu_devices)
@@ -113,12 +105,11 @@ def _print_results(rows):
     for r in rows:
         acc = "" if r["val_accuracy"] is None else f"{100 * r['val_accuracy']:.2f}%"
         over = "" if r["within_budget"] in (None, 1) else " (over budget)"
-        lines.append((
-            str(r["trial"]), str(r["depth"]), str(r["block"]), str(r["width"]),
-            str(r["learning_rate"]), str(r["weight_decay"]),
-            "" if r["params"] is None else f"{r['params']:,}",
-            "" if r["macs"] is None else f"{r['macs'] / 1e6:,.1f}M",
-            (acc or r["status"]) + over,
-            "" if r["train_time_s"] is None else f"{r['train_time_s']:.1f}"))
+        lines.append((str(r["trial"]), str(r["depth"]), str(r["block"]), str(r["width"]),
+                      str(r["learning_rate"]), str(r["weight_decay"]),
+                      "" if r["params"] is None else f"{r['params']:,}",
+                      "" if r["macs"] is None else f"{r['macs'] / 1e6:,.1f}M",
+                      (acc or r["status"]) + over,
+                      "" if r["train_time_s"] is None else f"{r['train_time_s']:.1f}"))
     header = ("trial", "depth", "block", "width", "lr", "wd", "params", "MACs", "val acc", "time s")
     print_table(header, lines)

@@ -5,6 +5,11 @@ on first use of these names (see examples/tune_depth.py)."""
 
 import importlib
 
+#: `TrainConfig` fields every trial sets from the search space, whatever its study's `config`
+#: holds: `keras-preact tune` refuses their `train` flags, naming what to use instead.
+SPACE_FLAGS = {"model": "--depths/--widths/--units", "model_kwargs": "--depths/--widths/--units",
+               "learning_rate": "--lrs", "weight_decay": "--weight-decays",
+               "warmup": "--warmups", "steps": "--epochs", "eval_every": "nothing (each epoch)"}
 _LAZY = {
     "keras_preact.tuning.hypermodel": ("BUDGET_KINDS", "Budget", "DEFAULT_DEPTHS", "OBJECTIVE",
                                        "PreActResNetHyperModel", "search_space_spec"),

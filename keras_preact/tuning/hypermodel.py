@@ -23,6 +23,7 @@ from keras_preact.models.cifar import CIFAR_WIDTHS, cifar_units_per_stage
 from keras_preact.training.config import TrainConfig
 from keras_preact.training.distribute import make_strategy
 from keras_preact.training.run import Run, Stepper, build_model
+from keras_preact.tuning import SPACE_FLAGS
 
 logger = logging.getLogger("keras_preact.tuning")
 
@@ -32,11 +33,11 @@ BUDGET_KINDS = ("params", "macs", "step_time")
 DEFAULT_DEPTHS = (20, 32, 44, 56, 110, 164, 272, 542, 1001)
 BLOCKS = ("auto", "basic", "bottleneck")
 _COST_NAMES = {"params": "parameters", "macs": "multiply-adds", "step_time": "seconds per step"}
+_RATES = ("learning_rate", "weight_decay", "warmup")  #: hyperparameters of the recipe
 _TIMED_STEPS = 5  # for a step-time budget, after one that traces the step
 #: `TrainConfig` fields a trial takes from the search space, not from its base `config`.
-_TRIAL_FIELDS = ("model", "model_kwargs", "dataset", "data_dir", "data_source", "data_path",
-                 "batch_size", "learning_rate", "weight_decay", "warmup", "epochs", "steps",
-                 "seed", "eval_every", "verbose", "strategy", "cpu_devices")
+_TRIAL_FIELDS = (*SPACE_FLAGS, "dataset", "data_dir", "data_source", "data_path", "batch_size",
+                 "epochs", "seed", "verbose", "strategy", "cpu_devices")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,9 +69,8 @@ def valid_blocks(depth, blocks):
 
 def _values(name, values, check=None):
     """A non-empty tuple of the distinct values of a list argument, each `check`ed."""
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-        values = (values,)
-    values = tuple(values)
+    scalar = isinstance(values, (str, bytes)) or not hasattr(values, "__iter__")
+    values = (values,) if scalar else tuple(values)
     if not values:
         raise ValueError(f"Empty search space: `{name}` has no values. Received: "
                          f"{name}={values!r}. Give at least one value (or leave the default).")
@@ -108,13 +108,11 @@ def _check_width(blocks, w):
 def search_space_spec(*, dataset="digits", depths=DEFAULT_DEPTHS, blocks=("auto",), units=None,
                       width_multipliers=(1,), learning_rates=(0.1,), weight_decays=(1e-4,),
                       warmups=(400,), epochs=1, batch_size=128, validation_fraction=0.1, seed=0,
-                      budget=None, data_dir=None, data_source="auto", data_path=None,
-                      config=None):
+                      budget=None, data_dir=None, data_source="auto", data_path=None, config=None):
     """Validates the `PreActResNetHyperModel` arguments; returns them as a dict (a study's
     identity in ``study.json``; ``config`` only where it holds a setting). Raises ValueError."""
     check_choice("dataset", dataset, data.list_datasets())
-    if isinstance(config, TrainConfig):
-        config = config.to_dict()
+    config = config.to_dict() if isinstance(config, TrainConfig) else config
     if not isinstance(config or {}, dict):
         raise ValueError("`config` must be None, a TrainConfig or its dict. Received: "
                          f"config={config!r}")
@@ -217,9 +215,8 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
                     f"{self.cost(cheapest)['macs']:,} multiply-adds) takes {seconds:.4f} s per "
                     f"step at batch {self.batch_size}. Received: budget step_time <= {limit}")
             return
-        fits = []
-        for arch in self.candidates():
-            (fits if self.cost(arch)[kind] <= limit else self.over_budget).append(arch)
+        fits = [a for a in self.candidates() if self.cost(a)[kind] <= limit]
+        self.over_budget = [a for a in self.candidates() if self.cost(a)[kind] > limit]
         if not fits:
             cheapest = min(self.over_budget, key=lambda a: self.cost(a)[kind])
             raise ValueError(f"No candidate fits the budget: the cheapest, {_label(cheapest)}, has "
@@ -236,17 +233,14 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         """Declares the hyperparameters on `hp`; returns the chosen architecture dict."""
         depth = hp.Choice("depth", self.depths, ordered=True)
         multi = [d for d in self.depths if len(valid_blocks(d, self.blocks)) > 1]
-        block = valid_blocks(depth, self.blocks)[0]
         if multi:
             with hp.conditional_scope("depth", multi):
                 choice = hp.Choice("block", ["basic", "bottleneck"])
-            if depth in multi:
-                block = choice
+        block = choice if depth in multi else valid_blocks(depth, self.blocks)[0]
         width = hp.Choice("width", self.width_multipliers)
         unit = hp.Choice("unit", self.units) if self.units else None
-        hp.Choice("learning_rate", self.learning_rates)
-        hp.Choice("weight_decay", self.weight_decays)
-        hp.Choice("warmup", self.warmups)
+        for name in _RATES:
+            hp.Choice(name, getattr(self, name + "s"))
         return {"depth": depth, "block": block, "width": width, "unit": unit}
 
     declare_hyperparameters = declare
@@ -254,15 +248,14 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
     def trial_config(self, arch, hp_values=None, *, epochs=None):
         """The `TrainConfig` of a trial: the study's `config` with the trial's architecture and
         rates (default: each list's first), what `keras-preact train` would run."""
-        hp_values = hp_values or {}
         block, n = cifar_units_per_stage(arch["depth"], arch["block"])
         wider = f"_w{arch['width']:g}".replace(".", "_") if arch["width"] != 1 else ""
         architecture = dict(  # the layout of `preact_resnet_cifar`, `width` x wider
             block=block, stage_blocks=[n] * 3, stage_strides=[1, 2, 2],
             stage_filters=[int(round(f * arch["width"])) for f in CIFAR_WIDTHS[block]],
             **({"unit": arch["unit"]} if arch.get("unit") is not None else {}))
-        rates = {name: float(hp_values.get(name, getattr(self, name + "s")[0]))
-                 for name in ("learning_rate", "weight_decay", "warmup")}
+        rates = {name: float((hp_values or {}).get(name, getattr(self, name + "s")[0]))
+                 for name in _RATES}
         return TrainConfig(**self.spec.get("config", {})).replace(
             model=f"preact_resnet{arch['depth']}{wider}",
             model_kwargs={"architecture": architecture}, dataset=self.dataset,
@@ -290,10 +283,9 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         run = Run(self.trial_config(arch), None, Stepper())
         run.spe = max(1, len(self.arrays[1]) // self.batch_size)  # the schedule's length
         model, _ = run.build(contextlib.nullcontext())
-        info = run.info
         rng = np.random.default_rng(0)
-        x = rng.uniform(0, 255, (self.batch_size, *info["input_shape"])).astype("float32")
-        y = rng.integers(0, info["classes"], self.batch_size)
+        x = rng.uniform(0, 255, (self.batch_size, *run.info["input_shape"])).astype("float32")
+        y = rng.integers(0, run.info["classes"], self.batch_size)
         model.train_on_batch(x, y)  # traces the step
         times = timeit.repeat(lambda: model.train_on_batch(x, y), number=1, repeat=_TIMED_STEPS)
         return float(np.median(times))
@@ -322,7 +314,6 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         ``step_time_s`` (in training, or the budget probe's), ``train_time_s`` and
         ``replicas`` (devices the trial trained on)."""
         arch = self.declare(hp)
-        epochs = int(epochs or self.epochs)
         cost = dict(self.cost(arch))
         if self.budget is not None:
             # Params / macs: over only by a width / unit combination whose values each fit.
@@ -338,8 +329,7 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
         steps = result["steps"] - initial_epoch * stepper.spe
         return {OBJECTIVE: max(e["val_accuracy"] for e in result["history"]),
                 "within_budget": 1.0, "step_time_s": result["train_time_s"] / max(1, steps),
-                "train_time_s": result["train_time_s"], "replicas": float(stepper.replicas),
-                **cost}
+                "train_time_s": result["train_time_s"], "replicas": float(stepper.replicas), **cost}
 
 
 class _TrialStepper(Stepper):

@@ -164,10 +164,9 @@ def tune(workdir, *, tuner="random", max_trials=10, overwrite=False, export=True
             _discard_study(workdir, remove_folder=created)  # the failed start leaves nothing
         raise
     result = dict.fromkeys(("rows", "best", "csv", "png", "best_model", "saved_model"))
-    result.update(role=role, workdir=workdir)
     if role != "worker":
         result.update(write_results(kt_tuner, hypermodel, workdir, export=export))
-    return result
+    return {**result, "role": role, "workdir": workdir}
 
 
 def distributed_role():
