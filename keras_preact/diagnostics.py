@@ -99,16 +99,14 @@ def gradient_flow(model, images=None, labels=None, *, batch_size=16, seed=0, lab
              for v in model.variables if not v.trainable]
     h = tf.convert_to_tensor(np.asarray(images, dtype="float32"))
     y = tf.convert_to_tensor(np.asarray(labels, dtype="int32"))
-    positions, unit_inputs, stage = [], [], 0
+    unit_inputs = []  # of each stage
     try:
         with tf.GradientTape() as tape:
             tape.watch(h)
             for layer in layers[: names.index(HEAD_LAYER) + 1]:
                 if isinstance(layer, PreActStage):
                     h, inputs = layer(h, training=True, return_unit_inputs=True)
-                    stage += 1
-                    unit_inputs.extend(inputs)
-                    positions.extend((stage, i + 1) for i in range(len(inputs)))
+                    unit_inputs.append(inputs)
                 else:
                     h = layer(h, training=True)
             loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
@@ -122,11 +120,12 @@ def gradient_flow(model, images=None, labels=None, *, batch_size=16, seed=0, lab
         return float(tf.sqrt(tf.reduce_mean(tf.square(t))))
 
     rows = []
-    for n, ((stage, index), g, a) in enumerate(zip(positions, grads, unit_inputs), start=1):
-        g, a = tf.cast(g, "float32"), tf.cast(a, "float32")
-        rows.append({"unit": n, "stage": stage, "index_in_stage": index, "grad_rms": rms(g),
-                     "act_mean": float(tf.reduce_mean(a)), "act_std": float(tf.math.reduce_std(a)),
-                     "act_rms": rms(a)})
+    for stage, (inputs, stage_grads) in enumerate(zip(unit_inputs, grads), start=1):
+        for index, (a, g) in enumerate(zip(inputs, stage_grads), start=1):
+            g, a = tf.cast(g, "float32"), tf.cast(a, "float32")
+            rows.append({"unit": len(rows) + 1, "stage": stage, "index_in_stage": index,
+                         "grad_rms": rms(g), "act_mean": float(tf.reduce_mean(a)),
+                         "act_std": float(tf.math.reduce_std(a)), "act_rms": rms(a)})
     return GradientFlowReport(label=label or model.name, rows=rows, loss=float(loss))
 
 

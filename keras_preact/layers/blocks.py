@@ -274,8 +274,7 @@ class PreActBasicBlock(_PreActUnit):
     block = "basic"
 
     def __init__(self, filters, strides=1, **kwargs):
-        kwargs.pop("expansion", None)
-        kwargs.pop("bottleneck_stride", None)
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("expansion", "bottleneck_stride")}
         super().__init__(filters, strides=strides, **kwargs)
 
 

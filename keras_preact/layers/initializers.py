@@ -11,8 +11,7 @@ import keras
 
 #: The initializer attributes of the Keras layers a model creates (Conv2D, Dense, BN).
 _LAYER_INITIALIZERS = ("kernel_initializer", "bias_initializer", "gamma_initializer",
-                       "beta_initializer", "moving_mean_initializer",
-                       "moving_variance_initializer")
+                       "beta_initializer", "moving_mean_initializer", "moving_variance_initializer")
 #: Keras' truncated normal keeps draws within 2 standard deviations and divides by this
 #: (the standard deviation of a unit normal truncated there), so that the result has the
 #: intended one.
@@ -38,10 +37,8 @@ def _variance_scaling(init, shape, unit_shape, rng):
         return rng.uniform(-limit, limit, shape)
     values = rng.standard_normal(shape)
     if init.distribution == "truncated_normal":
-        outside = np.abs(values) > 2.0
-        while outside.any():
+        while (outside := np.abs(values) > 2.0).any():
             values[outside] = rng.standard_normal(int(outside.sum()))
-            outside = np.abs(values) > 2.0
         return values * (math.sqrt(scale) / _TRUNCATED_STD)
     return values * math.sqrt(scale)
 
@@ -91,8 +88,8 @@ class HostInitializer(keras.initializers.Initializer):
             return base(shape, dtype=dtype)
         dtype = keras.backend.standardize_dtype(dtype or keras.config.floatx())
         # Cast by NumPy where it can (on JAX a cast of a new shape is a compilation too).
-        values = values.astype("float32" if dtype == "bfloat16" else dtype)
-        return keras.ops.convert_to_tensor(values, dtype=dtype)
+        return keras.ops.convert_to_tensor(
+            values.astype("float32" if dtype == "bfloat16" else dtype), dtype=dtype)
 
 
 def call_on_host(layer, *args):

@@ -21,10 +21,8 @@ def resolve_preprocessing(preprocessing):
     """Turns a `preprocessing` argument (None, a name of `PRESETS`, or a dict with
     per-channel "mean" and "std" in units of ``x * scale`` and an optional "scale",
     default 1/255) into ``(scale, mean, std)`` or None; ValueError if malformed."""
-    if preprocessing is None:
-        return None
-    if isinstance(preprocessing, str) and preprocessing in PRESETS:
-        return PRESETS[preprocessing]
+    if preprocessing is None or isinstance(preprocessing, str) and preprocessing in PRESETS:
+        return PRESETS.get(preprocessing)  # None: no preprocessing
     if isinstance(preprocessing, str):
         raise ValueError(f"Unknown `preprocessing` preset. Received: preprocessing="
                          f"{preprocessing!r}. Valid: None, a dict with 'mean' and 'std', or one "
@@ -45,8 +43,7 @@ def resolve_preprocessing(preprocessing):
 
 
 def _as_tuple(name, value):
-    if isinstance(value, (int, float)):
-        value = (value,)
+    value = (value,) if isinstance(value, (int, float)) else value
     try:
         return tuple(float(v) for v in value)
     except (TypeError, ValueError):
@@ -72,8 +69,7 @@ class ImageNormalization(keras.layers.Layer):
         self.data_format = normalize_data_format(data_format)
 
     def build(self, input_shape):
-        channel_axis = -1 if self.data_format == "channels_last" else 1
-        channels = input_shape[channel_axis]
+        channels = input_shape[-1 if self.data_format == "channels_last" else 1]
         for name, values in (("mean", self.mean), ("std", self.std)):
             if channels is not None and len(values) not in (1, channels):
                 raise ValueError(f"`{name}` has {len(values)} values for an input with {channels} "

@@ -19,10 +19,8 @@ REMAT_MODES = ("unit", "segment")
 
 def normalize_remat(remat):
     """Validates `remat`; returns None, "unit", "segment" or an int."""
-    if remat is None or remat is False:
-        return None
-    if remat is True:
-        return "segment"
+    if remat is None or isinstance(remat, bool):
+        return "segment" if remat else None
     if (isinstance(remat, str) and remat in REMAT_MODES) or (isinstance(remat, int) and remat >= 1):
         return remat  # (True and False, the only bools, are handled above)
     raise ValueError("`remat` must be None/False (off), True, 'unit', 'segment' or a positive int "

@@ -105,21 +105,18 @@ def resolve_unit_options(unit, *, shortcut_scale=None, residual_scale=None, gate
         {'gate_bias': -6.0}
     """
     defaults = dict(get_unit(unit).parameters)
-    given = dict(zip(_PARAMETERS, (shortcut_scale, residual_scale, gate_bias, dropout_rate)))
     resolved = {}
-    for name, value in given.items():
+    for name, value in zip(_PARAMETERS, (shortcut_scale, residual_scale, gate_bias, dropout_rate)):
         if name not in defaults:
             if value is not None:
                 takers = [n for n, u in UNITS.items() if name in dict(u.parameters)]
                 raise ValueError(f"`{name}` applies only to unit in {takers}. "
                                  f"Received: {name}={value!r} with unit={unit!r}")
             continue
-        if value is None:
-            value = defaults[name]
-        elif (isinstance(value, bool) or not isinstance(value, numbers.Real)
-              or not math.isfinite(value)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                                  or not math.isfinite(value)):
             raise ValueError(f"`{name}` must be a finite real number. Received: {name}={value!r}")
-        value = float(value)
+        value = float(defaults[name] if value is None else value)
         if name.endswith("_scale") and value < 0:
             raise ValueError(f"`{name}` (the constant lambda) must be >= 0 (the paper tries 0, "
                              f"0.5 and 1). Received: {name}={value!r}")

@@ -62,8 +62,8 @@ def preact_resnet_cifar(depth, *, block="auto", include_top=True, weights=None,
         classifier_activation=classifier_activation, name=name, kwargs=kwargs)
 
 
-def _register(depth, block):
-    units = (depth - 2) // (6 if block == "basic" else 9)
+def _register(depth):
+    block, units = cifar_units_per_stage(depth)
     return register_factory(
         preact_resnet_cifar, depth, block,
         f"Pre-activation ResNet-{depth} for CIFAR ({block} units, {units} per stage).",
@@ -71,13 +71,13 @@ def _register(depth, block):
         default_classes=weights_hooks.DEFAULT_CLASSES, fixed={"block": block})
 
 
-preact_resnet20 = _register(20, "basic")
-preact_resnet32 = _register(32, "basic")
-preact_resnet44 = _register(44, "basic")
-preact_resnet56 = _register(56, "basic")
-preact_resnet110 = _register(110, "basic")
-preact_resnet164 = _register(164, "bottleneck")
-preact_resnet272 = _register(272, "bottleneck")
-preact_resnet542 = _register(542, "bottleneck")
-preact_resnet1001 = _register(1001, "bottleneck")
-preact_resnet1202 = _register(1202, "basic")
+preact_resnet20 = _register(20)
+preact_resnet32 = _register(32)
+preact_resnet44 = _register(44)
+preact_resnet56 = _register(56)
+preact_resnet110 = _register(110)
+preact_resnet164 = _register(164)
+preact_resnet272 = _register(272)
+preact_resnet542 = _register(542)
+preact_resnet1001 = _register(1001)
+preact_resnet1202 = _register(1202)

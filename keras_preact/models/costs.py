@@ -32,9 +32,7 @@ def count_macs(model):
         raise ValueError("count_macs needs a functional Keras model (such as a PreActResNet). "
                          f"Received: model={type(model).__name__}")
     total = 0
-    for layer in model.layers:
-        if isinstance(layer, keras.layers.InputLayer):
-            continue
+    for layer in [x for x in model.layers if not isinstance(x, keras.layers.InputLayer)]:
         shape = tuple(layer.input.shape)
         if any(d is None for d in shape[1:]):
             raise ValueError("count_macs needs a fixed input size; build the model with e.g. "

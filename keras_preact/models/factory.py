@@ -31,8 +31,7 @@ def build_with_weights(model_name, architecture, *, weights, include_top, input_
     check_input_tensor(input_tensor)
     check_bool("include_top", include_top)
     include_top = include_top and not kwargs.get("features")  # a backbone loads as no-top
-    if weights is None and classes is None:
-        classes = default_classes
+    classes = default_classes if weights is None and classes is None else classes
     channels_last = normalize_data_format(kwargs.get("data_format")) == "channels_last"
     request = weights_hooks.WeightsRequest(
         weights=weights, model=model_name, include_top=include_top, classes=classes,

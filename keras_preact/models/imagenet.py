@@ -45,10 +45,9 @@ def preact_resnet_imagenet(depth, *, include_top=True, weights=None, input_tenso
              stem_filters=64, stem_kernel_size=7, stem_strides=2),
         defaults=dict(bottleneck_stride="first", first_shared_preact=False,
                       stage_strides=(1, 2, 2, 2), stem="imagenet"),
-        weights=weights, include_top=include_top, input_tensor=input_tensor,
-        input_shape=input_shape, size=224, pooling=pooling, classes=classes,
-        default_classes=1000, classifier_activation=classifier_activation, name=name,
-        kwargs=kwargs)
+        weights=weights, include_top=include_top, input_tensor=input_tensor, size=224,
+        input_shape=input_shape, pooling=pooling, classes=classes, default_classes=1000,
+        classifier_activation=classifier_activation, name=name, kwargs=kwargs)
 
 
 def _register(depth):

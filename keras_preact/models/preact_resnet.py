@@ -115,14 +115,11 @@ def _check_input_shape(input_shape, data_format, total_stride):
 
 def check_dtype(dtype):
     """ValueError unless `dtype` is None or a floating-point dtype or policy."""
-    try:
-        ok = dtype is None or "float" in keras.dtype_policies.get(dtype).compute_dtype
-    except (ValueError, TypeError):
-        ok = False
-    if not ok:
-        raise ValueError("`dtype` must be a floating-point dtype or policy (float32, float16, "
-                         "bfloat16, mixed_float16, mixed_bfloat16, ...). Received: "
-                         f"dtype={dtype!r}")
+    with contextlib.suppress(ValueError, TypeError):  # not a dtype: refused below
+        if dtype is None or "float" in keras.dtype_policies.get(dtype).compute_dtype:
+            return
+    raise ValueError("`dtype` must be a floating-point dtype or policy (float32, float16, "
+                     f"bfloat16, mixed_float16, mixed_bfloat16, ...). Received: dtype={dtype!r}")
 
 
 def validate_config(arch):
@@ -176,10 +173,9 @@ def validate_config(arch):
 
 def _stem(x, a):
     # Layer creation order is frozen (weights files match by it).
-    if (preprocessing := resolve_preprocessing(a.preprocessing)) is not None:
-        scale, mean, std = preprocessing
-        x = ImageNormalization(scale=scale, mean=mean, std=std, data_format=a.data_format,
-                               dtype=a.dtype, name=PREPROCESSING_LAYER)(x)
+    if (preprocessing := resolve_preprocessing(a.preprocessing)) is not None:  # scale, mean, std
+        x = ImageNormalization(*preprocessing, data_format=a.data_format, dtype=a.dtype,
+                               name=PREPROCESSING_LAYER)(x)
     padding = "same"
     if a.stem in POOLED_STEMS and a.stem_strides > 1:
         # Torch pads (k - 1) // 2 on every side; Keras' "same" would shift the grid.
@@ -234,13 +230,9 @@ def _stages(x, a):
 def _levels(a):
     """keras-hub's pyramid level names of the stages: "P{n}" for a stage whose output is
     2**n times smaller than the input (CIFAR: P0, P1, P2; ImageNet: P2 ... P5)."""
-    stride = a.stem_strides * (2 if a.stem in POOLED_STEMS else 1)
-    names = []
-    for s in a.stage_strides:
-        stride *= s
-        n = stride.bit_length() - 1
-        names.append(f"P{n}" if stride == 1 << n else f"stride{stride}")
-    return names
+    stem = a.stem_strides * (2 if a.stem in POOLED_STEMS else 1)
+    strides = [stem * math.prod(a.stage_strides[:i + 1]) for i in range(len(a.stage_strides))]
+    return [f"P{s.bit_length() - 1}" if s.bit_count() == 1 else f"stride{s}" for s in strides]
 
 
 def _final_activation(x, a):
@@ -273,12 +265,11 @@ def _head(x, a):
 
 def _zero_last_convs(model):
     """Sets the last conv kernel of every residual branch to zero (`zero_init_last`)."""
-    for stage in model.layers:
-        if isinstance(stage, PreActStage):
-            units = [(u, u.spec) for u in (stage.unit1, stage.unit_last) if u is not None]
-            for layer, spec in units + ([(stage, stage.repeat_spec)] if stage.num_stacked else []):
-                kernel = layer.get_variable(f"{spec.convs[-1][0]}_kernel")
-                kernel.assign(keras.ops.zeros(kernel.shape, kernel.dtype))
+    for stage in [layer for layer in model.layers if isinstance(layer, PreActStage)]:
+        units = [(u, u.spec) for u in (stage.unit1, stage.unit_last) if u is not None]
+        for layer, spec in units + ([(stage, stage.repeat_spec)] if stage.num_stacked else []):
+            kernel = layer.get_variable(f"{spec.convs[-1][0]}_kernel")
+            kernel.assign(keras.ops.zeros(kernel.shape, kernel.dtype))
 
 
 @keras.saving.register_keras_serializable(package="keras_preact")
@@ -370,10 +361,8 @@ class PreActResNet(keras.Model):
         return 1 + (2 if self.block == "basic" else 3) * sum(self.stage_blocks) + 1
 
     def get_config(self):
-        a = self.spec
-        config = {key: getattr(a, key) for key in ARGUMENTS}
-        config.update({key: list(config[key]) for key in ("stage_blocks", "stage_filters",
-                                                         "stage_strides", "input_shape")})
+        a, lists = self.spec, ("stage_blocks", "stage_filters", "stage_strides", "input_shape")
+        config = {k: list(getattr(a, k)) if k in lists else getattr(a, k) for k in ARGUMENTS}
         dtype, init = a.dtype, a.kernel_initializer
         return dict(
             config, input_tensor=None, name=self.name, trainable=self.trainable,
@@ -383,9 +372,8 @@ class PreActResNet(keras.Model):
 
     def _pruning_off(self):
         """Grappler's model pruning would undo remat on TensorFlow: off while it trains."""
-        if self.remat is not None and keras.backend.backend() == "tensorflow":
-            return model_pruning_off()
-        return contextlib.nullcontext()
+        on_tensorflow = self.remat is not None and keras.backend.backend() == "tensorflow"
+        return model_pruning_off() if on_tensorflow else contextlib.nullcontext()
 
     def fit(self, *args, **kwargs):
         # Around the whole call: switching it each step slows remat training.
