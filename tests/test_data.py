@@ -527,6 +527,28 @@ def test_image_folder_resize_warning_counts_every_image_once(tmp_path, caplog):
     assert len(_warnings(caplog)) == 1 and "8 of the 8 images" in _warnings(caplog)[0]
 
 
+def test_image_folder_reads_16_bit_images_by_their_top_8_bits(tmp_path):
+    from PIL import Image
+
+    deep = np.random.default_rng(0).integers(0, 65536, (32, 32), dtype=np.uint16)
+    for name in ("cat", "dog"):
+        (tmp_path / name).mkdir()
+        for i in range(3):
+            Image.fromarray(deep).save(tmp_path / name / f"{i}.png")  # 16-bit greyscale
+    x, _ = data.load_arrays("folder", "train", path=str(tmp_path))
+    top = (deep >> 8).astype(np.uint8)  # not clipped to 255
+    np.testing.assert_array_equal(x[0], np.repeat(top[..., None], 3, axis=-1))
+
+
+def test_image_folder_says_which_classes_its_test_split_lacks(tmp_path, caplog):
+    F.write_png_folder(str(tmp_path / "train"), ["a", "b"], per_class=2)
+    F.write_png_folder(str(tmp_path / "test"), ["a"], per_class=1)
+    with caplog.at_level("WARNING", logger="keras_preact"):
+        data.dataset_info("folder", path=str(tmp_path))
+    assert _warnings(caplog) == [f"The test folder {str(tmp_path / 'test')!r} has no images of "
+                                 "the classes ['b']: its accuracy says nothing about them."]
+
+
 def test_image_folder_follows_linked_class_folders(tmp_path):
     F.write_png_folder(str(tmp_path), ["cats", "dogs"], per_class=3)
     (tmp_path / "imgs").mkdir()

@@ -298,14 +298,18 @@ def test_a_folder_run_carries_its_class_names_into_the_export_and_predict(tmp_pa
     assert code == 0 and "tabby" in text and "cat" not in text, (text, err)
 
 
+@pytest.mark.parametrize("content, says", [
+    (b"\xff\xfe\x00c\x00a\x00t", "must be UTF-8 text, one class name a line"),
+    (b"\n  \n", "The class names file holds no class name.")])
 @pytest.mark.parametrize("command", ["export", "predict"])
-def test_a_class_names_file_that_is_not_utf8_is_one_clear_line(tmp_path, capsys, command):
+def test_a_class_names_file_that_is_not_utf8_or_empty_is_one_clear_line(tmp_path, capsys,
+                                                                        command, content, says):
     names = tmp_path / "names.txt"
-    names.write_bytes(b"\xff\xfe\x00c\x00a\x00t")
+    names.write_bytes(content)
     argv = {"export": ["export", "preact_resnet20", "--out", str(tmp_path / "x")],
             "predict": ["predict", str(tmp_path / "m.keras"), str(tmp_path / "a.png")]}[command]
     code, _, err = run_cli([*argv, "--class-names", str(names)], capsys)
     assert code == cli.EXIT_ERROR and len(err.strip().splitlines()) == 1, err
-    assert "must be UTF-8 text, one class name a line" in err
+    assert says in err
     assert err.strip().endswith(f"Received: --class-names={str(names)!r}")
     assert not os.path.exists(tmp_path / "x")

@@ -220,6 +220,10 @@ def test_a_run_knows_its_data_from_any_folder(tmp_path, monkeypatch):
     assert file_hashes(workdir) == before
     # From b/, `evaluate` finds the run's data; the same folder spelt otherwise extends it.
     assert evaluate(workdir)["num_examples"] == 8
+    with pytest.raises(ValueError, match=r"trained on the classes \['cat', 'dog'\]; the 'folder' "
+                                         r"data has \['frog', 'ship'\], which would be scored by "
+                                         r"position. Received: data_path='c10_2x50'"):
+        evaluate(workdir, data_path="c10_2x50")
     longer = config.replace(epochs=2, data_path="../a/c10_2x50")
     assert train_and_evaluate(longer, workdir)["resumed_from_epoch"] == 1
     # A workdir written before (its data_path as typed, no num_examples) still resumes.
@@ -327,7 +331,7 @@ def test_a_config_json_that_is_not_a_run_configuration_is_named(tmp_path, capsys
             f"error: {tmp_path / 'config.json'} is not a keras-preact run configuration (a JSON "
             f'object with "train_config" expected): choose another --workdir. Received: '
             f"{json.loads(stored)}\n")
-    assert sorted(os.listdir(tmp_path)) == [".lock", "config.json"]  # the lock is hidden
+    assert os.listdir(tmp_path) == ["config.json"]  # left as found: no lock file
     assert (tmp_path / "config.json").read_text() == stored
 
 

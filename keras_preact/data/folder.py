@@ -144,7 +144,11 @@ def _decode(path, size):
     try:
         with warnings.catch_warnings(), Image.open(path) as image:
             warnings.simplefilter("ignore")  # a big photo, a palette's transparency
-            shape, image = (image.height, image.width), image.convert("RGB")
+            shape = (image.height, image.width)
+            if image.mode in ("I", "I;16", "I;16B", "I;16L"):  # 16 bits: their top 8, as
+                # `convert` would clip every value over 255 to white
+                image = Image.fromarray((np.asarray(image, np.uint32) >> 8).astype(np.uint8))
+            image = image.convert("RGB")
         # As `predict --resize` resizes (Pillow copies an image of the size asked).
         return np.asarray(image.resize(size[::-1], Image.Resampling.BILINEAR), np.uint8), shape
     except Exception as err:  # noqa: BLE001 - any failure names the file
@@ -192,6 +196,9 @@ def read_image_folder(path, split, *, image_size=(32, 32)):
     root = train_dir if layout == "flat" else os.path.dirname(train_dir)
     if layout == "split" and split != "train":
         own = class_folders(test_dir, within=class_names)
+        if (missing := sorted(set(class_names) - set(own))) and _once(root, "missing"):
+            logger.warning("The test folder %r has no images of the classes %s: its accuracy "
+                           "says nothing about them.", test_dir, missing)
         images, labels = _read_directory(test_dir, own, size, root)
         # Class ids follow the train folder's classes, even where the test folder lacks some.
         labels = np.array([class_names.index(n) for n in own], np.int64)[labels]

@@ -126,13 +126,16 @@ def read_class_names(path, *, argument="path"):
                          f"JSON list (.json); byte {err.start} is not UTF-8. "
                          f"Received: {argument}={path!r}") from None
     if not str(path).endswith(".json"):
-        return [line.strip() for line in text.splitlines() if line.strip()]
-    try:
-        names = json.loads(text)
-    except ValueError as err:
-        raise ValueError(f"The class names file {path!r} is not valid JSON ({err})") from None
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise ValueError(f"The class names file {path!r} must hold a JSON list of strings")
+        names = [line.strip() for line in text.splitlines() if line.strip()]
+    else:
+        try:
+            names = json.loads(text)
+        except ValueError as err:
+            raise ValueError(f"The class names file {path!r} is not valid JSON ({err})") from None
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError(f"The class names file {path!r} must hold a JSON list of strings")
+    if not names:
+        raise ValueError(f"The class names file holds no class name. Received: {argument}={path!r}")
     return names
 
 

@@ -288,6 +288,11 @@ class Stepper:
     def finish(self, run, model):
         """Extra entries of the result dict, once training is done."""
         distribute.average_replica_statistics(self.strategy, model)
+        if getattr(model.optimizer, "use_ema", False):
+            # `fit` ends by assigning each weight its moving average's own array; JAX's
+            # `predict` donates the weights' arrays, which would delete the averages too.
+            for variable in model.trainable_variables:
+                variable.assign(ops.copy(variable))
         return {}
 
 

@@ -74,7 +74,7 @@ class Workdir:
             yield
         finally:
             lock.release()
-            if new_lock and not os.path.exists(self.config_path):  # no run: leave it as found
+            if new_lock and not self.holds_run():  # no run (or another's file): as found
                 Path(self.file(LOCK_FILE)).unlink(missing_ok=True)
                 if created:
                     with contextlib.suppress(OSError):  # not empty, or another run began there
@@ -98,6 +98,12 @@ class Workdir:
         raise ValueError(f"{self.config_path} is not a keras-preact run configuration (a JSON "
                          "object with \"train_config\" expected): choose another --workdir. "
                          f"Received: {str(stored)[:200]}")
+
+    def holds_run(self):
+        """Whether the folder holds a keras-preact run (its config.json)."""
+        with contextlib.suppress(ValueError):
+            return self.read_train_config() is not None
+        return False
 
     def read_state(self):
         """The last completed epoch's state, or None; ValueError if it is unreadable."""
