@@ -32,10 +32,9 @@ set or --debug is given.
 """
 
 #: TensorFlow's C++ start-up lines: absl's notice, absl log lines, the CPU-feature note's 2nd.
-_TENSORFLOW_STARTUP_LOG = re.compile(
-    r"WARNING: All log messages before absl::InitializeLog\(\)"
-    r"|[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\] "
-    r"|To enable the following instructions:")
+_TENSORFLOW_STARTUP_LOG = re.compile(r"WARNING: All log messages before absl::InitializeLog\(\)"
+                                     r"|[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\] "
+                                     r"|To enable the following instructions:")
 
 
 #: TensorFlow's errors that come from the user's files, disks or memory.

@@ -39,8 +39,7 @@ def add_commands(subparsers):
     p.add_argument("--dataset", help="dataset name (default: the workdir's)")
     p.add_argument("--data-dir", default=None, help="CIFAR files or TFDS data folder")
     p.add_argument("--data-source", default="auto", help="auto, tfds or archive")
-    p.add_argument("--data-path", default=None,
-                   help="an archive, extracted folder or image folder")
+    p.add_argument("--data-path", default=None, help="an archive, extracted folder or image folder")
     p.add_argument("--split", default="test", help="test or train (default test)")
     p.add_argument("--batch-size", type=int, default=256, help="images per batch (default 256)")
     p.add_argument("--verbose", default="auto", type=verbosity,
@@ -116,10 +115,9 @@ def cmd_train(args):
 
 def cmd_evaluate(args):
     from keras_preact.training.trainer import evaluate
-    result = evaluate(
-        args.workdir, model=args.model, weights=args.weights, dataset=args.dataset,
-        data_dir=args.data_dir, data_source=args.data_source, data_path=args.data_path,
-        batch_size=args.batch_size, split=args.split, verbose=args.verbose, flip=args.flip)
+    result = evaluate(args.workdir, **{k: getattr(args, k) for k in (
+        "model", "weights", "dataset", "data_dir", "data_source", "data_path", "batch_size",
+        "split", "verbose", "flip")})
     print(f"{result['dataset']} {result['split']}{' (flip)' * args.flip}: accuracy "
           f"{100 * result['accuracy']:.2f}%  "
           f"loss {result['loss']:.4f}  ({result['num_examples']} images; {result['source']})")

@@ -46,9 +46,8 @@ def check_unit_arguments(*, strides, bottleneck_stride, bn_momentum, bn_epsilon,
         raise ValueError(f"`bn_epsilon` must be > 0. Received: bn_epsilon={bn_epsilon!r}")
     check_bool("synchronized", synchronized)
     if synchronized and keras.backend.backend() != "tensorflow":
-        raise ValueError(
-            "`synchronized=True` (cross-replica BatchNorm statistics) needs the "
-            f"TensorFlow backend. Received: synchronized=True on {keras.backend.backend()!r}")
+        raise ValueError("`synchronized=True` (cross-replica BatchNorm statistics) needs "
+                         f"TensorFlow. Received: synchronized=True on {keras.backend.backend()!r}")
     options = variants.resolve_unit_options(unit, **unit_options)
     check_choice("strided_shortcut", strided_shortcut, STRIDED_SHORTCUTS)
     check_bool("conv_bias", conv_bias)

@@ -15,12 +15,10 @@ _LAZY = {name: f"keras_preact.training.{module}" for module, names in (
     ("trainer", "train_and_evaluate evaluate load_workdir_model"),
     ("run", "build_model SmoothedCrossentropy"),
     ("demo", "run_demo DEMO_EPOCHS"), ("multiworker", "train_multiworker parse_tf_config"),
-    ("distribute", "make_strategy set_synchronized_batch_norm"),
-) for name in names.split()}
+    ("distribute", "make_strategy set_synchronized_batch_norm")) for name in names.split()}
 
 __all__ = ["LIMITS", "PATHS", "PRECISIONS", "RECIPES", "STRATEGIES", "TrainConfig",
-           "training_path", "paper_cifar_recipe",
-           "paper_imagenet_recipe", "recipe", *_LAZY]
+           "training_path", "paper_cifar_recipe", "paper_imagenet_recipe", "recipe", *_LAZY]
 
 
 def __getattr__(name):

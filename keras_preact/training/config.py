@@ -265,8 +265,7 @@ class TrainConfig:
 #: (label smoothing, moving average, loss scaling), the evaluation, checkpoints and reports.
 PATHS = {"TensorFlow fit": ("tensorflow", ("default", "mirrored", "tpu")),
          "TensorFlow multi-worker loop": ("tensorflow", ("multiworker",)),
-         "JAX fit": ("jax", ("default", "data_parallel")),
-         "PyTorch fit": ("torch", ("default",))}
+         "JAX fit": ("jax", ("default", "data_parallel")), "PyTorch fit": ("torch", ("default",))}
 #: The one declaration of what a path cannot honour: {path: {field: why, and what instead}}.
 #: A field set to other than its default there is refused before anything is written; every
 #: field not listed trains the same on every path. docs/training.md's table is made from it.
@@ -279,12 +278,9 @@ LIMITS = {
     "JAX fit": {
         "cpu_devices": "JAX makes its CPU devices at start: set XLA_FLAGS="
                        "--xla_force_host_platform_device_count=N before Python starts",
-        "intra_op_threads": "XLA sizes its CPU thread pool at start (jax-ml/jax#1539); limit "
-                            "the process instead (taskset)",
-        "inter_op_threads": "XLA sizes its CPU thread pool at start (jax-ml/jax#1539); limit "
-                            "the process instead (taskset)"},
-    "PyTorch fit": {"cpu_devices": "the PyTorch backend trains on one device"},
-}
+        **dict.fromkeys(("intra_op_threads", "inter_op_threads"), "XLA sizes its CPU thread "
+                        "pool at start (jax-ml/jax#1539); limit the process instead (taskset)")},
+    "PyTorch fit": {"cpu_devices": "the PyTorch backend trains on one device"}}
 
 
 def training_path(config, backend):

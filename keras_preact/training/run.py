@@ -182,9 +182,8 @@ class Stepper:
         """Sets up the runtime, then `make_strategy()` (default: the config's strategy);
         ValueError for a batch the replicas cannot split."""
         c = run.config
-        distribute.configure_runtime(
-            cpu_devices=c.cpu_devices, intra_op_threads=c.intra_op_threads,
-            inter_op_threads=c.inter_op_threads, deterministic=c.deterministic)
+        distribute.configure_runtime(**{k: getattr(c, k) for k in (
+            "cpu_devices", "intra_op_threads", "inter_op_threads", "deterministic")})
         self.strategy = make_strategy() if make_strategy else distribute.make_strategy(c.strategy)
         self.replicas = self.strategy.num_replicas_in_sync
         distribute.check_global_batch(c.batch_size, self.replicas)

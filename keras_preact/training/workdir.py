@@ -100,10 +100,10 @@ class Workdir:
                          f"Received: {str(stored)[:200]}")
 
     def holds_run(self):
-        """Whether the folder holds a keras-preact run (its config.json)."""
+        """Whether the folder holds a keras-preact run (its config.json); None where its
+        config.json is another program's."""
         with contextlib.suppress(ValueError):
             return self.read_train_config() is not None
-        return False
 
     def read_state(self):
         """The last completed epoch's state, or None; ValueError if it is unreadable."""
