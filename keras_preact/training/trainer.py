@@ -106,16 +106,16 @@ def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=N
     size = getattr(net, "input_shape", (None,) * 4)[1:3] if dataset == "folder" else ()
     size = tuple(size) if all(isinstance(d, int) for d in size) and size else None
     info = data.dataset_info(dataset, path=data_path, image_size=size)
-    trained_on = Workdir(workdir).read_config().get("class_names") if workdir else None
-    if trained_on and [str(c) for c in info["class_names"]] != [str(c) for c in trained_on]:
-        raise ValueError(f"The run in {workdir} was trained on the classes {trained_on}; the "
-                         f"{dataset!r} data has {list(info['class_names'])}, which would be "
-                         f"scored by position. Received: data_path={data_path!r}")
     classes = info["classes"]
     shape = getattr(net, "output_shape", None)
     if (outputs := shape[-1] if isinstance(shape, tuple) else None) != classes:
         raise ValueError(f"The {dataset!r} dataset has {classes} classes and the model "
                          f"({source}) {outputs} outputs: it cannot be scored on it.")
+    trained_on = Workdir(workdir).read_config().get("class_names") if workdir else None
+    if trained_on and [str(c) for c in info["class_names"]] != [str(c) for c in trained_on]:
+        raise ValueError(f"The run in {workdir} was trained on the classes {trained_on}; the "
+                         f"{dataset!r} data has {list(info['class_names'])}, which would be "
+                         f"scored by position. Received: data_path={data_path!r}")
     make = functools.partial(data.make_dataset, dataset, split, data_dir=data_dir,
                              source=data_source, path=data_path, image_size=size, shuffle=False,
                              augment=False, drop_remainder=False)
