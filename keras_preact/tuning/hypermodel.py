@@ -266,7 +266,7 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
     def make_model(self, arch):
         """The model of an architecture dict (see `candidates`), built as `train` builds it."""
         config = self.trial_config(arch)
-        return build_model(config, data.dataset_info(config.dataset, path=config.data_path))
+        return build_model(config, data.dataset_info(config.dataset, **config.data_arguments()))
 
     def cost(self, arch):
         """``{"params": int, "macs": int}`` of an architecture (cached)."""
