@@ -75,6 +75,9 @@ def test_run_writes_checkpoints_metrics_curve_logs_and_model(digits_run):
     # The last epoch's evaluation and the final one see the same weights and data.
     assert metrics["epochs"][-1]["val_accuracy"] == pytest.approx(metrics["test_accuracy"], abs=1e-6)
     assert metrics["epochs"][0]["learning_rate"] == pytest.approx(0.05)  # 0.1 * 64 / 128
+    for entry in metrics["epochs"]:  # the rate counts the epoch's training, not its evaluation
+        assert entry["images_per_s"] == pytest.approx(22 * 64 / entry["time_s"], rel=1e-3)
+        assert entry["eval_time_s"] > 0 and "raw_val_accuracy" not in entry  # no moving average
 
     rows = open(os.path.join(workdir, "metrics.csv")).read().splitlines()
     assert rows[0].split(",")[:3] == ["epoch", "step", "learning_rate"]
@@ -439,6 +442,72 @@ def test_mixed_precision_trains(cifar_dir, tmp_path, precision):
     assert model.output.dtype == "float32"  # softmax in float32
     history = json.load(open(os.path.join(workdir, "metrics.json")))["epochs"]
     assert np.isfinite(history[0]["loss"])
+
+
+def test_an_epochs_evaluation_time_is_not_counted_as_training(tmp_path, monkeypatch):
+    import time
+
+    from keras_preact.training import run, train_and_evaluate
+
+    evaluate = run.Stepper.evaluate
+    monkeypatch.setattr(run.Stepper, "evaluate",
+                        lambda *a: (time.sleep(1.0), evaluate(*a))[1])  # a slow evaluation
+    epoch, = train_and_evaluate(tiny_config(epochs=1), str(tmp_path / "run"))["history"]
+    assert epoch["eval_time_s"] >= 1.0 and epoch["time_s"] < epoch["eval_time_s"] + 60
+    assert epoch["images_per_s"] == pytest.approx(22 * 64 / epoch["time_s"], rel=1e-3)
+
+
+@pytest.mark.parametrize("seconds, chosen", [
+    ({"fp32": 1.0, "mixed_bfloat16": 0.5}, "mixed_bfloat16"),  # 2x: kept
+    ({"fp32": 1.0, "mixed_bfloat16": 0.95}, "fp32")])  # 1.05x: not a clear margin
+def test_precision_auto_keeps_bfloat16_only_where_its_steps_are_clearly_faster(
+        tmp_path, monkeypatch, seconds, chosen):
+    import keras
+
+    from keras_preact.training import train_and_evaluate
+    from keras_preact.training.run import Run
+
+    timed = []
+    monkeypatch.setattr(Run, "step_seconds", lambda self, precisions: (
+        timed.append(tuple(precisions)), seconds)[1])  # the timing faked: the test times nothing
+    workdir = str(tmp_path / "run")
+    result = train_and_evaluate(tiny_config(precision="auto", epochs=1), workdir)
+    assert timed == [("fp32", "mixed_bfloat16")]
+    record = {"chosen": chosen, "images_per_s": {p: round(64 / s, 1) for p, s in seconds.items()}}
+    assert json.load(open(os.path.join(workdir, "config.json")))["precision"] == record
+    assert json.load(open(os.path.join(workdir, "metrics.json")))["precision"] == chosen
+    model = keras.saving.load_model(result["model_path"], compile=False)
+    assert model.get_layer("stem_conv").dtype_policy.name == (
+        "float32" if chosen == "fp32" else chosen)
+    # Extended (as a resumed run), it keeps the stored choice and measures nothing again.
+    result = train_and_evaluate(tiny_config(precision="auto", epochs=2), workdir)
+    assert timed == [("fp32", "mixed_bfloat16")] and result["resumed_from_epoch"] == 1
+    model = keras.saving.load_model(result["model_path"], compile=False)
+    assert model.get_layer("stem_conv").dtype_policy.name == (
+        "float32" if chosen == "fp32" else chosen)
+
+
+def test_step_seconds_times_each_precision_of_the_runs_own_model():
+    from keras_preact.training.run import Run, Stepper
+
+    run = Run(tiny_config(precision="auto"), None, Stepper())
+    run.spe = 22
+    seconds = run.step_seconds(("fp32", "mixed_bfloat16"))
+    assert set(seconds) == {"fp32", "mixed_bfloat16"} and all(s > 0 for s in seconds.values())
+
+
+@pytest.mark.parametrize("where, message", [
+    (dict(strategy="multiworker"), "multi-worker loop cannot honour precision='auto'"),
+    (dict(tune=True), "Every trial trains in one precision")])
+def test_precision_auto_is_refused_where_it_cannot_choose_once(where, message):
+    from keras_preact.training.config import training_path
+    from keras_preact.tuning.hypermodel import search_space_spec
+
+    with pytest.raises(ValueError, match=message):
+        if where.get("tune"):
+            search_space_spec(config=tiny_config(precision="auto"))
+        else:
+            training_path(tiny_config(precision="auto", **where), "tensorflow")
 
 
 @pytest.mark.slow

@@ -259,6 +259,15 @@ def test_ema_puts_the_average_in_the_final_model_and_keeps_it_in_checkpoints(tmp
     optimizer.finalize_variable_values(model.trainable_variables)
     for w, f in zip(model.weights, final):
         np.testing.assert_allclose(np.asarray(w), f, rtol=1e-6, atol=1e-7)
+    # Each epoch scores the averaged weights (the last one: the final model's) and the raw ones.
+    last = result["history"][-1]
+    assert last["val_loss"] == pytest.approx(result["test_loss"], abs=1e-6)
+    assert last["raw_val_loss"] != pytest.approx(last["val_loss"], abs=1e-6)
+    # Scoring the averages leaves training as it was: without any evaluation, the same weights.
+    again = train_and_evaluate(config.replace(eval_every=0, deterministic=True), str(tmp_path / "c"))
+    once = train_and_evaluate(config.replace(deterministic=True), str(tmp_path / "d"))
+    for a, b in zip(_weights(again["model_path"]), _weights(once["model_path"])):
+        np.testing.assert_array_equal(a, b)
     # Without the average, the final model is the last checkpoint's weights.
     config = tiny_config()
     model, _, final = last_checkpoint(config, train_and_evaluate(config, str(tmp_path / "b")))

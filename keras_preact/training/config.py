@@ -14,7 +14,9 @@ from keras_preact.files import user_path
 #: "data_parallel": `keras.distribution.DataParallel` over every device JAX sees; the others
 #: are tf.distribute strategies (TensorFlow).
 STRATEGIES = ("default", "mirrored", "tpu", "multiworker", "data_parallel")
-PRECISIONS = ("fp32", "mixed_float16", "mixed_bfloat16")
+#: "auto": mixed_float16 on an accelerator; on a CPU mixed_bfloat16 where a few of the run's
+#: own training steps, timed in turns at its start, are clearly faster than fp32's, else fp32.
+PRECISIONS = ("fp32", "mixed_float16", "mixed_bfloat16", "auto")
 SCHEDULE_UNITS = ("iterations", "epochs")
 #: "step": the warm-up rate, then drops at `boundaries`; "cosine": a linear warm-up from the
 #: warm-up rate, then a half cosine to 0 (Loshchilov & Hutter 2017), `boundaries` unused.
@@ -93,7 +95,9 @@ class TrainConfig:
     strategy: str = _field("default", "tf.distribute strategy", choices=STRATEGIES)
     cpu_devices: Optional[int] = _field(None, "N logical CPU devices (mirrored on a CPU-only host)")
     synchronized_bn: bool = _field(False, "BatchNorm statistics over the global batch")
-    precision: str = _field("fp32", "float precision policy", choices=PRECISIONS)
+    precision: str = _field("fp32", "float precision policy; auto: mixed_bfloat16 where the "
+                            "run's own steps, timed at its start, are faster (see PRECISIONS)",
+                            choices=PRECISIONS)
     jit_compile: bool = _field(False, "TensorFlow's XLA (measure first: slower on CPU here); JAX "
                                       "always compiles the step")
     eval_every: int = _field(1, "epochs between test evaluations (0: end only)")
@@ -294,6 +298,9 @@ def training_path(config, backend):
         raise ValueError(f"strategy={config.strategy!r} does not run on the {backend} backend. "
                          f"Valid there: {valid}" + (" (or set KERAS_BACKEND=tensorflow)"
                                                     if backend != "tensorflow" else ""))
+    if config.precision == "auto" and path == "TensorFlow multi-worker loop":
+        raise ValueError(f"The {path} cannot honour precision='auto': each worker would time its "
+                         "own steps. Choose with a one-process run, then give its choice.")
     defaults = TrainConfig()
     for name, why in LIMITS.get(path, {}).items():
         if (value := getattr(config, name)) not in (getattr(defaults, name), None, False):

@@ -7,6 +7,7 @@ import functools
 import logging
 import os
 import time
+import timeit
 
 import keras
 import numpy as np
@@ -21,13 +22,18 @@ from keras_preact.models.preact_resnet import MODEL_ARGUMENTS
 from keras_preact.training import distribute
 from keras_preact.training.config import TrainConfig
 from keras_preact.training.optimizers import make_optimizer
-from keras_preact.training.workdir import (CHECKPOINT_DIR, CURVE_PNG, FINAL_MODEL, METRICS_JSON,
-                                           TENSORBOARD_DIR, Workdir, read_json)
+from keras_preact.training.workdir import (CHECKPOINT_DIR, CURVE_PNG, FINAL_MODEL, METRICS_COLUMNS,
+                                           METRICS_JSON, TENSORBOARD_DIR, Workdir, read_json)
 from keras_preact.weights.local import first_difference, load_weights_file, save_weights_file
 
 logger = logging.getLogger("keras_preact.training")
 
 CONFIG_FORMAT = 1
+#: ``precision="auto"`` keeps mixed_bfloat16 on a CPU only where its training steps are at
+#: least this many times as fast as fp32's, measured in the run's process.
+BF16_MARGIN = 1.1
+#: The training steps `Run.step_seconds` times per model, after one that traces the step.
+TIMED_STEPS = 6
 
 
 def as_config(config):
@@ -58,7 +64,7 @@ def build_model(config, info):
     if config.weights is not None and architecture is None:
         # A catalog tag fixes architecture arguments its weights need.
         defaults.update(finetune.pretrained_architecture(config.model, config.weights))
-    if config.precision != "fp32":
+    if config.precision not in ("fp32", "auto"):  # "auto": `Run.choose_precision` resolves it
         defaults["dtype"] = config.precision
     if config.stochastic_depth:
         defaults["stochastic_depth"] = config.stochastic_depth
@@ -241,13 +247,16 @@ class Stepper:
 
         class Record(keras.callbacks.Callback):
             def on_epoch_begin(self, epoch, logs=None):
-                run.epoch_begin()
+                run.clock = [time.time()]
 
             def on_epoch_end(self, epoch, logs=None):
+                run.clock.append(time.time())  # the epoch's training ends; evaluation follows
                 distribute.average_replica_statistics(stepper.strategy, self.model)
                 if every and (epoch + 1) % every == 0:  # `logs` goes on to TensorBoard
-                    val = stepper.evaluate(run, self.model)
-                    logs.update({f"val_{k}": v for k, v in val.items()})
+                    with averaged_weights(self.model) as averaged:  # a moving average's own
+                        logs.update(prefixed("val_", stepper.evaluate(run, self.model)))
+                    if averaged:  # and the raw weights', which it follows
+                        logs.update(prefixed("raw_val_", stepper.evaluate(run, self.model)))
                 run.epoch_end(self.model, epoch, logs)
 
             def on_train_batch_end(self, batch, logs=None):
@@ -288,11 +297,37 @@ class Stepper:
         """Extra entries of the result dict, once training is done."""
         distribute.average_replica_statistics(self.strategy, model)
         if getattr(model.optimizer, "use_ema", False):
-            # `fit` ends by assigning each weight its moving average's own array; JAX's
-            # `predict` donates the weights' arrays, which would delete the averages too.
-            for variable in model.trainable_variables:
-                variable.assign(ops.copy(variable))
+            own_arrays(model)  # `fit` assigned each weight its moving average
         return {}
+
+
+def own_arrays(model):
+    """Gives each trainable weight an array of its own: after Keras assigns a weight its
+    moving average's array, JAX's `predict`, which donates the weights', would delete both."""
+    for variable in model.trainable_variables:
+        variable.assign(ops.copy(variable))
+
+
+@contextlib.contextmanager
+def averaged_weights(model):
+    """Within: the model of a moving-average run holds the averaged weights, and the context
+    value is True; its own weights come back after. Other models are left as they are."""
+    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+    if not getattr(optimizer, "use_ema", False):
+        yield False
+        return
+    raw = [ops.copy(v) for v in model.trainable_variables]
+    optimizer.finalize_variable_values(model.trainable_variables)
+    own_arrays(model)
+    try:
+        yield True
+    finally:
+        for variable, value in zip(model.trainable_variables, raw):
+            variable.assign(value)
+
+
+def prefixed(prefix, values):
+    return {prefix + k: v for k, v in values.items()}
 
 
 class Run:
@@ -309,6 +344,7 @@ class Run:
         self.data = {"class_names": list(self.info["class_names"]), "num_examples": [
             int(self.info["num_train"]), int(self.info["num_test"])]}
         self.extends = self.wrote_config = False
+        self.precision = None  # {"chosen": ..., maybe "images_per_s": ...} of precision="auto"
 
     def train(self):
         """Trains (or resumes, or returns the stored results of a complete run).
@@ -356,13 +392,14 @@ class Run:
             return self.stored_results(state)
         start_epoch = state["epoch"] if state else 0
         self.history = list(state.get("history", [])) if state else []
+        self.choose_precision()
         self.model, optimizer = self.build()
         self.fingerprint = weights_fingerprint(self.model)
         self.stepper.restore(self, self.model, optimizer, state)
         if self.owns_files:
             self.start_files(state)
         self.schedule = self.config.make_schedule(self.spe)
-        t0 = self._epoch_t0 = time.time()
+        t0 = time.time()
         if start_epoch < self.epochs:
             self._warn_about_epochs()
             self.stepper.train_epochs(self, self.model, start_epoch)
@@ -372,26 +409,23 @@ class Run:
         return {**self.finish(self.model, results, extra), "resumed_from_epoch": start_epoch,
                 "train_time_s": train_time}
 
-    def epoch_begin(self):
-        """Starts the epoch's clock (for its images per second)."""
-        self._epoch_t0 = time.time()
-
     def rate_at(self, step):
         """The learning rate of update `step` (counted from 1)."""
         return getattr(self.schedule, "value_at", lambda s: float(self.schedule(s)))(
             max(step - 1, 0))
 
     def epoch_end(self, model, epoch, logs=None):
-        """Records epoch `epoch` (0-based) with its Keras `logs`; writes checkpoint and reports."""
-        logs = dict(logs or {})
-        step = optimizer_step(model.optimizer)
-        elapsed = time.time() - self._epoch_t0
+        """Records epoch `epoch` (0-based) with its Keras `logs`; writes checkpoint and reports.
+        `clock` holds the times the epoch's training began and ended: its ``time_s`` and
+        ``images_per_s`` count training only, ``eval_time_s`` the evaluation after it."""
+        logs, (began, trained) = dict(logs or {}), self.clock
+        step, train_s = optimizer_step(model.optimizer), trained - began
         done = step - (self.history[-1]["step"] if self.history else 0)
-        speed = round(done * self.config.batch_size / elapsed, 2) if elapsed > 0 else None
         entry = {"epoch": epoch + 1, "step": step, "learning_rate": self.rate_at(step),
-                 "time_s": round(elapsed, 3), "images_per_s": speed}
-        entry.update({k: float(logs[k]) for k in ("loss", "accuracy", "val_loss", "val_accuracy")
-                      if k in logs})
+                 "time_s": round(train_s, 3), "eval_time_s": round(time.time() - trained, 3),
+                 "images_per_s": round(done * self.config.batch_size / train_s, 2)
+                 if train_s > 0 else None}
+        entry.update({k: float(v) for k, v in logs.items() if k in METRICS_COLUMNS[6:]})  # the metrics
         self.history.append(entry)
         if not self.owns_files:
             return
@@ -426,6 +460,7 @@ class Run:
             return None
         diff = self.config.differences(TrainConfig.from_dict(stored))
         stored = wd.read_config()  # a run written before has no num_examples
+        self.precision = stored.get("precision")
         diff.update({k: (v, stored[k]) for k, v in self.data.items()
                      if stored.get(k) not in (None, v)})
         state = wd.read_state()
@@ -499,13 +534,49 @@ class Run:
                            "checkpoint and evaluation cost more than its training; a smaller "
                            "batch size gives more steps.", self.spe, n, c.batch_size)
 
-    def build(self, scope=None):
-        """The compiled model and its built optimizer, in `scope` (default: the stepper's)."""
-        c = self.config
-        os.environ.setdefault("PYTHONHASHSEED", str(c.seed))
+    def choose_precision(self):
+        """Resolves ``precision="auto"`` (`self.precision`): a resumed run keeps its stored
+        choice; else mixed_float16 on a GPU or TPU, and on a CPU mixed_bfloat16 where its
+        steps run at least `BF16_MARGIN` times as fast as fp32's (`step_seconds`), else fp32."""
+        c, stored = self.config, self.precision is not None
+        if c.precision != "auto":
+            return
+        if not stored and distribute.accelerated():
+            self.precision = {"chosen": "mixed_float16"}
+        elif not stored:
+            rates = {p: round(c.batch_size / s, 1)
+                     for p, s in self.step_seconds(("fp32", "mixed_bfloat16")).items()}
+            self.precision = {"images_per_s": rates, "chosen": "mixed_bfloat16" if rates[
+                "mixed_bfloat16"] >= BF16_MARGIN * rates["fp32"] else "fp32"}
+        logger.info("--precision auto: training in %s (%s; images/s measured at its start: %s; "
+                    "mixed_bfloat16 is kept from %.2fx fp32's).", self.precision["chosen"],
+                    "resumed" if stored else "a new run", self.precision.get("images_per_s"),
+                    BF16_MARGIN)
+
+    def step_seconds(self, precisions):
+        """Median seconds of a training step (a batch of random images) of a throwaway model
+        built and compiled as this run's, in each of `precisions`, timed in turns: ``{precision:
+        seconds}``. Needs the steps per epoch (`spe`), for the learning-rate schedule."""
+        c, rng = self.config, np.random.default_rng(0)
+        x = rng.uniform(0, 255, (c.batch_size, *self.info["input_shape"])).astype("float32")
+        y = rng.integers(0, self.info["classes"], c.batch_size)
+        models = {p: self.build(contextlib.nullcontext(), precision=p)[0] for p in precisions}
+        for model in models.values():
+            model.train_on_batch(x, y)  # traces the step
+        times = {p: [] for p in models}
+        for _ in range(TIMED_STEPS // 2):
+            for p, model in models.items():
+                times[p] += timeit.repeat(lambda: model.train_on_batch(x, y), number=1, repeat=2)
+        return {p: float(np.median(t)) for p, t in times.items()}
+
+    def build(self, scope=None, precision=None):
+        """The compiled model and its built optimizer, in `scope` (default: the stepper's), in
+        `precision` (default: the config's, or the one `choose_precision` chose)."""
+        c = self.config.replace(precision=precision or (self.precision or {}).get(
+            "chosen", self.config.precision))
         keras.utils.set_random_seed(int(c.seed))
         with scope or self.stepper.strategy.scope():
-            model = self.given_model or build_model(c, self.info)
+            model = (self.given_model if precision is None else None) or build_model(c, self.info)
             if c.synchronized_bn and keras.backend.backend() == "tensorflow":
                 # On the built layers: the saved model config keeps no training setting. (JAX's
                 # SPMD BatchNorm sees the global batch already.)
@@ -561,7 +632,8 @@ class Run:
         if state is None or self.extends:
             atomic_write_json(self.workdir.config_path, {
                 "format": CONFIG_FORMAT, "keras_preact_version": keras_preact.__version__,
-                "train_config": self.config.to_dict(), **self.data})
+                "train_config": self.config.to_dict(), **self.data,
+                **({"precision": self.precision} if self.precision else {})})
             self.wrote_config = state is None
         if state is None:
             self.write_reports()
@@ -577,7 +649,8 @@ class Run:
                  "num_params": int(model.count_params()), "num_replicas": self.stepper.replicas,
                  "input_normalization": {"in_model": self.config.model_normalizes(),
                                          **dataset_preprocessing(self.info)},
-                 "schedule": self.schedule_info, "curve_path": CURVE_PNG,
+                 "schedule": self.schedule_info, "curve_path": CURVE_PNG, "precision": (
+                     self.precision or {}).get("chosen", self.config.precision),
                  "model_path": FINAL_MODEL, **extra}
         if self.owns_files:
             atomic_save(self.workdir.final_model_path, model.save)

@@ -32,8 +32,11 @@ STATE_FORMAT = 1
 RUN_FILES = (CONFIG_FILE, CHECKPOINT_DIR, METRICS_JSON, METRICS_CSV, CURVE_PNG, TENSORBOARD_DIR,
              FINAL_MODEL)
 #: The columns of ``metrics.csv``, in this order (then any other key of an epoch's record).
-METRICS_COLUMNS = ("epoch", "step", "learning_rate", "time_s", "images_per_s", "loss",
-                   "accuracy", "val_loss", "val_accuracy")
+#: ``time_s`` and ``images_per_s`` count the epoch's training, ``eval_time_s`` its
+#: evaluation; ``raw_val_*``: a moving-average run's raw weights (``val_*``: the averaged).
+METRICS_COLUMNS = ("epoch", "step", "learning_rate", "time_s", "images_per_s", "eval_time_s",
+                   "loss", "accuracy", "val_loss", "val_accuracy", "raw_val_loss",
+                   "raw_val_accuracy")
 
 
 class WorkdirInUseError(RuntimeError):
@@ -166,7 +169,8 @@ def plot_training_curve(history, *, title=""):
     fig = Figure(figsize=(9, 3.6), dpi=100)
     panels = (("loss", "loss", float), ("accuracy", "error (%)", lambda v: 100 * (1 - float(v))))
     for ax, (key, ylabel, to_y) in zip(fig.subplots(1, 2), panels):
-        for name, label, style in ((key, "train", "-"), ("val_" + key, "test", "--")):
+        for name, label, style in ((key, "train", "-"), ("val_" + key, "test", "--"),
+                                   ("raw_val_" + key, "test, raw weights", ":")):
             if rows := [row for row in history if row.get(name) not in (None, "")]:
                 ax.plot([r["epoch"] for r in rows], [to_y(r[name]) for r in rows], style,
                         marker="." if len(rows) < 30 else None, label=label)

@@ -7,12 +7,10 @@ import dataclasses
 import itertools
 import logging
 import math
-import timeit
 from functools import cached_property, partial
 
 import keras
 import keras_tuner
-import numpy as np
 
 import keras_preact
 from keras_preact import data
@@ -34,7 +32,6 @@ DEFAULT_DEPTHS = (20, 32, 44, 56, 110, 164, 272, 542, 1001)
 BLOCKS = ("auto", "basic", "bottleneck")
 _COST_NAMES = {"params": "parameters", "macs": "multiply-adds", "step_time": "seconds per step"}
 _RATES = ("learning_rate", "weight_decay", "warmup")  #: hyperparameters of the recipe
-_TIMED_STEPS = 5  # for a step-time budget, after one that traces the step
 #: `TrainConfig` fields a trial takes from the search space, not from its base `config`.
 _TRIAL_FIELDS = (*SPACE_FLAGS, "dataset", "data_dir", "data_source", "data_path", "batch_size",
                  "epochs", "seed", "verbose", "strategy", "cpu_devices")
@@ -118,6 +115,10 @@ def search_space_spec(*, dataset="digits", depths=DEFAULT_DEPTHS, blocks=("auto"
                          f"config={config!r}")
     # The space's own arguments win; what is left is the recipe every trial trains with.
     base = TrainConfig.from_dict(config or {}).validate()
+    if base.precision == "auto":  # trials are timed and compared in one precision
+        raise ValueError("Every trial trains in one precision: give fp32, mixed_bfloat16 or "
+                         "mixed_float16 (`train --precision auto` shows which pays here). "
+                         "Received: precision='auto'")
     config = {k: new for k, (new, _) in base.differences(TrainConfig(), ignore=_TRIAL_FIELDS).items()}
     given, depths = depths, _values("depths", depths)
     if not all(is_int(d) for d in depths):
@@ -280,15 +281,9 @@ class PreActResNetHyperModel(keras_tuner.HyperModel):
     def measure_step_time(self, arch):
         """Median seconds of one training step (batch `batch_size`) of a throwaway model
         compiled as the trial's (its optimizer, loss and precision)."""
-        run = Run(self.trial_config(arch), None, Stepper())
+        run = Run(config := self.trial_config(arch), None, Stepper())
         run.spe = max(1, len(self.arrays[1]) // self.batch_size)  # the schedule's length
-        model, _ = run.build(contextlib.nullcontext())
-        rng = np.random.default_rng(0)
-        x = rng.uniform(0, 255, (self.batch_size, *run.info["input_shape"])).astype("float32")
-        y = rng.integers(0, run.info["classes"], self.batch_size)
-        model.train_on_batch(x, y)  # traces the step
-        times = timeit.repeat(lambda: model.train_on_batch(x, y), number=1, repeat=_TIMED_STEPS)
-        return float(np.median(times))
+        return run.step_seconds([config.precision])[config.precision]
 
     def build(self, hp):
         arch = self.declare(hp)
