@@ -544,14 +544,14 @@ class Run:
         if not stored and distribute.accelerated():
             self.precision = {"chosen": "mixed_float16"}
         elif not stored:
-            rates = {p: round(c.batch_size / s, 1)
-                     for p, s in self.step_seconds(("fp32", "mixed_bfloat16")).items()}
-            self.precision = {"images_per_s": rates, "chosen": "mixed_bfloat16" if rates[
-                "mixed_bfloat16"] >= BF16_MARGIN * rates["fp32"] else "fp32"}
-        logger.info("--precision auto: training in %s (%s; images/s measured at its start: %s; "
-                    "mixed_bfloat16 is kept from %.2fx fp32's).", self.precision["chosen"],
-                    "resumed" if stored else "a new run", self.precision.get("images_per_s"),
-                    BF16_MARGIN)
+            began, seconds = time.time(), self.step_seconds(("fp32", "mixed_bfloat16"))
+            rates = {p: round(c.batch_size / s, 1) for p, s in seconds.items()}
+            self.precision = {"images_per_s": rates, "timing_s": round(time.time() - began, 1),
+                              "chosen": "mixed_bfloat16" if rates["mixed_bfloat16"]
+                              >= BF16_MARGIN * rates["fp32"] else "fp32"}
+        logger.info("--precision auto: training in %s (%s; measured at its start: %s; "
+                    "mixed_bfloat16 is kept from %.2fx fp32's images/s).", self.precision[
+                        "chosen"], "resumed" if stored else "a new run", self.precision, BF16_MARGIN)
 
     def step_seconds(self, precisions):
         """Median seconds of a training step (a batch of random images) of a throwaway model
