@@ -2,8 +2,7 @@
 
 import os
 
-from setuptools import find_packages
-from setuptools import setup
+from setuptools import find_packages, setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -31,8 +30,9 @@ DOCS_EXTRAS = ["mkdocs==1.6.1", "mkdocs-material==9.8.2", "mkdocstrings==1.0.8",
                "mkdocstrings-python==2.0.11"]
 # The JAX and PyTorch backend passes; pytest-xdist runs the test files on every core; the
 # docs tests build the site; keras-hub's test harness (`keras_hub.src.tests.test_case`)
-# imports grain.
-TEST_EXTRAS = (["pytest>=8", "pytest-xdist>=3.5", "jax>=0.4.30", "grain==0.2.18"] + TORCH_EXTRAS
+# imports grain; CI's lint step (.ci/run) and pre-commit run this ruff.
+TEST_EXTRAS = (["pytest>=8", "pytest-xdist>=3.5", "jax>=0.4.30", "grain==0.2.18", "ruff==0.8.6"]
+               + TORCH_EXTRAS
                + EXPORT_EXTRAS + HUB_EXTRAS + DOCS_EXTRAS)
 
 with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
@@ -50,7 +50,9 @@ setup(
     # The catalog (weights manifests, recipes, model cards) lives in zoo/ and ships
     # as the package data of `keras_preact.zoo`.
     package_dir={"keras_preact.zoo": "zoo"},
-    package_data={"keras_preact.zoo": ["*.json", "*.md", "*/*.json", "*/*.md"]},
+    # py.typed: type checkers read the package's own annotations (PEP 561).
+    package_data={"keras_preact.zoo": ["*.json", "*.md", "*/*.json", "*/*.md"],
+                  "keras_preact": ["py.typed"]},
     install_requires=[
         "tensorflow>=2.21,<2.22",
         "keras>=3.15.1",

@@ -17,6 +17,7 @@ listing=$(python -m zipfile -l "$whl")
 for f in zoo/*.json zoo/*/*.json; do
   grep -q "^keras_preact/$f " <<<"$listing" || fail "the wheel lacks $f"
 done
+grep -q "^keras_preact/py.typed " <<<"$listing" || fail "the wheel lacks keras_preact/py.typed"
 
 # A fresh venv keeps the pip its Python bundles: pips before 25.3 still fall back to
 # `setup.py develop`, which drops the zoo mapping, where pyproject.toml is missing.

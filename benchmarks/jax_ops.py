@@ -10,8 +10,16 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import count, launch, machine, now, parser, print_table, take_turns  # noqa: E402
-from benchmarks import write_report  # noqa: E402
+from benchmarks import (  # noqa: E402
+    count,
+    launch,
+    machine,
+    now,
+    parser,
+    print_table,
+    take_turns,
+    write_report,
+)
 
 #: ResNet-56's convolutions: (count, input size, in channels, out channels, kernel, stride).
 CONVS = [(1, 32, 3, 16, 3, 1), (18, 32, 16, 16, 3, 1), (1, 32, 16, 32, 3, 2),

@@ -65,7 +65,8 @@ def main(argv=None):
     p.add_argument("--batch", type=count, default=128)
     p.add_argument("--steps", type=count, default=20)
     p.add_argument("--warmup", type=count, default=3)
-    p.add_argument("--precision", default="fp32", choices=("fp32", "mixed_float16", "mixed_bfloat16"))
+    p.add_argument("--precision", default="fp32",
+                   choices=("fp32", "mixed_float16", "mixed_bfloat16"))
     p.add_argument("--jit-compile", action="store_true",
                    help="XLA on TensorFlow (JAX always compiles the step)")
     p.add_argument("--threads", type=count, help="TF intra-op threads (inter-op 1)")
@@ -76,6 +77,7 @@ def main(argv=None):
                    "(PreActStage.remat_loop = False), the reference for the loop")
     args = p.parse_args(argv)
     import keras_preact as kp  # first: it turns on TensorFlow's oneDNN kernels (its docstring)
+    # isort: split
     import keras
     import numpy as np
 

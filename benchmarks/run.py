@@ -23,8 +23,18 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import REPO, count, launch, machine, median, now, parser, print_table  # noqa: E402
-from benchmarks import take_turns, write_report  # noqa: E402
+from benchmarks import (  # noqa: E402
+    REPO,
+    count,
+    launch,
+    machine,
+    median,
+    now,
+    parser,
+    print_table,
+    take_turns,
+    write_report,
+)
 
 #: The unoptimised path: TensorFlow's default kernels on an AVX2 CPU, none of ours.
 UNOPTIMISED_ENV = {"TF_ENABLE_ONEDNN_OPTS": "0", "KERAS_PREACT_FAST_CONV_GRAD": "0",

@@ -18,8 +18,16 @@ import time
 from importlib import metadata
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import count, machine, median, now, parser, print_table  # noqa: E402
-from benchmarks import take_turns, write_report  # noqa: E402
+from benchmarks import (  # noqa: E402
+    count,
+    machine,
+    median,
+    now,
+    parser,
+    print_table,
+    take_turns,
+    write_report,
+)
 
 REFERENCE = "PyTorch eager"
 #: The exports: {label: (format, quantization)}.

@@ -1,4 +1,4 @@
-"""In-process A/B of training steps: kernel switches of one model, or several models.
+r"""In-process A/B of training steps: kernel switches of one model, or several models.
 
 A shared machine drifts by tens of percent within minutes, which buries a small effect
 between two processes. Here every (model, variant) pair gets its own training step traced
@@ -8,7 +8,8 @@ variant is comma-separated NAME=VALUE environment settings (the first is the ref
 factory arguments as a JSON object after its name. Prints its report as one JSON line.
 
     python benchmarks/step_ab.py --variants "" "KERAS_PREACT_FUSED_BN=0" [--batch 128] [--reps 10]
-    python benchmarks/step_ab.py --models preact_resnet1001 'preact_resnet1001{"remat": true}' --batch 32
+    python benchmarks/step_ab.py --models preact_resnet1001 \
+        'preact_resnet1001{"remat": true}' --batch 32
 """
 
 import functools
@@ -19,7 +20,7 @@ import time
 from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import count, json_object, parser, print_table, write_report  # noqa: E402
+from benchmarks import count, json_object, machine, parser, print_table, write_report  # noqa: E402
 
 
 def variant(text):
@@ -101,7 +102,8 @@ def main(argv=None):
     print_table(rows, [("model", "model", "s"), ("variant", "variant", "s"),
                        ("s/step", "median_s_per_step", ".3f"), ("img/s", "images_per_s", ".1f"),
                        ("ps/MAC", "ps_per_mac", ".1f"), ("x first", "speed_over_first", ".3f")])
-    report = {"models": [spec for spec, _, _ in args.models], "batch": args.batch,
+    report = {"machine": machine(), "models": [spec for spec, _, _ in args.models],
+              "batch": args.batch,
               "reps": args.reps, "onednn": tf_kernels.onednn_enabled(), "rows": rows}
     if args.out:
         write_report(report, args.out)

@@ -26,10 +26,9 @@ import sys
 import time
 
 import numpy as np
-
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 
 class Unit(nn.Module):

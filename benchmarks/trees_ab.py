@@ -15,8 +15,15 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import REPO, count, launch, parser, print_table, take_turns  # noqa: E402
-from benchmarks import write_report  # noqa: E402
+from benchmarks import (  # noqa: E402
+    REPO,
+    count,
+    launch,
+    parser,
+    print_table,
+    take_turns,
+    write_report,
+)
 
 
 def main(argv=None):

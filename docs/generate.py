@@ -34,8 +34,12 @@ SERVING = os.path.join(REPO, "benchmarks", "measured", "2026-12-05-serving",
 JAX_MEASURED = os.path.join(REPO, "benchmarks", "measured", "2026-12-05-jax")
 #: `benchmarks/run.py --suite cifar`'s report: training on real CIFAR-10 images.
 CIFAR = os.path.join(REPO, "benchmarks", "measured", "2026-12-06-cifar", "cifar.json")
-#: `benchmarks/step_ab.py`'s fp32 and mixed bfloat16 training steps, taking turns.
-BF16 = os.path.join(REPO, "benchmarks", "measured", "2026-12-06-cifar", "bf16_ab.json")
+#: fp32 against mixed bfloat16 training steps, taking turns, one report a CPU: `step_ab.py`'s
+#: (a report without its machine: the one of the cifar report beside it) and the cpu suite's
+#: ``--bf16`` rounds.
+BF16 = [os.path.join(REPO, "benchmarks", "measured", *p) for p in (
+    ("2026-12-04-epyc-avx512", "cpu.json"), ("2026-12-06-cifar", "bf16_ab.json"),
+    ("2026-12-07-bf16", "bf16_ab.json"))]
 #: `benchmarks/run.py --suite folder`'s report: the README's image-folder example.
 FOLDER = os.path.join(REPO, "benchmarks", "measured", "2026-12-07-folder", "folder.json")
 MARKER = re.compile(r"^<!-- generated: ([\w-]+) -->$", re.M)
@@ -134,7 +138,10 @@ def speed_table(name="cpu"):
     rows = []
     for n, cases in sorted(rounds.items()):
         ours, torch = cases["keras-preact"], cases["PyTorch ref"]
-        rate = lambda case: (f"{cases[case]['images_per_s']:.1f}" if case in cases else "-")
+
+        def rate(case, cases=cases):
+            return f"{cases[case]['images_per_s']:.1f}" if case in cases else "-"
+
         rows.append((n, rate("keras-preact"), rate("unoptimised"), rate("PyTorch ref"),
                      f"{ours['images_per_s'] / torch['images_per_s']:.2f}x",
                      rate("keras-preact bf16"), f"{ours['call_images_per_s']:.1f}"))
@@ -242,7 +249,7 @@ def jax_training_table():
     report = _jax_measured("jax")
     rows = []
     for model, ratio in report["ratio_jax_over_torch"].items():
-        def side(name):
+        def side(name, model=model):
             return [r for r in report["rows"] if r["case"].startswith(f"{model} b")
                     and f" {name} (round" in r["case"]]
 
@@ -255,8 +262,9 @@ def jax_training_table():
     memory = {r["case"].rsplit(" ", 1)[1]: r for r in report["rows"]
               if r["case"].startswith("preact_resnet1001")}
     batch = report["rows"][0]["batch"]
-    return table((f"batch {batch}", "first step, looped", "first step, unrolled", "JAX img/s, looped",
-                  "JAX img/s, unrolled", "PyTorch img/s", "JAX (looped) / PyTorch"), rows) + "\n\n" + table(
+    return table((f"batch {batch}", "first step, looped", "first step, unrolled",
+                  "JAX img/s, looped", "JAX img/s, unrolled", "PyTorch img/s",
+                  "JAX (looped) / PyTorch"), rows) + "\n\n" + table(
         ("ResNet-1001, batch 128, remat", "first step", "s / step", "peak resident memory"),
         [(backend, f"{r['warmup_s']:.0f} s", f"{r['s_per_step']:.1f} ({r['steps']} timed)",
           f"{r['peak_rss_mb'] / 1e3:.2f} GB") for backend, r in memory.items()])
@@ -330,7 +338,8 @@ def gradient_flow_table():
     rows = [(f"`{label}`", f"{r.first_to_last:.3g}") for label, r in reports.items()]
     ratio = reports["original"].first_to_last / reports["full_preact"].first_to_last
     return table(("ResNet-164 unit", "first-to-last gradient ratio at initialisation"), rows) + (
-        f"\n\nThe original unit's gradient grows {ratio:.1f}x more from the last unit to the first.")
+        f"\n\nThe original unit's gradient grows {ratio:.1f}x more from the last unit to the "
+        "first.")
 
 
 def gradient_flow_1001_table():
@@ -401,29 +410,52 @@ def folder_table():
             + f"\n\n`{recipe['command']}` on the classes {', '.join(recipe['classes'])}, "
             f"{recipe['per_class']['train']} training and {recipe['per_class']['test']} test "
             f"images a class (chance: {100 / len(recipe['classes']):.1f}%), on "
-            f"{report['machine']['cpu']['model']} ({report['machine']['cpus']} cores), written on {report['started'][:10]} (the JSON is in "
+            f"{report['machine']['cpu']['model']} ({report['machine']['cpus']} cores), "
+            f"written on {report['started'][:10]} (the JSON is in "
             f"`{os.path.relpath(FOLDER, REPO)}`).")
 
 
-def bf16_table():
-    """fp32 and mixed bfloat16 training steps of each model in turns (bf16_ab.json)."""
-    with open(BF16, encoding="utf-8") as f:
-        report = json.load(f)
-    rows, fp32 = [], {}
+def _bf16_rates(report):
+    """{model: {precision: img/s}} of a step_ab.py report, or of the cpu suite's rounds
+    (medians over the rounds)."""
+    rates = {}
     for r in report["rows"]:
-        name, brace, kwargs = r["model"].partition("{")
-        precision = json.loads(brace + kwargs)["dtype"] if brace else "fp32"
-        base = fp32.setdefault(name, r["images_per_s"])
-        rows.append((f"`{name}`", precision, f"{r['images_per_s']:.1f}",
-                     f"{r['images_per_s'] / base:.2f}x"))
-    return table((f"batch {report['batch']}, {report['reps']} steps each", "precision", "img/s",
-                  "x fp32"), rows)
+        if "case" in r:  # "ResNet-110 b128 keras-preact bf16 (round 2)"
+            if not r["case"].split(" (")[0].endswith(("keras-preact", "keras-preact bf16")):
+                continue
+            name, precision = "preact_resnet110", r["precision"]
+        else:
+            name, brace, kwargs = r["model"].partition("{")
+            precision = json.loads(brace + kwargs)["dtype"] if brace else "fp32"
+        rates.setdefault(name, {}).setdefault(precision, []).append(r["images_per_s"])
+    return {m: {p: statistics.median(v) for p, v in ps.items()} for m, ps in rates.items()}
+
+
+def bf16_table():
+    """fp32 against mixed bfloat16 training steps (batch 128) on each measured CPU (`BF16`)."""
+    rows = []
+    for path in BF16:
+        with open(path, encoding="utf-8") as f:
+            report = json.load(f)
+        if "machine" not in report:
+            with open(os.path.join(os.path.dirname(path), "cifar.json"), encoding="utf-8") as f:
+                report["machine"] = json.load(f)["machine"]
+        cpu = report["machine"]["cpu"]
+        flags = [f for f in cpu["features"] if "bf16" in f or "amx" in f] or ["no bf16 feature"]
+        for name, rate in _bf16_rates(report).items():
+            rows.append((f"{cpu['model']} ({', '.join(flags)})", f"`{name}`",
+                         f"{rate['fp32']:.1f}", f"{rate['mixed_bfloat16']:.1f}",
+                         f"**{rate['mixed_bfloat16'] / rate['fp32']:.2f}x**",
+                         f"`{os.path.relpath(path, REPO)}`"))
+    return table(("CPU (its bfloat16 features)", "model", "fp32 img/s", "mixed_bfloat16 img/s",
+                  "bf16 / fp32", "report"), rows)
 
 
 PARTS = {"speed": speed_table, "speed-avx2": lambda: speed_table("cpu_avx2"),
          "fused-bn": fused_bn_table, "scaling": scaling_table, "memory": memory_table,
          "build": build_table, "build-backends": build_backends_table,
-         "jax": jax_training_table, "jax-ops": jax_ops_table, "serving": serving_table, "machine": machine_line,
+         "jax": jax_training_table, "jax-ops": jax_ops_table, "serving": serving_table,
+         "machine": machine_line,
          "cli": cli_reference, "training-paths": training_paths_table,
          "feature-levels": feature_levels_table,
          "gradient-flow": gradient_flow_table, "gradient-flow-1001": gradient_flow_1001_table,
@@ -533,7 +565,7 @@ def house_of_modules():
     floors = {"command line": ["cli"],
               "application": ["data", "training", "tuning", "export", "diagnostics", "finetune",
                               "hub"],
-              "core": ["layers", "models", "weights", "zoo_catalog", "files", "checks",
+              "core": ["layers", "models", "weights", "zoo_catalog", "file_io", "checks",
                        "architecture", "private_api"]}
     assert set(edges) == {p for parts in floors.values() for p in parts}, sorted(edges)
     fig = Figure(figsize=(10, 5.6), dpi=100)

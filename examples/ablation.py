@@ -57,10 +57,8 @@ def gpu_runs(table):
 
 
 def local_runs(depth):
-    from keras_preact.layers import UNIT_TYPES
+    from keras_preact.layers import UNIT_TYPES, resolve_unit_options
     from keras_preact.layers.variants import PAPER_RESULTS
-
-    from keras_preact.layers import resolve_unit_options
 
     # The paper's parameter values, spelled out so the table shows them.
     return [(f"preact_resnet{depth}", unit, resolve_unit_options(unit),
@@ -85,7 +83,8 @@ def run_all(runs, workdir, make_config):
 def print_table(rows, dataset):
     header = ("model", "unit", "parameters", f"error % ({dataset})", "paper CIFAR-10 %", "time s")
     cells = [
-        (m, u, ", ".join(f"{k}={v:g}" for k, v in kw.items()) or "-", f"{err:.2f}", paper, f"{t:.0f}")
+        (m, u, ", ".join(f"{k}={v:g}" for k, v in kw.items()) or "-", f"{err:.2f}", paper,
+         f"{t:.0f}")
         for m, u, kw, paper, err, t in rows
     ]
     widths = [max(len(str(c[i])) for c in cells + [header]) for i in range(len(header))]

@@ -35,8 +35,7 @@ import keras_preact as kp  # noqa: E402  isort: skip
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from keras_preact import export  # noqa: E402
-from keras_preact import files  # noqa: E402
+from keras_preact import export, files  # noqa: E402
 
 DIGITS = [str(i) for i in range(10)]
 
@@ -44,7 +43,8 @@ DIGITS = [str(i) for i in range(10)]
 def train_digits_model(epochs):
     from keras_preact.data import load_arrays
 
-    (x_train, y_train), (x_test, y_test) = load_arrays("digits", "train"), load_arrays("digits", "test")
+    (x_train, y_train), (x_test, y_test) = (load_arrays("digits", "train"),
+                                            load_arrays("digits", "test"))
     keras.utils.set_random_seed(0)
     # The preprocessing layer goes inside the model, so the export takes raw pixels.
     model = kp.PreActResNet(
@@ -69,7 +69,8 @@ def main():
     if args.model:
         model = keras.saving.load_model(args.model)
         height, width, channels = model.inputs[0].shape[1:]
-        x_test = np.random.default_rng(0).integers(0, 256, (4, height, width, channels), dtype=np.uint8)
+        x_test = np.random.default_rng(0).integers(0, 256, (4, height, width, channels),
+                                                   dtype=np.uint8)
         class_names, metrics = None, None
         weights_info = {"file": os.path.basename(args.model), "sha256": files.file_hash(args.model)}
     else:
@@ -98,7 +99,8 @@ def main():
     # TF Serving REST requests (row format: one dict per instance, keyed by input name).
     request = {"signature_name": "serving_default",
                "instances": [{"images": image.tolist()} for image in images]}
-    encoded = [base64.b64encode(tf.io.encode_png(image).numpy()).decode("ascii") for image in images]
+    encoded = [base64.b64encode(tf.io.encode_png(image).numpy()).decode("ascii")
+               for image in images]
     request_encoded = {"signature_name": "serve_encoded",
                        "instances": [{"image_bytes": {"b64": b}} for b in encoded]}
     for name, body in (("request.json", request), ("request_encoded.json", request_encoded)):

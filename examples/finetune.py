@@ -28,14 +28,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # keras_preact before Keras: it picks TensorFlow's CPU kernels before TensorFlow loads.
 import keras_preact as kp  # noqa: E402  isort: skip
 import keras  # noqa: E402
-from keras_preact import data  # noqa: E402
-from keras_preact import finetune  # noqa: E402
+
+from keras_preact import data, finetune  # noqa: E402
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folder", required=True, help="image folder, one sub-folder per class")
-    parser.add_argument("--model", default="preact_resnet20", help="a model from `keras-preact list`")
+    parser.add_argument("--model", default="preact_resnet20",
+                        help="a model from `keras-preact list`")
     parser.add_argument("--weights", default="cifar10",
                         help="catalog tag, .weights.h5 or .keras file, or URL#sha256=<hex>")
     parser.add_argument("--epochs-head", type=int, default=3)

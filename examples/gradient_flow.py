@@ -29,8 +29,7 @@ def digits_8x8(split):
     """The digits at their native 8 x 8 size, standardised, and their labels."""
     import numpy as np
 
-    from keras_preact.data.digits import UPSAMPLE
-    from keras_preact.data.digits import read_digits
+    from keras_preact.data.digits import UPSAMPLE, read_digits
 
     images, labels, _ = read_digits(split)
     small = images[:, ::UPSAMPLE, ::UPSAMPLE, :].astype("float32") / 255.0
@@ -45,9 +44,9 @@ def train(model, images, labels, *, steps, batch_size, lr, rng):
     on this CPU they tripled the first step of ResNet-164 (21 s vs 7.6 s) and did not
     speed up the following ones.
     """
+    import keras
     import numpy as np
     import tensorflow as tf
-    import keras
 
     tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
     optimizer = keras.optimizers.SGD(lr, momentum=0.9)
@@ -75,7 +74,8 @@ def train(model, images, labels, *, steps, batch_size, lr, rng):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--depth", type=int, default=1001, help="9n+2 bottleneck depth (default 1001)")
+    parser.add_argument("--depth", type=int, default=1001,
+                        help="9n+2 bottleneck depth (default 1001)")
     parser.add_argument("--batch", type=int, default=8, help="measurement batch (default 8)")
     parser.add_argument("--train-batch", type=int, default=16, help="training batch (default 16)")
     parser.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
@@ -143,7 +143,8 @@ def main(argv=None):
     stem = os.path.join(args.out_dir, f"resnet{args.depth}_gradient_flow")
     print("wrote", diagnostics.write_csv(reports, stem + ".csv"))
     print("wrote", diagnostics.plot_gradient_flow(
-        reports, stem + ".png", title=f"ResNet-{args.depth} on digits: original vs full pre-activation"))
+        reports, stem + ".png",
+        title=f"ResNet-{args.depth} on digits: original vs full pre-activation"))
     return 0
 
 

@@ -34,6 +34,7 @@ import logging
 import os
 import sys
 
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description="Train a pre-activation ResNet with the paper's CIFAR recipe.",
@@ -44,15 +45,20 @@ def parse_args(argv=None):
     parser.add_argument("--dataset", default="cifar10", help="cifar10, cifar100 or digits")
     parser.add_argument("--data-dir", default=None, help="the CIFAR files or TFDS data folder")
     parser.add_argument("--data-source", default="auto", help="auto, tfds or archive")
-    parser.add_argument("--download", action="store_true", help="let TFDS download (default: offline)")
+    parser.add_argument("--download", action="store_true",
+                        help="let TFDS download (default: offline)")
     length = parser.add_mutually_exclusive_group()
-    length.add_argument("--epochs", type=int, default=None, help="stretch the schedule to this many epochs")
-    length.add_argument("--steps", type=int, default=None, help="stretch the schedule to this many updates")
-    parser.add_argument("--batch-size", type=int, default=128, help="global batch (the paper's 128)")
+    length.add_argument("--epochs", type=int, default=None,
+                        help="stretch the schedule to this many epochs")
+    length.add_argument("--steps", type=int, default=None,
+                        help="stretch the schedule to this many updates")
+    parser.add_argument("--batch-size", type=int, default=128,
+                        help="global batch (the paper's 128)")
     parser.add_argument("--precision", default="fp32", help="fp32, mixed_float16 or mixed_bfloat16")
     parser.add_argument("--cpu-devices", type=int, default=None,
                         help="split the CPU into N logical devices (mirrored on a CPU-only host)")
-    parser.add_argument("--eval-every", type=int, default=1, help="epochs between test evaluations (0: end only)")
+    parser.add_argument("--eval-every", type=int, default=1,
+                        help="epochs between test evaluations (0: end only)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--verbose", default="auto", choices=("auto", "0", "1", "2"))
     parser.add_argument("--workdir", default=None, help="default runs/<model>-<dataset>-seed<seed>")
@@ -65,14 +71,14 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-    from keras_preact.training import TrainConfig
-    from keras_preact.training import train_and_evaluate
+    from keras_preact.training import TrainConfig, train_and_evaluate
 
     config = TrainConfig(
-        model=args.model, dataset=args.dataset, data_dir=args.data_dir, data_source=args.data_source,
-        download=args.download, epochs=args.epochs, steps=args.steps, batch_size=args.batch_size,
-        precision=args.precision,
-        strategy="mirrored", cpu_devices=args.cpu_devices, eval_every=args.eval_every, seed=args.seed,
+        model=args.model, dataset=args.dataset, data_dir=args.data_dir,
+        data_source=args.data_source, download=args.download, epochs=args.epochs,
+        steps=args.steps, batch_size=args.batch_size, precision=args.precision,
+        strategy="mirrored", cpu_devices=args.cpu_devices, eval_every=args.eval_every,
+        seed=args.seed,
         verbose=args.verbose if args.verbose == "auto" else int(args.verbose),
     )
     try:
@@ -80,7 +86,8 @@ def main(argv=None):
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"test accuracy {100 * result['test_accuracy']:.2f}%  test loss {result['test_loss']:.4f}  "
+    print(f"test accuracy {100 * result['test_accuracy']:.2f}%  "
+          f"test loss {result['test_loss']:.4f}  "
           f"({result['epochs']} epochs, {result['steps']} steps)")
     print(f"workdir: {result['workdir']}")
     print(f"model:   {result['model_path']}")

@@ -40,7 +40,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="cifar10", help="cifar10, cifar100, digits or folder")
     parser.add_argument("--depths", type=_numbers, default=None, help="e.g. 20,56,110,164")
-    parser.add_argument("--widths", type=_numbers, default=[1], help="width multipliers, e.g. 0.5,1")
+    parser.add_argument("--widths", type=_numbers, default=[1],
+                        help="width multipliers, e.g. 0.5,1")
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--max-params", type=float, default=None, help="trainable parameters")
     budget.add_argument("--max-macs", type=float, default=None, help="multiply-adds per image")
@@ -70,7 +71,8 @@ def main(argv=None):
         print("Worker done: the chief writes the results.")
         return 0
     for row in result["rows"]:
-        accuracy = row["status"] if row["val_accuracy"] is None else f"{100 * row['val_accuracy']:.2f}%"
+        accuracy = (row["status"] if row["val_accuracy"] is None
+                    else f"{100 * row['val_accuracy']:.2f}%")
         print(f"trial {row['trial']}: depth {row['depth']} {row['block']}, width {row['width']}, "
               f"{row['params']} parameters: validation accuracy {accuracy}")
     best = result["best"]

@@ -31,7 +31,8 @@ _SUBMODULES = ("finetune", "layers", "models", "weights")
 #: name them), by the module whose import makes them importable: keras-hub's classes only
 #: once the user imports keras-hub.
 _REGISTRATION = {
-    "keras": (_MODELS, "keras_preact.training.optimizers", "keras_preact.training.schedules"),
+    "keras": (_MODELS, "keras_preact.training.optimizers", "keras_preact.training.schedules",
+              "keras_preact.training.losses"),
     "keras_hub": ("keras_preact.hub",)}
 
 

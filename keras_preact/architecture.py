@@ -5,11 +5,10 @@ weights files, presets, keras-hub's backbone and the factories read it: a new ar
 a field here and its use where the model is built. Imports nothing of the package."""
 
 import dataclasses
-from typing import Optional
 
 #: `head` of a field: it shapes the classifier (a backbone, such as keras-hub's, leaves it
-#: to its task). `weights` of a field: RECORDED in every `.weights.h5` keras-preact saves (it changes
-#: what the weights mean, even at equal shapes); RECORDED_IF_SET only when not at its
+#: to its task). `weights` of a field: RECORDED in every `.weights.h5` keras-preact saves (it
+#: changes what the weights mean, even at equal shapes); RECORDED_IF_SET only when not at its
 #: default (files saved before it existed lack it); None, the weights mean the same.
 RECORDED, RECORDED_IF_SET = "recorded", "recorded_if_set"
 
@@ -38,24 +37,24 @@ class Architecture:
     conv_bias: bool = _argument(False, RECORDED_IF_SET)
     stem: str = _argument("cifar", RECORDED_IF_SET)
     include_top: bool = _argument(True, head=True)
-    pooling: Optional[str] = _argument(None, head=True)
+    pooling: str | None = _argument(None, head=True)
     features: bool = _argument(False, head=True)
     classes: int = _argument(10, head=True)
     classifier_activation: object = _argument("softmax", head=True)
-    head_dropout: Optional[float] = _argument(None, head=True)
+    head_dropout: float | None = _argument(None, head=True)
     preprocessing: object = _argument(None)
-    input_shape: Optional[tuple] = _argument(None)
-    data_format: Optional[str] = _argument(None)
+    input_shape: tuple | None = _argument(None)
+    data_format: str | None = _argument(None)
     kernel_initializer: object = _argument("he_normal")
     zero_init_last: bool = _argument(False)
     bn_momentum: float = _argument(0.9)
     bn_epsilon: float = _argument(1e-5)
     synchronized_bn: bool = _argument(False)
     unit: str = _argument("full_preact")
-    shortcut_scale: Optional[float] = _argument(None)
-    residual_scale: Optional[float] = _argument(None)
-    gate_bias: Optional[float] = _argument(None)
-    dropout_rate: Optional[float] = _argument(None)
+    shortcut_scale: float | None = _argument(None)
+    residual_scale: float | None = _argument(None)
+    gate_bias: float | None = _argument(None)
+    dropout_rate: float | None = _argument(None)
     stochastic_depth: float = _argument(0.0)
     remat: object = _argument(None)
     dtype: object = _argument(None)

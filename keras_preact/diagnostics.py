@@ -11,7 +11,7 @@ import numpy as np
 
 from keras_preact.architecture import HEAD_LAYER, PREPROCESSING_LAYER
 from keras_preact.checks import check_int, pop_deprecated
-from keras_preact.files import atomic_write_bytes, figure_png, write_csv_rows
+from keras_preact.file_io import atomic_write_bytes, figure_png, write_csv_rows
 from keras_preact.layers.blocks import PreActStage
 from keras_preact.layers.variants import check_unit_name
 from keras_preact.models.registry import get_model, model_info
@@ -63,8 +63,7 @@ def random_batch(model, batch_size=16, seed=0):
     if None in (shape := tuple(model.inputs[0].shape[1:])):
         raise ValueError("The model has a free input size; build it with a fixed `input_shape` or "
                          f"pass `images`. Received: input shape {shape}")
-    rng = np.random.RandomState(seed)
-    size = (batch_size,) + shape
+    rng, size = np.random.RandomState(seed), (batch_size,) + shape
     raw_pixels = any(layer.name == PREPROCESSING_LAYER for layer in model.layers)
     images = rng.uniform(0.0, 255.0, size) if raw_pixels else rng.standard_normal(size)
     labels = rng.randint(0, int(model.outputs[0].shape[-1]), batch_size)
@@ -80,11 +79,11 @@ def gradient_flow(model, images=None, labels=None, *, batch_size=16, seed=0, lab
     if keras.backend.backend() != "tensorflow":
         raise ValueError("gradient_flow uses tf.GradientTape and needs the TensorFlow backend. "
                          f"Received: KERAS_BACKEND={keras.backend.backend()!r}")
-    layers = [l for l in model.layers if not isinstance(l, keras.layers.InputLayer)]
-    if not any(isinstance(l, PreActStage) for l in layers):
+    layers = [la for la in model.layers if not isinstance(la, keras.layers.InputLayer)]
+    if not any(isinstance(la, PreActStage) for la in layers):
         raise ValueError("`model` must be a PreActResNet (it has no PreActStage). "
                          f"Received: {model.name!r}")
-    if HEAD_LAYER not in (names := [l.name for l in layers]):
+    if HEAD_LAYER not in (names := [la.name for la in layers]):
         raise ValueError("`model` needs its classifier (include_top=True): the loss is the cross-"
                          f"entropy of its logits. Received: model {model.name!r} without "
                          f"{HEAD_LAYER!r}")
@@ -144,14 +143,15 @@ def compare_units(model_name, units=("original", "full_preact"), *, batch_size=1
     for unit in units:
         check_unit_name(unit)
     _check_batch(batch_size, seed)
-    reports = []
-    for unit in units:
+
+    def build(unit):
         keras.utils.set_random_seed(seed)
-        model = get_model(model_name, unit=unit, classes=classes, input_shape=input_shape,
-                          classifier_activation=None, **model_kwargs)
-        reports.append(gradient_flow(model, batch_size=batch_size, seed=seed, label=unit))
-        del model  # freed before the next one is built
-    return reports
+        return get_model(model_name, unit=unit, classes=classes, input_shape=input_shape,
+                         classifier_activation=None, **model_kwargs)
+
+    # No reference to a model is kept: each is freed before the next one is built.
+    return [gradient_flow(build(unit), batch_size=batch_size, seed=seed, label=unit)
+            for unit in units]
 
 
 def format_table(reports, *, every=None):
@@ -162,10 +162,9 @@ def format_table(reports, *, every=None):
     every = every or max(1, n // 20)
     header = ["unit", "stage"]
     header += [f"{k}[{r.label}]" for r in reports for k in ("grad_rms", "act_std")]
-    lines = [[str(reports[0].rows[i]["unit"]), str(reports[0].rows[i]["stage"])]
-             + [c for r in reports for c in (f"{r.rows[i]['grad_rms']:.3e}",
-                                              f"{r.rows[i]['act_std']:.3g}")]
-             for i in sorted({*range(0, n, every), n - 1})]
+    lines = [[str(reports[0].rows[i][k]) for k in ("unit", "stage")] + [
+        c for r in reports for c in (f"{r.rows[i]['grad_rms']:.3e}", f"{r.rows[i]['act_std']:.3g}")]
+        for i in sorted({*range(0, n, every), n - 1})]
     footer = ["first/last", ""] + [c for r in reports for c in (f"{r.first_to_last:.3g}", "")]
     widths = [max(len(x) for x in col) for col in zip(header, footer, *lines)]
 

@@ -7,10 +7,10 @@ import os
 
 from keras_preact.architecture import HEAD_LAYER, STEM_CONV_LAYER
 from keras_preact.checks import check_choice
-from keras_preact.files import user_path
+from keras_preact.file_io import user_path
 from keras_preact.models.preact_resnet import PreActResNet
 from keras_preact.models.registry import get_model
-from keras_preact.weights import catalog, hooks, local, presets
+from keras_preact.weights import argument, catalog, local, presets
 from keras_preact.weights.download import fetch_weights
 
 
@@ -114,12 +114,12 @@ def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
     _check_model(model)
     check_choice("copy_head", copy_head, ("auto", True, False))
     model_name = model_name or model.name
-    entry = hooks.url_entry(model_name, weights)
+    entry = argument.url_entry(model_name, weights)
     if entry is None and catalog.looks_like_tag(weights):
         entry = catalog.resolve_tag(model_name, weights)
-    kind, path = hooks.local_weights(weights if entry is None else fetch_weights(
+    kind, path = argument.local_weights(weights if entry is None else fetch_weights(
         entry, build=get_model))
-    if (info := hooks.recorded_info(kind, path)) is None:  # a .keras file of another model
+    if (info := argument.recorded_info(kind, path)) is None:  # a .keras file of another model
         other = local.read_keras_file_config(path).get("class_name")
         raise ValueError(f"{path} holds a {other}, not a keras-preact PreActResNet: its "
                          f"weights cannot be loaded. Received: weights={weights!r}")
@@ -131,7 +131,7 @@ def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
     if kind == "preset":  # through the whole model, so that its architecture is compared
         local.copy_weights_from_model(presets.from_preset(path), donor, source_label=path)
     else:
-        hooks.load_planned_weights(donor, {"kind": kind, "path": path})
+        argument.load_planned_weights(donor, {"kind": kind, "path": path})
     copied = _copy_weights(donor, model, copy_head=copy_head)
     return {"source": path, "copied_head": copied, "classes": classes}
 
@@ -143,6 +143,6 @@ def pretrained_architecture(model_name, weights):
         arch = catalog.resolve_tag(model_name, weights).architecture
     elif isinstance(weights, str) and os.path.exists(user_path(weights)):
         with contextlib.suppress(ValueError):  # a damaged or unfit file: reported on load
-            info = hooks.recorded_info(*hooks.local_weights(weights))
+            info = argument.recorded_info(*argument.local_weights(weights))
             arch = (info or {}).get("architecture", {})
     return {k: v for k, v in arch.items() if v is not None and k not in _NOT_PLANNED}

@@ -8,8 +8,17 @@ model folders: `PreActResNetImageClassifier` with its preprocessor and image con
 preset. Needs the ``hub`` extra (``pip install "keras-preact[hub]"``); ``import keras_preact``
 loads this module as soon as keras-hub is imported, so its presets load by name.
 
-    >>> classifier = keras_hub.models.ImageClassifier.from_preset("presets/r20")
-    >>> backbone = PreActResNetBackbone.from_preset("preact_resnet110.cifar10")
+    >>> import tempfile
+    >>> import keras_hub, keras_preact
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     path = keras_preact.save_preset(keras_preact.preact_resnet20(), f"{tmp}/r20")
+    ...     classifier = keras_hub.models.ImageClassifier.from_preset(path)
+    >>> type(classifier).__name__
+    'PreActResNetImageClassifier'
+    >>> backbone = PreActResNetBackbone.from_preset("preact_resnet110.cifar10",
+    ...                                             load_weights=False)  # a catalog key
+    >>> sorted(backbone.pyramid_outputs)
+    ['P0', 'P1', 'P2']
 """
 
 import os
@@ -25,7 +34,7 @@ except ModuleNotFoundError:
                               name="keras_hub") from None
 
 from keras_preact.architecture import HEAD_ARGUMENTS, HEAD_LAYER
-from keras_preact.files import staged_folder, user_path
+from keras_preact.file_io import staged_folder, user_path
 from keras_preact.models import PreActResNet
 from keras_preact.models.preact_resnet import MODEL_ARGUMENTS
 from keras_preact.weights import local, presets
@@ -77,8 +86,7 @@ class PreActResNetBackbone(keras_hub.models.FeaturePyramidBackbone):
         arch = {k: kwargs.pop(k) for k in BACKBONE_ARGUMENTS if k in kwargs}
         trunk = PreActResNet(**arch, features=True, input_shape=image_shape, dtype=dtype)
         levels = trunk.pyramid_outputs
-        super().__init__(inputs=trunk.input, outputs=levels[list(levels)[-1]], dtype=dtype,
-                         **kwargs)
+        super().__init__(inputs=trunk.input, outputs=[*levels.values()][-1], dtype=dtype, **kwargs)
         self.pyramid_outputs = levels
         trunk_config = trunk.get_config()
         self.architecture = {k: trunk_config[k] for k in BACKBONE_ARGUMENTS}

@@ -1,6 +1,6 @@
-"""Every private Keras and TensorFlow API keras-preact uses, each in one function and
-nowhere else (a test checks it): when one moves, this is the file to fix. Checked on
-Keras 3.15.1 and TensorFlow 2.21."""
+"""Every private API of another library (Keras, TensorFlow, KerasTuner) keras-preact uses,
+each in one function and nowhere else (a test checks it): when one moves, this is the file
+to fix. Checked on Keras 3.15.1, TensorFlow 2.21 and KerasTuner 1.4.8."""
 
 
 def flatten_layers(model):
@@ -49,3 +49,21 @@ def write_weights_h5(model, fileobj):
     saving_lib._save_state(model, weights_store=store, assets_store=None, inner_path="",
                            visited_saveables=set())
     store.close()
+
+
+def optimizer_variable_index(optimizer, variable):
+    """The index of `variable` in the list `optimizer` was built with, as Keras' own update
+    steps find their slots; also for the per-replica copy a distribution strategy passes to
+    `update_step`, which a map of the built variables would miss."""
+    return optimizer._get_variable_index(variable)
+
+
+def add_oracle_servicer(server, oracle):
+    """Adds KerasTuner's chief oracle service for `oracle` to the gRPC `server`, as its chief
+    `search()` does; returns ``done()``: whether a worker was told the search is over and
+    no trial or worker is left, when the chief may stop serving."""
+    from keras_tuner.src import protos
+    from keras_tuner.src.distribute import oracle_chief
+    servicer = oracle_chief.OracleServicer(oracle)
+    protos.get_service_grpc().add_OracleServicer_to_server(servicer, server)
+    return lambda: servicer.stop_triggered and oracle_chief.exit_chief(oracle)

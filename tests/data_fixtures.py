@@ -129,8 +129,8 @@ def write_cifar100_binary(root, train, test):
     for fname, (x, fine, coarse) in (("train.bin", train), ("test.bin", test)):
         rows = to_cifar_rows(x)
         with open(os.path.join(folder, fname), "wb") as f:
-            for c, l, row in zip(coarse, fine, rows):
-                f.write(bytes([int(c), int(l)]) + row.tobytes())
+            for c, label, row in zip(coarse, fine, rows):
+                f.write(bytes([int(c), int(label)]) + row.tobytes())
     return folder
 
 

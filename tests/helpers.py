@@ -8,9 +8,9 @@ import http.server
 import json
 import os
 import re
-import threading
 import subprocess
 import sys
+import threading
 from typing import NamedTuple
 
 import numpy as np

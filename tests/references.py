@@ -60,7 +60,7 @@ def save_legacy_h5(net, path, *, keras_version="2.2.4", backend="tensorflow"):
         for layer in net.layers:
             group = f.create_group(layer.name)
             weights = layer.trainable_weights + layer.non_trainable_weights
-            names = [f"{layer.name}/{w.name}:0".encode("utf8") for w in weights]
+            names = [f"{layer.name}/{w.name}:0".encode() for w in weights]
             group.attrs["weight_names"] = np.asarray(names)
             for name, w in zip(names, weights):
                 group.create_dataset(name.decode("utf8"), data=np.asarray(w))
@@ -78,8 +78,7 @@ def pytorchcv_reference(upstream_name, *, seed=0):
 
     try:
         # The modules themselves: pytorchcv's model provider imports torchvision.
-        from pytorchcv.models import preresnet
-        from pytorchcv.models import preresnet_cifar
+        from pytorchcv.models import preresnet, preresnet_cifar
     except ImportError:
         raise ModuleNotFoundError(
             "Comparing against the reference models needs pytorchcv: "

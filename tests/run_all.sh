@@ -39,6 +39,8 @@ run() {
 # when other test processes shared the two cores: that file runs last, alone.
 KERAS_BACKEND=tensorflow run "tensorflow" -q --durations=25 "${parallel[@]}" \
   --ignore=tests/test_jax_parallel.py "$@"
+# The `>>>` examples of the package's docstrings (about 20 s).
+KERAS_BACKEND=tensorflow run "doctests" -q --doctest-modules keras_preact "$@"
 # JAX compiles every new shape; a persistent cache makes reruns and subprocesses cheap.
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$PWD/.cache/jax}
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0

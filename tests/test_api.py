@@ -4,15 +4,12 @@ import os
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 
-import keras
-
 import keras_preact as kp
-from tests.helpers import NO_TENSORFLOW, REPO
-from tests.helpers import run_cli
-from tests.helpers import run_python
+from tests.helpers import NO_TENSORFLOW, REPO, run_cli, run_python
 
 
 @pytest.mark.parametrize(
@@ -33,8 +30,10 @@ from tests.helpers import run_python
         (lambda: kp.preact_resnet20(bottleneck_stride="last"), r"bottleneck_stride='last'"),
         (lambda: kp.preact_resnet20(weights="imagenet"), r"weights='imagenet'"),
         (lambda: kp.preact_resnet20(weights="/no/such/file.weights.h5"), r"does not exist"),
-        (lambda: kp.preact_resnet20(stage_blocks=(1, 1)), r"stage_blocks.*fixed by the registered model"),
-        (lambda: kp.PreActResNet(stage_blocks=(1, 1), stage_filters=(8, 16, 32)), r"one entry per stage"),
+        (lambda: kp.preact_resnet20(stage_blocks=(1, 1)),
+         r"stage_blocks.*fixed by the registered model"),
+        (lambda: kp.PreActResNet(stage_blocks=(1, 1), stage_filters=(8, 16, 32)),
+         r"one entry per stage"),
         (lambda: kp.PreActResNet(block="bottleneck", stage_filters=(10, 32, 64)), r"divisible"),
     ],
 )
@@ -128,7 +127,7 @@ def test_cli_list_and_summary(capsys):
     assert code == 0
     lines = out.splitlines()
     assert lines[0].split() == ["model", "depth", "block", "parameters", "multiply-adds"]
-    rows = {l.split()[0]: l.split() for l in lines[2:]}
+    rows = {line.split()[0]: line.split() for line in lines[2:]}
     assert set(rows) == {"preact_resnet20", "preact_resnet32", "preact_resnet44", "preact_resnet56",
                          "preact_resnet34", "preact_resnet50"}  # ImageNet family too
     assert rows["preact_resnet50"][1:4] == ["50", "bottleneck", "25,549,480"]

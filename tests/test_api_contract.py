@@ -1,27 +1,28 @@
 """The API contract: unknown arguments, registration for loading, dtype policy,
 `zero_init_last`."""
 
+import keras
 import numpy as np
 import pytest
 
-import keras
-
 import keras_preact as kp
-from keras_preact.layers import functional as F
-from tests.helpers import run_python
-from tests.helpers import tiny_model
-from tests.helpers import to_numpy
+from keras_preact.layers import unit_ops as F
+from tests.helpers import run_python, tiny_model, to_numpy
 
 
 @pytest.mark.multibackend
 @pytest.mark.parametrize(
     "call,match",
     [
-        (lambda: kp.preact_resnet20(clases=5), r"Unknown argument `clases` for preact_resnet20\. Did you mean `classes`\? Received: clases=5"),
-        (lambda: kp.get_model("preact_resnet56", foo=1), r"Unknown argument `foo` for preact_resnet56\. Received: foo=1"),
+        (lambda: kp.preact_resnet20(clases=5),
+         r"Unknown argument `clases` for preact_resnet20\. Did you mean `classes`\? "
+         r"Received: clases=5"),
+        (lambda: kp.get_model("preact_resnet56", foo=1),
+         r"Unknown argument `foo` for preact_resnet56\. Received: foo=1"),
         (lambda: kp.preact_resnet50(stemfilters=32), r"`stemfilters`.*Did you mean `stem_filters`"),
         (lambda: kp.preact_resnet_cifar(20, pooling_="avg"), r"`pooling_`.*Did you mean `pooling`"),
-        (lambda: kp.PreActResNet(foo=1), r"Unknown argument `foo` for PreActResNet\. Received: foo=1"),
+        (lambda: kp.PreActResNet(foo=1),
+         r"Unknown argument `foo` for PreActResNet\. Received: foo=1"),
         (lambda: kp.PreActResNet(zero_init_last=1), r"zero_init_last=1"),
     ],
 )
@@ -34,13 +35,13 @@ def test_unknown_arguments_raise_and_name_the_closest(call, match, built_convs):
 def test_keras_load_model_reads_a_compiled_run_after_import_keras_preact(tmp_path):
     """A training run compiles with `CoupledSGD` and `WarmupPiecewiseConstant`: a
     fresh process that imports only keras_preact reads the file back, compiled."""
-    from keras_preact.training import CoupledSGD
-    from keras_preact.training import WarmupPiecewiseConstant
+    from keras_preact.training import CoupledSGD, WarmupPiecewiseConstant
 
     model = tiny_model()
     schedule = WarmupPiecewiseConstant(boundaries=[10], values=[0.1, 0.01], warmup_steps=2,
                                        warmup_learning_rate=0.01)
-    model.compile(optimizer=CoupledSGD(schedule, momentum=0.9), loss="sparse_categorical_crossentropy")
+    model.compile(optimizer=CoupledSGD(schedule, momentum=0.9),
+                  loss="sparse_categorical_crossentropy")
     path = str(tmp_path / "model.keras")
     model.save(path)
     load = f"""

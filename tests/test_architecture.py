@@ -1,5 +1,7 @@
 """The package's import graph: no cycles, the core never imports the app, no private
-names across modules, argparse only in the command line.
+names across modules, private APIs of other libraries in `private_api` only, no module
+outside `layers` reaching into a layer's private attributes, argparse only in the command
+line.
 
 The core (`layers`, `models`, `weights` and the catalog data) builds, loads and converts
 models; the app (`data`, `training`, `tuning`, `export`, `diagnostics`, `finetune`, `cli`)
@@ -13,11 +15,14 @@ import os
 from tests.helpers import REPO
 
 PACKAGE = "keras_preact"
-CORE = ("layers", "models", "weights", "zoo_catalog", "private_api", "files", "checks",
+CORE = ("layers", "models", "weights", "zoo_catalog", "private_api", "file_io", "checks",
         "architecture")
-#: Private Keras and TensorFlow APIs: only `keras_preact/private_api.py` may use them.
-PRIVATE_MODULES = ("keras.src", "tensorflow.python", "tensorflow.compiler", "tsl.")
-PRIVATE_ATTRIBUTES = ("_flatten_layers", "_operations", "_init_seed", "_pywrap_util_port")
+#: Private APIs of other libraries: only `keras_preact/private_api.py` may use them. Private
+#: modules: these, and any ``*.src.*`` one (keras.src, keras_tuner.src, keras_hub.src, ...).
+PRIVATE_MODULES = ("tensorflow.python", "tensorflow.compiler", "tsl.")
+#: Private attributes: these, and every one private_api.py uses (collected from it).
+PRIVATE_ATTRIBUTES = ("_init_seed",)
+ATTRIBUTE_CALLS = ("getattr", "hasattr", "setattr", "delattr")
 
 
 def _modules():
@@ -131,28 +136,104 @@ def test_argparse_only_in_the_command_line():
 def test_the_checks_see_what_they_look_for():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     _, imports = _graph()
-    assert ("keras_preact.layers.blocks", "PreActStage") in imports["keras_preact.models.preact_resnet"]
+    assert ("keras_preact.layers.blocks", "PreActStage") in imports[
+        "keras_preact.models.preact_resnet"]
     assert _part("keras_preact.weights.local") == "weights" and _part(PACKAGE) is None
 
 
-def test_private_keras_and_tensorflow_apis_only_in_one_module():
-    modules, _ = _graph()
-    bad = []
+def _is_private(name):
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_module(name):
+    return name.startswith(PRIVATE_MODULES) or "src" in name.split(".")[1:]
+
+
+def _imported_modules(node):
+    """The modules an import node names (``from keras import src``: also "keras.src")."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        return [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return []
+
+
+def _attribute_string(node):
+    """The attribute name of ``getattr(x, "name", ...)`` (hasattr, setattr, delattr), or None."""
+    if (isinstance(node, ast.Call) and getattr(node.func, "id", None) in ATTRIBUTE_CALLS
+            and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)):
+        return node.args[1].value
+    return None
+
+
+def _private_names_used(tree):
+    """Every private name a module reaches for: ``x._name``, ``getattr(x, "_name")`` and
+    imported ``_name``s."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update(a.name.split(".")[-1] for a in node.names)
+        names.add(_attribute_string(node) or "")
+    return {name for name in names if _is_private(name)}
+
+
+def _layer_private_names(modules):
+    """The private attributes (``self._x = ...``) and methods of the classes in `layers`."""
+    names = set()
     for module, path in modules.items():
-        if module == f"{PACKAGE}.private_api":
+        if _part(module) != "layers":
             continue
         for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            bad += [(module, n) for n in names if n.startswith(PRIVATE_MODULES)]
-            if isinstance(node, ast.Attribute) and node.attr in PRIVATE_ATTRIBUTES:
-                bad.append((module, node.attr))
-            if isinstance(node, ast.Constant) and node.value in PRIVATE_ATTRIBUTES:
-                bad.append((module, node.value))  # getattr / hasattr by name
+            if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                    and getattr(node.value, "id", None) == "self"):
+                names.add(node.attr)
+            elif isinstance(node, ast.ClassDef):
+                names.update(f.name for f in node.body if isinstance(f, ast.FunctionDef))
+    return {name for name in names if _is_private(name)}
+
+
+def test_private_apis_only_in_one_module():
+    """No module but `private_api` imports a private module of another library or reaches
+    for a private attribute by name (``getattr(x, "_name")``, or one `private_api` uses),
+    and no module outside `layers` reaches into a layer's private attributes or methods."""
+    modules, _ = _graph()
+    private_api = f"{PACKAGE}.private_api"
+    others = set(PRIVATE_ATTRIBUTES) | _private_names_used(
+        ast.parse(open(modules[private_api], encoding="utf-8").read()))
+    layers = _layer_private_names(modules)
+    bad = []
+    for module, path in modules.items():
+        if module == private_api:
+            continue
+        # A layer's own private names are its module's (or, through `self`, its class's).
+        names = others if _part(module) == "layers" else others | layers
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            bad += [(module, node.lineno, n) for n in _imported_modules(node) if _private_module(n)]
+            if _is_private(attribute := _attribute_string(node) or ""):
+                bad.append((module, node.lineno, f"getattr {attribute!r}"))
+            if isinstance(node, ast.Attribute) and node.attr in names and not (
+                    node.attr in layers - others and getattr(node.value, "id", None) == "self"):
+                bad.append((module, node.lineno, node.attr))
+            if isinstance(node, ast.Constant) and node.value in names:
+                bad.append((module, node.lineno, node.value))  # e.g. attrgetter("_vars")
     assert bad == []
+
+
+def test_the_private_api_checks_see_what_they_look_for():
+    modules, _ = _graph()
+    layers = _layer_private_names(modules)
+    assert {"_vars", "_stacked", "_repeat_spec"} <= layers and "get_variable" not in layers
+    assert {"_flatten_layers", "_operations", "_pywrap_util_port"} <= _private_names_used(
+        ast.parse(open(modules[f"{PACKAGE}.private_api"], encoding="utf-8").read()))
+    assert all(map(_private_module, ("keras.src.saving", "keras_tuner.src", "keras_hub.src.x",
+                                     "tensorflow.python.eager", "tsl.protobuf")))
+    assert not any(map(_private_module, ("keras", "keras_tuner", "src", "tensorflow.io")))
+    tree = ast.parse('from keras import src\ngetattr(m, "_called", True)\nhasattr(m, "__len__")')
+    assert [m for n in ast.walk(tree) for m in _imported_modules(n)] == ["keras", "keras.src"]
+    assert _private_names_used(tree) == {"_called"}
 
 
 def test_no_package_cycles():

@@ -9,9 +9,7 @@ import sys
 
 import pytest
 
-from benchmarks import launch
-from benchmarks import machine
-from benchmarks import run
+from benchmarks import launch, machine, run
 from benchmarks.keras_step import summary
 from tests.helpers import NO_TENSORFLOW, REPO
 
@@ -104,7 +102,8 @@ def test_machine_names_the_cpu_and_its_vector_features():
     assert isinstance(info["model"], str) and info["model"]
     if os.path.exists("/proc/cpuinfo"):
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), [])
         assert ("avx2" in info["features"]) == ("avx2" in flags)
 
 

@@ -14,16 +14,14 @@ import pytest
 from PIL import Image
 
 from keras_preact import cli
-from tests.helpers import run_cli
-from tests.helpers import run_command
-from tests.helpers import run_python
-from tests.helpers import TINY
+from tests.helpers import TINY, run_cli, run_command, run_python
 
 
 def tiny_train_args(data_path, workdir, *extra):
     return ["train", "--model", "tiny", "--model-kwargs", json.dumps(TINY), "--dataset", "cifar10",
-            "--data-source", "archive", "--data-path", data_path, "--batch-size", "5", "--epochs", "1",
-            "--eval-every", "0", "--workdir", str(workdir), "--verbose", "0", *extra]
+            "--data-source", "archive", "--data-path", data_path, "--batch-size", "5",
+            "--epochs", "1", "--eval-every", "0", "--workdir", str(workdir), "--verbose", "0",
+            *extra]
 
 
 # ----------------------------------------------------------------------------------
@@ -34,7 +32,8 @@ HELP_PROBE = """
 import contextlib, io, sys
 from keras_preact import cli
 commands = [[], ["train"], ["evaluate"], ["demo"], ["export"], ["predict"], ["weights"],
-            ["weights", "list"], ["weights", "fetch"], ["tune"], ["diagnose"], ["list"], ["summary"]]
+            ["weights", "list"], ["weights", "fetch"], ["tune"], ["diagnose"], ["list"],
+            ["summary"]]
 for argv in commands:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
         cli.main(argv + ["--help"])
@@ -127,7 +126,8 @@ def test_truncated_weights_file_is_one_line(tmp_path, capsys, command):
     open(path, "wb").write(data[: len(data) // 2])
     argv = {"train": ["train", "--model", "preact_resnet20", "--dataset", "digits", "--epochs", "1",
                       "--weights", path, "--workdir", str(tmp_path / "run")],
-            "evaluate": ["evaluate", "--dataset", "digits", "--model", "preact_resnet20", "--weights", path]}
+            "evaluate": ["evaluate", "--dataset", "digits", "--model", "preact_resnet20",
+                         "--weights", path]}
     code, _, err = run_cli(argv[command], capsys)
     assert code == cli.EXIT_ERROR
     lines = [line for line in err.splitlines() if not line.startswith("warning: ")]
@@ -147,7 +147,8 @@ def test_keras_file_with_a_lambda_layer_says_what_to_do(tmp_path, capsys, comman
     keras.Model(inputs, outputs).save(path)
     image = str(tmp_path / "grey.png")
     Image.fromarray(np.zeros((8, 8), np.uint8)).save(image)
-    argv = {"predict": ["predict", path, image], "export": ["export", path, "--out", str(tmp_path / "x")],
+    argv = {"predict": ["predict", path, image],
+            "export": ["export", path, "--out", str(tmp_path / "x")],
             "evaluate": ["evaluate", "--dataset", "digits", "--weights", path]}
     code, _, err = run_cli(argv[command], capsys)
     assert code == cli.EXIT_ERROR
@@ -225,7 +226,8 @@ def test_a_second_process_on_a_workdir_is_refused_and_changes_nothing(cifar_dir,
 
 def test_train_warns_when_an_epoch_drops_images_or_has_few_steps(cifar_dir, tmp_path, capsys):
     # 20 training images at batch 6: 3 steps an epoch, the last 2 images left out.
-    code, _, err = run_cli(tiny_train_args(cifar_dir, tmp_path / "run", "--batch-size", "6"), capsys)
+    code, _, err = run_cli(tiny_train_args(cifar_dir, tmp_path / "run", "--batch-size", "6"),
+                           capsys)
     assert code == 0, err
     assert "warning: Training drops the last 2 of 20 training images each epoch (batch 6).\n" in err
     assert "warning: The whole run is 3 step(s) (20 training images at batch 6): too few to " \

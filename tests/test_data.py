@@ -9,13 +9,11 @@ import tarfile
 import numpy as np
 import pytest
 
-from tests import data_fixtures as F
-from tests.helpers import REPO
-from tests.helpers import run_python
 from keras_preact import data
 from keras_preact.data import sources
 from keras_preact.layers.preprocessing import PRESETS
-
+from tests import data_fixtures as F
+from tests.helpers import REPO, run_python
 
 
 @pytest.fixture(autouse=True)
@@ -592,7 +590,7 @@ def test_image_folder_from_an_archive_is_extracted_once(folder_home, kind):
     expected = _load_both(root)
     data.clear_cache()
     loaded = _load_both(archive)
-    for (x0, y0, m0), (x1, y1, m1) in zip(expected, loaded):
+    for (x0, y0, _m0), (x1, y1, m1) in zip(expected, loaded):
         np.testing.assert_array_equal(x1, x0)
         np.testing.assert_array_equal(y1, y0)
         assert (m1["class_names"], m1["layout"]) == (["cat", "dog"], "split")

@@ -3,10 +3,9 @@ the files and the `keras-preact diagnose` command."""
 
 import csv
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 
 import keras_preact as kp
 from keras_preact import diagnostics
@@ -25,7 +24,8 @@ def test_preactivation_keeps_gradients_flatter_than_the_original_unit_resnet164(
     """
     for seed in (0, 1, 2):
         pre, orig = diagnostics.compare_units(
-            "preact_resnet164", ("full_preact", "original"), batch_size=8, seed=seed, input_shape=(8, 8, 3)
+            "preact_resnet164", ("full_preact", "original"), batch_size=8, seed=seed,
+            input_shape=(8, 8, 3),
         )
         assert len(pre.rows) == len(orig.rows) == 54
         assert pre.first_to_last > 1 and orig.first_to_last > 1
@@ -50,7 +50,8 @@ def test_report_is_measured_on_the_models_own_forward_and_leaves_it_unchanged(ti
     # gradient at the last unit's input equals one taken through the last stage alone.
     with tf.GradientTape() as tape:
         logits = model(images, training=True)
-        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, logits,
+                                                                           from_logits=True))
     assert report.loss == pytest.approx(float(loss), rel=1e-5)
     # (Training-mode BN uses batch statistics: the moving ones do not matter here.)
     stage3 = model.get_layer("stage3")
@@ -61,9 +62,11 @@ def test_report_is_measured_on_the_models_own_forward_and_leaves_it_unchanged(ti
         h, unit_inputs = stage3(x3, training=True, return_unit_inputs=True)
         for layer in head:
             h = layer(h, training=True)
-        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, h, from_logits=True))
+        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, h,
+                                                                           from_logits=True))
     g = tape.gradient(loss, unit_inputs[-1])
-    assert report.rows[-1]["grad_rms"] == pytest.approx(float(tf.sqrt(tf.reduce_mean(g * g))), rel=1e-4)
+    assert report.rows[-1]["grad_rms"] == pytest.approx(float(tf.sqrt(tf.reduce_mean(g * g))),
+                                                        rel=1e-4)
     a = to_numpy(unit_inputs[-1])
     assert report.rows[-1]["act_std"] == pytest.approx(float(a.std()), rel=1e-4)
 

@@ -18,14 +18,13 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO
-from tests.helpers import doc_blocks
-from tests.helpers import run_python
+from tests.helpers import REPO, doc_blocks, run_python
 
 #: `kp.preact_resnet110(weights="cifar10")`, `fetch_weights("preact_resnet110.cifar10")`,
 #: `--model preact_resnet20 --weights cifar10`, `weights fetch preact_resnet20.cifar10`.
 TAG = re.compile(r"\b(preact_resnet\d+)\(weights=\"([\w.]+)\"|fetch_weights\(\"([\w.]+)\""
-                 r"|--model (preact_resnet\d+) [^\n]*--weights ([\w.]+)(?=\s)|weights fetch ([\w.]+)")
+                 r"|--model (preact_resnet\d+) [^\n]*--weights ([\w.]+)(?=\s)"
+                 r"|weights fetch ([\w.]+)")
 
 
 def _generate():

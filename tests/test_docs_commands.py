@@ -15,11 +15,8 @@ import sys
 
 import pytest
 
-from tests.helpers import DOC_PAGES
-from tests.helpers import REPO
-from tests.helpers import doc_blocks
-from tests.test_docs import catalog_keys
-from tests.test_docs import offline_env
+from tests.helpers import DOC_PAGES, REPO, doc_blocks
+from tests.test_docs import catalog_keys, offline_env
 
 #: A flag and its value, as a "run with:" line gives them.
 FLAG = re.compile(r"(--[\w-]+)[ =](\S+)")

@@ -8,13 +8,13 @@ import os
 import re
 import subprocess
 
-from tests.helpers import DOC_PAGES
-from tests.helpers import REPO
+from tests.helpers import DOC_PAGES, REPO
 
 #: The repository's top-level folders: a path that starts with one is a repository path.
 TOP = ("keras_preact", "zoo", "examples", "tests", "benchmarks", "docs", ".ci")
 #: `keras_preact/layers/blocks.py`, `zoo/weights/*.json`, `examples/multiworker/`, ...
-PATH = re.compile(r"(?<![\w./-])((?:%s)/[\w./*-]*[\w*/])" % "|".join(re.escape(t) for t in TOP))
+PATH = re.compile(r"(?<![\w./-])((?:" + "|".join(re.escape(t) for t in TOP)
+                  + r")/[\w./*-]*[\w*/])")
 #: Bare names of documents: `NOTES.md`, `CHANGELOG.md`, `pyproject.toml`.
 DOCUMENT = re.compile(r"(?<![\w./-])([A-Za-z_][\w-]*\.(?:md|toml|cfg))\b")
 #: What the package's commands write (a run's model, an export's card, the benchmark
@@ -22,7 +22,7 @@ DOCUMENT = re.compile(r"(?<![\w./-])([A-Za-z_][\w-]*\.(?:md|toml|cfg))\b")
 WRITTEN = ("benchmarks/results/", "model_card.md")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _repository_files():
     out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
                          cwd=REPO, capture_output=True, text=True, check=True).stdout
@@ -72,7 +72,8 @@ def _references():
 
 def test_the_checker_sees_paths_and_documents():
     text = "see keras_preact/layers/blocks.py, zoo/weights/*.json and NOTES.md"
-    assert [m.group(1) for m in PATH.finditer(text)] == ["keras_preact/layers/blocks.py", "zoo/weights/*.json"]
+    assert [m.group(1) for m in PATH.finditer(text)] == ["keras_preact/layers/blocks.py",
+                                                         "zoo/weights/*.json"]
     assert [m.group(1) for m in DOCUMENT.finditer(text)] == ["NOTES.md"]
     assert _exists("keras_preact/layers/") and _exists("zoo/weights/*.json")
     assert not _exists("keras_preact/no_such_module.py")

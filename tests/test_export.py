@@ -5,18 +5,18 @@ import math
 import os
 import stat
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 import tensorflow as tf
 
 import keras_preact as kp
 from keras_preact import export
 from keras_preact.export import staging
-from keras_preact.files import read_json
+from keras_preact.file_io import read_json
 from tests import helpers
 from tests.helpers import run_python
+
 
 def tiny_model(**kwargs):
     return helpers.tiny_model(**{"classes": 5, "preprocessing": "cifar10", **kwargs})
@@ -90,14 +90,17 @@ def test_signatures_outputs_and_metadata(tmp_path):
         class_names=names, metrics={"test_accuracy": 0.5},
     )
     loaded = tf.saved_model.load(folder)
-    assert set(loaded.signatures) == {"serving_default", "serve_preprocessed", "serve_encoded", "metadata"}
+    assert set(loaded.signatures) == {"serving_default", "serve_preprocessed", "serve_encoded",
+                                      "metadata"}
     x = images(7)
     out = serve(folder, images=x)
-    assert set(out) == {"probabilities", "top_k_classes", "top_k_scores", "top_k_labels", "features"}
+    assert set(out) == {"probabilities", "top_k_classes", "top_k_scores", "top_k_labels",
+                        "features"}
     assert out["top_k_classes"].shape == (7, 3) and out["top_k_classes"].dtype == np.int32
     assert out["features"].shape == (7, 32)
     pool = keras.Model(model.inputs, model.get_layer("pool").output)
-    np.testing.assert_allclose(out["features"], pool.predict(x.astype("float32"), verbose=0), atol=1e-5)
+    np.testing.assert_allclose(out["features"], pool.predict(x.astype("float32"), verbose=0),
+                               atol=1e-5)
     labels = [[names[c] for c in row] for row in out["top_k_classes"]]
     assert out["top_k_labels"].astype(str).tolist() == labels
     # Any batch size.
@@ -134,7 +137,8 @@ def test_preprocessing_argument_for_a_model_without_the_layer(tmp_path):
     model = tiny_model(preprocessing=None)
     with pytest.raises(ValueError, match="no preprocessing layer.*preprocessing='auto'"):
         export.export_saved_model(model, tmp_path / "a")
-    folder = export.export_saved_model(model, tmp_path / "m", preprocessing={"mean": 127.5, "std": 64.0, "scale": 1.0})
+    folder = export.export_saved_model(model, tmp_path / "m",
+                                       preprocessing={"mean": 127.5, "std": 64.0, "scale": 1.0})
     x = images(3)
     expected = model.predict((x.astype("float32") - 127.5) / 64.0, verbose=0)
     np.testing.assert_allclose(serve(folder, images=x)["probabilities"], expected, atol=1e-6)
@@ -394,18 +398,21 @@ def test_bad_models_raise_clear_errors(tmp_path):
         export.export_saved_model("preact_resnet20", tmp_path / "b")
     inputs = keras.Input((4,))
     with pytest.raises(ValueError, match="4D image input"):
-        export.export_saved_model(keras.Model(inputs, keras.layers.Dense(3)(inputs)), tmp_path / "c")
+        export.export_saved_model(keras.Model(inputs, keras.layers.Dense(3)(inputs)),
+                                  tmp_path / "c")
     flat = keras.Input((16, 16, 3))
     plain = keras.Model(flat, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(flat)))
     with pytest.raises(ValueError, match="include_features=True.*'pool'"):
-        export.export_saved_model(plain, tmp_path / "d", preprocessing="unit", include_features=True)
+        export.export_saved_model(plain, tmp_path / "d", preprocessing="unit",
+                                  include_features=True)
 
 
 def test_unknown_format_and_unwritable_path(tmp_path):
     model = tiny_model()
     with pytest.raises(ValueError, match=r"format='tfjs'.*saved_model"):
         export.export_model(model, tmp_path / "m", format="tfjs")
-    with pytest.raises(ValueError, match=r"Unknown argument `quantization` for the 'saved_model' exporter"):
+    with pytest.raises(ValueError,
+                       match=r"Unknown argument `quantization` for the 'saved_model' exporter"):
         export.export_model(model, tmp_path / "m", format="saved_model", quantization="float16")
     a_file = tmp_path / "file"
     a_file.write_text("x")

@@ -8,14 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-
-from keras_preact import cli
-from keras_preact import export
-from keras_preact import files
+from keras_preact import cli, export, files
 from tests import data_fixtures
-from tests.helpers import run_cli
-from tests.helpers import tiny_model
-from tests.helpers import TINY
+from tests.helpers import TINY, run_cli, tiny_model
 
 
 def write_png(path, array, mode=None):
@@ -86,13 +81,17 @@ def test_predict_with_a_keras_file_and_npy_batch(tmp_path, capsys):
 def test_predict_rejects_bad_images_before_loading(exported, tmp_path, capsys):
     rng = np.random.default_rng(2)
     cases = {
-        "small.png": (write_png(tmp_path / "small.png", rng.integers(0, 256, (28, 28, 3), dtype=np.uint8)),
+        "small.png": (write_png(tmp_path / "small.png",
+                                rng.integers(0, 256, (28, 28, 3), dtype=np.uint8)),
                       "is 28x28 (height x width); the model takes 32x32"),
-        "grey.png": (write_png(tmp_path / "grey.png", rng.integers(0, 256, (32, 32), dtype=np.uint8)),
+        "grey.png": (write_png(tmp_path / "grey.png",
+                               rng.integers(0, 256, (32, 32), dtype=np.uint8)),
                      "has 1 channel(s); the model takes 3"),
-        "rgba.png": (write_png(tmp_path / "rgba.png", rng.integers(0, 256, (32, 32, 4), dtype=np.uint8)),
+        "rgba.png": (write_png(tmp_path / "rgba.png",
+                               rng.integers(0, 256, (32, 32, 4), dtype=np.uint8)),
                      "has 4 channel(s); the model takes 3"),
-        "deep.png": (write_png(tmp_path / "deep.png", rng.integers(0, 65535, (32, 32), dtype=np.uint16)),
+        "deep.png": (write_png(tmp_path / "deep.png",
+                               rng.integers(0, 65535, (32, 32), dtype=np.uint16)),
                      "not 8-bit"),
         "float.npy": (None, "has dtype float32; the model takes uint8"),
         "broken.png": (None, "cannot be read as an image"),
@@ -108,7 +107,8 @@ def test_predict_rejects_bad_images_before_loading(exported, tmp_path, capsys):
         assert err.startswith("error: ") and message in err, (name, err)
         assert "Traceback" not in err
     # Every bad file is reported at once.
-    code, _, err = run_cli(["predict", str(exported), cases["small.png"][0], cases["grey.png"][0]], capsys)
+    code, _, err = run_cli(["predict", str(exported), cases["small.png"][0],
+                            cases["grey.png"][0]], capsys)
     assert code == 2 and "small.png" in err and "grey.png" in err
 
 
@@ -124,7 +124,8 @@ def test_predict_rejects_a_bad_model_path(tmp_path, capsys):
 def test_export_errors(exported, tmp_path, capsys):
     code, _, err = run_cli(["export", "preact_resnet20", "--out", str(exported)], capsys)
     assert code == 2 and "already exists" in err and "--overwrite" in err
-    code, _, err = run_cli(["export", "preact_resnet20", "--format", "tfjs", "--out", str(tmp_path / "x")], capsys)
+    code, _, err = run_cli(["export", "preact_resnet20", "--format", "tfjs", "--out",
+                            str(tmp_path / "x")], capsys)
     assert code == 2 and "invalid choice: 'tfjs'" in err
     code, _, err = run_cli(["export", "resnet50", "--out", str(tmp_path / "x")], capsys)
     assert code == 2 and "resnet50" in err and "preact_resnet20" in err
@@ -145,15 +146,18 @@ def test_export_errors(exported, tmp_path, capsys):
             (["--calibration-images", "0"], "--calibration-images must be >= 1. Received: 0")):
         code, _, err = run_cli(["export", "preact_resnet20", "--out", x, *argv], capsys)
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, (argv, err)
-    code, _, err = run_cli(["export", "preact_resnet20", "--top-k", "11", "--out", str(tmp_path / "x")], capsys)
+    code, _, err = run_cli(["export", "preact_resnet20", "--top-k", "11", "--out",
+                            str(tmp_path / "x")], capsys)
     assert code == 2 and "top_k=11" in err
-    code, _, err = run_cli(["export", "preact_resnet20", "--preprocessing", "bgr", "--out", str(tmp_path / "x")], capsys)
+    code, _, err = run_cli(["export", "preact_resnet20", "--preprocessing", "bgr", "--out",
+                            str(tmp_path / "x")], capsys)
     assert code == 2 and "preprocessing='bgr'" in err
     blocker = tmp_path / "file"
     blocker.write_text("x")
     code, _, err = run_cli(["export", "preact_resnet20", "--out", str(blocker / "sub")], capsys)
     assert code == 2 and "Cannot write an export under" in err
-    code, _, err = run_cli(["export", str(tmp_path / "none.keras"), "--out", str(tmp_path / "x")], capsys)
+    code, _, err = run_cli(["export", str(tmp_path / "none.keras"), "--out",
+                            str(tmp_path / "x")], capsys)
     assert code == 2 and "does not exist" in err
     assert not os.path.exists(tmp_path / "x")
 
@@ -188,7 +192,8 @@ def test_predict_reports_a_bad_image_and_classifies_the_others(exported, tmp_pat
     code, out, err = run_cli(["predict", str(exported), broken, good, "--json"], capsys)
     assert code == cli.EXIT_PARTIAL
     assert [r["image"] for r in json.loads(out)] == [good]
-    assert err.startswith(f"error: image {broken!r} cannot be read as an image") and err.count("\n") == 1
+    assert (err.startswith(f"error: image {broken!r} cannot be read as an image")
+            and err.count("\n") == 1)
 
 
 def test_predict_resize_converts_grey_and_other_sizes(exported, tmp_path, capsys):
@@ -200,9 +205,11 @@ def test_predict_resize_converts_grey_and_other_sizes(exported, tmp_path, capsys
                    "resize=True (--resize) to convert it\n")
     code, out, err = run_cli(["predict", str(exported), path, "--resize", "--json"], capsys)
     assert code == 0, err
-    rgb = np.asarray(Image.fromarray(grey).convert("RGB").resize((32, 32), Image.Resampling.BILINEAR))
+    rgb = np.asarray(Image.fromarray(grey).convert("RGB").resize((32, 32),
+                                                                 Image.Resampling.BILINEAR))
     expected = export.load_export(exported).predict(rgb[None])
-    assert [e["class"] for e in json.loads(out)[0]["top_k"]] == expected["top_k_classes"][0].tolist()
+    assert ([e["class"] for e in json.loads(out)[0]["top_k"]]
+            == expected["top_k_classes"][0].tolist())
 
 
 def test_export_over_a_folder_that_is_not_an_export_never_suggests_overwrite(tmp_path, capsys):
@@ -213,7 +220,8 @@ def test_export_over_a_folder_that_is_not_an_export_never_suggests_overwrite(tmp
         code, _, err = run_cli(["export", "preact_resnet20", "--format", "litert", "--out",
                                 str(out_dir), *extra], capsys)
         assert code == cli.EXIT_ERROR
-        assert f"Refusing to write over {str(out_dir)!r}: it exists and is not a keras-preact export" in err
+        assert (f"Refusing to write over {str(out_dir)!r}: "
+                "it exists and is not a keras-preact export") in err
         assert "overwrite" not in err.replace("write over", "")
     assert os.listdir(out_dir) == ["notes.txt"]
 
@@ -224,7 +232,8 @@ def test_export_over_a_folder_that_is_not_an_export_never_suggests_overwrite(tmp
      (["predict", "{tmp}/model.onnx", "{tmp}/a.png"], "onnxruntime"),
      (["predict", "{tmp}/model.tflite", "{tmp}/a.png"], "ai_edge_litert")],
 )
-def test_missing_export_packages_hint_the_pinned_extra(tmp_path, capsys, monkeypatch, argv, blocked):
+def test_missing_export_packages_hint_the_pinned_extra(tmp_path, capsys, monkeypatch, argv,
+                                                       blocked):
     monkeypatch.setitem(sys.modules, blocked, None)  # `import` of it raises ImportError
     monkeypatch.setitem(sys.modules, "ai_edge_litert.interpreter", None)
     for name in ("model.onnx", "model.tflite"):
@@ -242,7 +251,8 @@ def test_exported_run_model_card_carries_its_test_accuracy(tmp_path, capsys):
     # What `keras-preact train` records beside its final model.
     (tmp_path / "config.json").write_text(json.dumps({"train_config": {"dataset": "digits"}}))
     (tmp_path / "metrics.json").write_text(json.dumps(
-        {"model_path": "model.keras", "dataset": "digits", "test_accuracy": 0.9875, "test_loss": 0.05}))
+        {"model_path": "model.keras", "dataset": "digits", "test_accuracy": 0.9875,
+         "test_loss": 0.05}))
     code, _, err = run_cli(["export", str(tmp_path / "model.keras"), "--out", str(tmp_path / "x"),
                             "--no-parity-check"], capsys)
     assert code == 0, err

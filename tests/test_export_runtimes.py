@@ -13,15 +13,15 @@ on 128 training images) against the Keras model.
 import json
 import os
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 
 import keras_preact as kp
 from keras_preact import export
 from tests.helpers import tiny_model
 
+# isort: split
 import ai_edge_litert.interpreter as ai_edge_litert  # noqa: E402 (test requirement)
 import onnxruntime  # noqa: E402 (test requirement)
 

@@ -12,8 +12,7 @@ import pytest
 import keras_preact as kp
 from keras_preact import finetune
 from keras_preact import weights as W
-from tests.helpers import run_command
-from tests.helpers import to_numpy
+from tests.helpers import run_command, to_numpy
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
 
@@ -31,11 +30,13 @@ def test_frozen_stages_keep_weights_and_batchnorm_statistics(tiny_model_kwargs):
     assert model.output_shape == (None, 3)
     assert finetune.freeze(model, ["stem", "stage1", "stage2"]) == ["stem", "stage1", "stage2"]
     assert finetune.frozen_parts(model) == ["stem", "stage1", "stage2"]
-    before = {p: _values(model, p) for p in ("stem_conv", "stage1", "stage2", "stage3", "post_bn", "logits")}
+    before = {p: _values(model, p)
+              for p in ("stem_conv", "stage1", "stage2", "stage3", "post_bn", "logits")}
     assert any("moving_mean" in k for k in before["stage1"])
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
     assert len(model.trainable_weights) == len(
-        [v for v in model.weights if v.path.startswith(("stage3", "post_bn", "logits")) and v.trainable]
+        [v for v in model.weights
+         if v.path.startswith(("stage3", "post_bn", "logits")) and v.trainable]
     )
     rng = np.random.RandomState(0)
     x = rng.rand(16, 16, 16, 3).astype("float32") * 3 + 1  # far from the initial statistics
@@ -45,14 +46,17 @@ def test_frozen_stages_keep_weights_and_batchnorm_statistics(tiny_model_kwargs):
         for path, value in _values(model, part).items():
             np.testing.assert_array_equal(value, before[part][path], err_msg=path)
     for part in ("stage3", "post_bn", "logits"):
-        changed = [p for p, v in _values(model, part).items() if not np.array_equal(v, before[part][p])]
+        changed = [p for p, v in _values(model, part).items()
+                   if not np.array_equal(v, before[part][p])]
         assert changed, part
     # Trainable BatchNorm moved its statistics; frozen ones (checked above) did not.
-    assert not np.array_equal(_values(model, "post_bn")["post_bn/moving_mean"], before["post_bn"]["post_bn/moving_mean"])
+    assert not np.array_equal(_values(model, "post_bn")["post_bn/moving_mean"],
+                              before["post_bn"]["post_bn/moving_mean"])
     # A frozen part computes the same in training and inference mode (no batch statistics).
     stage1 = model.get_layer("stage1")
     h = rng.rand(4, 16, 16, 8).astype("float32")
-    np.testing.assert_allclose(to_numpy(stage1(h, training=True)), to_numpy(stage1(h, training=False)), atol=1e-6)
+    np.testing.assert_allclose(to_numpy(stage1(h, training=True)),
+                               to_numpy(stage1(h, training=False)), atol=1e-6)
     finetune.unfreeze(model, "all")
     assert finetune.frozen_parts(model) == []
     with pytest.raises(ValueError, match=r"part='stage9'.*'stage3'"):

@@ -16,10 +16,9 @@ import os
 import shutil
 import tempfile
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 
 from keras_preact import PreActResNet
 from keras_preact.layers import UNIT_TYPES

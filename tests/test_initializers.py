@@ -5,10 +5,9 @@ without compiling anything."""
 import json
 import math
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 
 import keras_preact as kp
 from keras_preact.layers.initializers import HostInitializer

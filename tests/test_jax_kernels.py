@@ -4,10 +4,9 @@ XLA's compiled gradient (what keeps the loop on XLA:CPU's fast convolution)."""
 
 import re
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 
 from keras_preact.layers import PreActStage
 

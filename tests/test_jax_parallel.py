@@ -3,9 +3,10 @@ one device (JAX, e2e).
 
 A fresh interpreter with KERAS_BACKEND=jax and XLA_FLAGS=--xla_force_host_platform_device_count=2
 runs the same config (tiny network, digits, global batch 64, 6 steps, cutout and the
-moving average of the weights) through `train_and_evaluate` on one device and on two. Under JAX's SPMD compilation the model
-sees the global batch on both, so BatchNorm uses the same moments and only the
-floating-point summation order differs (the gradient all-reduce adds two halves).
+moving average of the weights) through `train_and_evaluate` on one device and on two.
+Under JAX's SPMD compilation the model sees the global batch on both, so BatchNorm uses
+the same moments and only the floating-point summation order differs (the gradient
+all-reduce adds two halves).
 Measured: losses equal to 6 digits; weights within 5e-7 absolute on one CPU, within 8e-5
 of their scale on a Xeon with AVX-512 and AMX (1.6e-4 on a moving variance of 2.1), where
 XLA's kernels round in another order. Asserted: each variable within 1e-3 of its scale
@@ -25,7 +26,8 @@ import numpy as np
 import keras
 from keras_preact.training import TrainConfig, train_and_evaluate
 
-TINY = {"architecture": {"stage_blocks": [1, 1, 1], "stage_filters": [8, 16, 32], "stem_filters": 8}}
+TINY = {"architecture": {"stage_blocks": [1, 1, 1], "stage_filters": [8, 16, 32],
+                         "stem_filters": 8}}
 config = TrainConfig(model="tiny", model_kwargs=TINY, dataset="digits", batch_size=64,
                      steps=6, seed=0, verbose=0, cutout=4, ema_momentum=0.9)
 root = tempfile.mkdtemp()
@@ -68,7 +70,7 @@ def test_data_parallel_on_two_host_devices_matches_one_device():
         if "Termination timeout" not in proc.stderr:
             break
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
     out = json.loads(line[len("RESULT"):])
     assert out["devices"] == [1, 2]
     assert out["steps"] == [6, 6]

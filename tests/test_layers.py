@@ -2,17 +2,18 @@
 equations, stages, configs, bad input. Data formats, dtype policies and model round trips:
 tests/harness.py, run by tests/test_models.py."""
 
+import keras
 import numpy as np
 import pytest
 
-import keras
-
 import keras_preact as kp
-from keras_preact.layers import ImageNormalization
-from keras_preact.layers import PreActBasicBlock
-from keras_preact.layers import PreActBottleneckBlock
-from keras_preact.layers import PreActStage
-from keras_preact.layers import UNIT_TYPES
+from keras_preact.layers import (
+    UNIT_TYPES,
+    ImageNormalization,
+    PreActBasicBlock,
+    PreActBottleneckBlock,
+    PreActStage,
+)
 from tests.harness import UNIT_PARAMS as PARAMS
 from tests.harness import randomize
 from tests.helpers import to_numpy
@@ -39,7 +40,8 @@ def _conv(x, kernel, stride):
     out = np.zeros((n, oh, ow, cout))
     for i in range(kh):
         for j in range(kw):
-            out += xp[:, i : i + stride * oh : stride, j : j + stride * ow : stride, :] @ kernel[i, j]
+            out += (xp[:, i : i + stride * oh : stride, j : j + stride * ow : stride, :]
+                    @ kernel[i, j])
     return out
 
 
@@ -321,9 +323,11 @@ def test_default_unit_keeps_its_variables_and_adds_only_defaulted_keys():
     layer.build((None, 8, 8, 16))
     assert list(layer._vars) == [
         f"preact_bn_{f}" for f in ("gamma", "beta", "moving_mean", "moving_variance")
-    ] + ["conv1_kernel"] + [f"bn2_{f}" for f in ("gamma", "beta", "moving_mean", "moving_variance")] + [
-        "conv2_kernel"] + [f"bn3_{f}" for f in ("gamma", "beta", "moving_mean", "moving_variance")] + [
-        "conv3_kernel", "shortcut_kernel"]
+    ] + ["conv1_kernel"] + [
+        f"bn2_{f}" for f in ("gamma", "beta", "moving_mean", "moving_variance")
+    ] + ["conv2_kernel"] + [
+        f"bn3_{f}" for f in ("gamma", "beta", "moving_mean", "moving_variance")
+    ] + ["conv3_kernel", "shortcut_kernel"]
     config = kp.preact_resnet20().get_config()
     assert {k: config[k] for k in ("unit", "shortcut_scale", "residual_scale", "gate_bias",
                                    "dropout_rate")} == {

@@ -4,10 +4,9 @@ import functools
 import json
 import os
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 
 import keras_preact as kp
 from keras_preact.layers import UNIT_TYPES
@@ -50,7 +49,8 @@ def test_registry_lists_the_paper_networks():
     assert set(IMAGENET) < set(PUBLISHED_PARAMS)
     assert ALL == CIFAR + IMAGENET
     for family in (CIFAR, IMAGENET):
-        assert [kp.model_info(n)["depth"] for n in family] == sorted(kp.model_info(n)["depth"] for n in family)
+        assert ([kp.model_info(n)["depth"] for n in family]
+                == sorted(kp.model_info(n)["depth"] for n in family))
     assert kp.list_models("preact_resnet1*", family="cifar") == [
         "preact_resnet110", "preact_resnet164", "preact_resnet1001", "preact_resnet1202"
     ]

@@ -27,8 +27,7 @@ import time
 
 import pytest
 
-from tests.helpers import REPO
-from tests.helpers import TINY
+from tests.helpers import REPO, TINY
 
 COMMON = [
     "--model", "tiny", "--model-kwargs", json.dumps(TINY), "--dataset", "digits",
@@ -308,15 +307,15 @@ def test_unreachable_peer_and_mismatched_configs_fail_within_bounded_time(tmp_pa
 
 
 def test_malformed_tf_config_is_refused_before_tensorflow_work(tmp_path, monkeypatch):
-    from keras_preact.training import TrainConfig
-    from keras_preact.training import train_and_evaluate
+    from keras_preact.training import TrainConfig, train_and_evaluate
     from keras_preact.training.multiworker import parse_tf_config
 
     good = {"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]},
             "task": {"type": "worker", "index": 1}}
     info = parse_tf_config(json.dumps(good))
     assert (info.rank, info.num_workers, info.is_chief) == (1, 2, False)
-    chief = {"cluster": {"chief": ["h:1"], "worker": ["h:2"]}, "task": {"type": "chief", "index": 0}}
+    chief = {"cluster": {"chief": ["h:1"], "worker": ["h:2"]},
+             "task": {"type": "chief", "index": 0}}
     info = parse_tf_config(json.dumps(chief))
     assert info.is_chief and info.leader == "/job:chief/replica:0/task:0"
 

@@ -8,19 +8,16 @@ per step (the backward pass recomputes the segments but must not update them aga
 import concurrent.futures
 import re
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 from keras import ops
 
 import keras_preact as kp
 from keras_preact.layers import PreActStage
-from keras_preact.layers.remat import normalize_remat
-from keras_preact.layers.remat import segment_lengths
+from keras_preact.layers.remat import normalize_remat, segment_lengths
 from tests.harness import randomize
-from tests.helpers import run_python
-from tests.helpers import to_numpy
+from tests.helpers import run_python, to_numpy
 
 BAD_REMAT = ["bogus", "Unit", "", 0, -1, 1.5, [2], "2"]
 REMAT_MODES = ["unit", "segment", 2]
@@ -159,9 +156,9 @@ def test_invalid_remat_is_refused_with_argument_and_value():
         with pytest.raises(ValueError, match=pattern) as info:
             normalize_remat(value)
         assert "`remat`" in str(info.value)
-        for build in (lambda: segment_lengths(4, value), lambda: _model("basic", value),
-                      lambda: PreActStage("basic", 8, num_blocks=3, remat=value),
-                      lambda: kp.get_model("preact_resnet20", remat=value)):
+        for build in (lambda v=value: segment_lengths(4, v), lambda v=value: _model("basic", v),
+                      lambda v=value: PreActStage("basic", 8, num_blocks=3, remat=v),
+                      lambda v=value: kp.get_model("preact_resnet20", remat=v)):
             with pytest.raises(ValueError, match=pattern):
                 build()
 
@@ -338,7 +335,8 @@ def _train_step_size(units, loop, remat=2):
 
         values = [[v.value for v in vs] for vs in (stage.trainable_variables,
                                                     stage.non_trainable_variables)]
-        lowered = jax.jit(jax.grad(loss, has_aux=True)).lower(*values, np.zeros((2, 4, 4, 8), "float32"))
+        lowered = jax.jit(jax.grad(loss, has_aux=True)).lower(*values,
+                                                              np.zeros((2, 4, 4, 8), "float32"))
         return len(lowered.as_text().splitlines())
     import tensorflow as tf
 

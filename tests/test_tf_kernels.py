@@ -34,7 +34,8 @@ def _conv_grads(x, k, fast):
     return y.numpy(), dx.numpy(), dk.numpy()
 
 
-@pytest.mark.parametrize("ksize,cin,cout,size", [(3, 4, 6, 7), (3, 8, 8, 8), (1, 6, 10, 5), (5, 3, 4, 9)])
+@pytest.mark.parametrize("ksize,cin,cout,size",
+                         [(3, 4, 6, 7), (3, 8, 8, 8), (1, 6, 10, 5), (5, 3, 4, 9)])
 def test_fast_conv_gradient_matches_tensorflow(ksize, cin, cout, size):
     rng = np.random.RandomState(ksize + cin)
     x = rng.randn(3, size, size, cin).astype("float32")
@@ -58,7 +59,8 @@ def test_fast_path_is_taken_and_can_be_switched_off(monkeypatch):
     monkeypatch.setattr(tf_kernels, "onednn_enabled", lambda: False)
     monkeypatch.setenv("KERAS_PREACT_FAST_CONV_GRAD", "1")
     assert tf_kernels.fast_conv_applies((3, 3, 4, 4), 1, "channels_last")
-    assert not tf_kernels.fast_conv_applies((3, 3, 4, 4), 2, "channels_last")  # strided: TF's gradient
+    # strided: TF's gradient
+    assert not tf_kernels.fast_conv_applies((3, 3, 4, 4), 2, "channels_last")
     assert not tf_kernels.fast_conv_applies((3, 3, 4, 4), 1, "channels_first")
     assert not tf_kernels.fast_conv_applies((2, 2, 4, 4), 1, "channels_last")  # even kernel
     monkeypatch.setenv("KERAS_PREACT_FAST_CONV_GRAD", "0")
@@ -74,9 +76,11 @@ def test_fused_bn_is_taken_and_can_be_switched_off(monkeypatch):
 
     monkeypatch.setenv("KERAS_PREACT_FUSED_BN", "1")
     assert tf_kernels.fused_bn_applies("channels_last", False)
-    assert not tf_kernels.fused_bn_applies("channels_last", True)  # synchronized: Keras' cross-replica moments
+    # synchronized: Keras' cross-replica moments
+    assert not tf_kernels.fused_bn_applies("channels_last", True)
     assert not tf_kernels.fused_bn_applies("channels_first", False)
-    assert not tf_kernels.fused_bn_applies("channels_last", False, "float64")  # the kernel is float32
+    # the kernel is float32
+    assert not tf_kernels.fused_bn_applies("channels_last", False, "float64")
     monkeypatch.setenv("KERAS_PREACT_FUSED_BN", "0")
     assert not tf_kernels.fused_bn_applies("channels_last", False)
 
@@ -84,8 +88,8 @@ def test_fused_bn_is_taken_and_can_be_switched_off(monkeypatch):
 def _bn_relu(x, gamma, beta, fused, dtype="float32"):
     import tensorflow as tf
 
-    from keras_preact.layers import functional as F
     from keras_preact.layers import tf_kernels
+    from keras_preact.layers import unit_ops as F
 
     # The fused kernel runs where it applies; the reference is the readable path.
     assert tf_kernels.fused_bn_applies("channels_last", False, dtype)
@@ -146,7 +150,7 @@ def test_fused_bn_relu_takes_bfloat16_without_float32_copies():
     to float32 and back, forward or backward) and gives the readable path's values."""
     import tensorflow as tf
 
-    from keras_preact.layers import functional as F
+    from keras_preact.layers import unit_ops as F
 
     rng = np.random.RandomState(0)
     x = (rng.randn(8, 5, 5, 4) * 2).astype("float32")

@@ -73,7 +73,8 @@ def test_run_writes_checkpoints_metrics_curve_logs_and_model(digits_run):
     assert metrics["test_loss"] == result["test_loss"]
     assert metrics["num_train_examples"] == 1438 and metrics["num_test_examples"] == 359
     # The last epoch's evaluation and the final one see the same weights and data.
-    assert metrics["epochs"][-1]["val_accuracy"] == pytest.approx(metrics["test_accuracy"], abs=1e-6)
+    assert metrics["epochs"][-1]["val_accuracy"] == pytest.approx(metrics["test_accuracy"],
+                                                                  abs=1e-6)
     assert metrics["epochs"][0]["learning_rate"] == pytest.approx(0.05)  # 0.1 * 64 / 128
     for entry in metrics["epochs"]:  # the rate counts the epoch's training, not its evaluation
         assert entry["images_per_s"] == pytest.approx(22 * 64 / entry["time_s"], rel=1e-3)
@@ -365,10 +366,12 @@ def test_tensorflow_datasets_can_prepare_a_download():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"model": "preact_resnet21", "model_kwargs": {}}, r"Unknown model.*preact_resnet21.*Valid"),
+        ({"model": "preact_resnet21", "model_kwargs": {}},
+         r"Unknown model.*preact_resnet21.*Valid"),
         ({"dataset": "mnist"}, r"Unknown dataset.*'mnist'.*Valid.*cifar10"),
         ({"strategy": "tpu"}, r"strategy='tpu' was requested but no TPU was found"),
-        ({"batch_size": 2048}, r"batch_size=2048 is larger than the 'digits' training split \(1438"),
+        ({"batch_size": 2048},
+         r"batch_size=2048 is larger than the 'digits' training split \(1438"),
         ({"model_kwargs": {"architecture": {"stage_blocks": [1, 1], "stage_filters": [8, 16, 32]}}},
          r"one entry per stage"),
         ({"model_kwargs": {"architecture": TINY["architecture"], "no_such_argument": 1}},
@@ -435,7 +438,8 @@ def test_mixed_precision_trains(cifar_dir, tmp_path, precision):
     from keras_preact.training import train_and_evaluate
 
     workdir = str(tmp_path / "run")
-    result = train_and_evaluate(cifar_config(cifar_dir, precision=precision, steps=2, epochs=None), workdir)
+    result = train_and_evaluate(cifar_config(cifar_dir, precision=precision, steps=2, epochs=None),
+                                workdir)
     assert np.isfinite(result["test_loss"])
     model = keras.saving.load_model(result["model_path"], compile=False)
     assert model.get_layer("stem_conv").dtype_policy.name == precision
@@ -524,8 +528,7 @@ def test_synchronized_batch_norm_switch_reaches_every_batch_norm(tiny_model_kwar
     import keras
 
     import keras_preact
-    from keras_preact.training.distribute import batch_norm_layers
-    from keras_preact.training.distribute import set_synchronized_batch_norm
+    from keras_preact.training.distribute import batch_norm_layers, set_synchronized_batch_norm
 
     model = keras_preact.PreActResNet(**tiny_model_kwargs)
     layers = batch_norm_layers(model)
@@ -542,7 +545,8 @@ def test_global_batch_must_divide_across_replicas():
     from keras_preact.training.distribute import check_global_batch
 
     assert check_global_batch(128, 2) == 64
-    with pytest.raises(ValueError, match=r"divide evenly across the 3 replicas.*batch_size=128.*126 or 129"):
+    with pytest.raises(ValueError,
+                       match=r"divide evenly across the 3 replicas.*batch_size=128.*126 or 129"):
         check_global_batch(128, 3)
 
 
@@ -588,7 +592,8 @@ def test_train_and_evaluate_commands(cifar_dir, tmp_path, capsys):
          "no TPU was found"),
         (["evaluate"], "Give `workdir`, or `dataset` with `weights`"),
         (["evaluate", "--workdir", "{tmp}/nothing-here"], "No training run in"),
-        (["evaluate", "--dataset", "digits", "--weights", "{tmp}/missing.keras"], "Weights file not found"),
+        (["evaluate", "--dataset", "digits", "--weights", "{tmp}/missing.keras"],
+         "Weights file not found"),
         (["evaluate", "--dataset", "digits", "--model", "preact_resnet20",
           "--weights", "{tmp}/bad.weights.h5"], "bad.weights.h5 cannot be read"),
     ],

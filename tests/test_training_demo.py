@@ -36,7 +36,8 @@ def test_demo_reaches_97_percent_on_held_out_digits(demo_run):
     assert metrics["num_test_examples"] == 359  # the held-out digits, never trained on
     assert metrics["test_accuracy"] >= 0.97, metrics["test_accuracy"]
     match = re.search(r"Held-out accuracy on digits: ([\d.]+)%", proc.stdout)
-    assert match and float(match.group(1)) == pytest.approx(100 * metrics["test_accuracy"], abs=0.01)
+    assert match and float(match.group(1)) == pytest.approx(100 * metrics["test_accuracy"],
+                                                            abs=0.01)
     # One name for that accuracy, and the output ends on where the files are.
     assert "test accuracy" not in proc.stdout
     assert proc.stdout.splitlines()[-1] == f"curve:   {os.path.join(workdir, 'training_curve.png')}"

@@ -37,7 +37,8 @@ import json, os, sys
 import numpy as np
 from keras_preact.training import TrainConfig, train_and_evaluate
 
-TINY = {"architecture": {"stage_blocks": [1, 1, 1], "stage_filters": [8, 16, 32], "stem_filters": 8}}
+TINY = {"architecture": {"stage_blocks": [1, 1, 1], "stage_filters": [8, 16, 32],
+                         "stem_filters": 8}}
 base = dict(model="tiny", model_kwargs=TINY, dataset="digits", batch_size=64, steps=3,
             eval_every=0, warmup=0, boundaries=(), learning_rate=0.1, deterministic=True,
             cpu_devices=2, seed=0, verbose=0)
@@ -90,7 +91,7 @@ def test_two_replica_mirrored_matches_single_device(tmp_path):
 
     proc = run_python(SCRIPT.replace("sys.argv[1]", repr(str(tmp_path))), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
     out = json.loads(line[len("RESULT "):])
     assert out["single"]["replicas"] == 1
     assert out["mirrored"]["replicas"] == 2 and out["mirrored_sync"]["replicas"] == 2

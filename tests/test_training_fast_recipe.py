@@ -5,13 +5,15 @@ cutout, stochastic depth, the moving average of the weights, test-time flips and
 import json
 import math
 import os
+import subprocess
+import sys
+import zipfile
 
 import numpy as np
 import pytest
 
 from tests.helpers import TINY, run_cli, to_numpy
 from tests.test_training import digits_run, tiny_config  # noqa: F401 (a fixture)
-
 
 # ----------------------------------------------------------------------------------
 # Recipes
@@ -94,7 +96,7 @@ def test_a_cosine_run_records_its_rates(tmp_path):
 def test_smoothed_crossentropy_is_the_cross_entropy_against_smoothed_targets():
     import keras
 
-    from keras_preact.training.run import SmoothedCrossentropy
+    from keras_preact.training.losses import SmoothedCrossentropy
 
     rng = np.random.default_rng(0)
     probs = rng.dirichlet(np.ones(5), size=8).astype("float32")
@@ -111,12 +113,29 @@ def test_label_smoothing_trains_and_the_model_reloads_compiled(tmp_path):
     import keras
 
     from keras_preact.training import train_and_evaluate
-    from keras_preact.training.run import SmoothedCrossentropy
+    from keras_preact.training.losses import SmoothedCrossentropy
 
     result = train_and_evaluate(tiny_config(label_smoothing=0.2, epochs=1),
                                 str(tmp_path / "run"))
     model = keras.saving.load_model(result["model_path"])  # with its compiled loss
     assert isinstance(model.loss, SmoothedCrossentropy) and model.loss.label_smoothing == 0.2
+    # A new process that imports keras_preact (not its training modules) loads it compiled,
+    # also a file written when the loss lived in keras_preact.training.run.
+    old = str(tmp_path / "old.keras")
+    with zipfile.ZipFile(result["model_path"]) as src, zipfile.ZipFile(old, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename == "config.json":
+                assert b'"keras_preact.training.losses"' in data
+                data = data.replace(b'"keras_preact.training.losses"',
+                                    b'"keras_preact.training.run"')
+            dst.writestr(item, data)
+    script = ("import sys, keras_preact, keras\n"
+              "for path in sys.argv[1:]:\n"
+              "    print(keras.saving.load_model(path).loss.label_smoothing)")
+    out = subprocess.run([sys.executable, "-c", script, result["model_path"], old],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["0.2", "0.2"]
 
 
 # ----------------------------------------------------------------------------------
@@ -193,7 +212,7 @@ def test_stochastic_depth_follows_the_linear_decay_rule_and_keeps_the_weights(tm
 
     model = kp.get_model("preact_resnet20", stochastic_depth=0.3, input_shape=(32, 32, 3))
     rates = [r for i in (1, 2, 3) for r in model.get_layer(f"stage{i}").drop_rates]
-    np.testing.assert_allclose(rates, [0.3 * l / 9 for l in range(1, 10)])
+    np.testing.assert_allclose(rates, [0.3 * k / 9 for k in range(1, 10)])
     plain = kp.get_model("preact_resnet20", input_shape=(32, 32, 3))
     path = str(tmp_path / "sd.weights.h5")
     model.save_weights(path)
@@ -235,8 +254,8 @@ def test_ema_puts_the_average_in_the_final_model_and_keeps_it_in_checkpoints(tmp
     import keras
 
     from keras_preact.training import train_and_evaluate
+    from keras_preact.training.losses import compile_model
     from keras_preact.training.optimizers import make_optimizer
-    from keras_preact.training.run import compile_model
     from keras_preact.weights.local import load_weights_file
 
     def last_checkpoint(config, result):
@@ -264,7 +283,8 @@ def test_ema_puts_the_average_in_the_final_model_and_keeps_it_in_checkpoints(tmp
     assert last["val_loss"] == pytest.approx(result["test_loss"], abs=1e-6)
     assert last["raw_val_loss"] != pytest.approx(last["val_loss"], abs=1e-6)
     # Scoring the averages leaves training as it was: without any evaluation, the same weights.
-    again = train_and_evaluate(config.replace(eval_every=0, deterministic=True), str(tmp_path / "c"))
+    again = train_and_evaluate(config.replace(eval_every=0, deterministic=True),
+                               str(tmp_path / "c"))
     once = train_and_evaluate(config.replace(deterministic=True), str(tmp_path / "d"))
     for a, b in zip(_weights(again["model_path"]), _weights(once["model_path"])):
         np.testing.assert_array_equal(a, b)
@@ -279,7 +299,8 @@ def test_ema_puts_the_average_in_the_final_model_and_keeps_it_in_checkpoints(tmp
 # Test-time flips
 # ----------------------------------------------------------------------------------
 
-def test_evaluate_with_flip_scores_the_mean_of_an_image_and_its_mirror(digits_run, capsys):
+def test_evaluate_with_flip_scores_the_mean_of_an_image_and_its_mirror(
+        digits_run, capsys):  # noqa: F811 (the fixture imported above)
     import keras
 
     from keras_preact import data

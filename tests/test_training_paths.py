@@ -114,7 +114,7 @@ def test_tensorflow_jax_and_pytorch_train_the_same_steps(tmp_path):
     for backend, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=600)
         assert proc.returncode == 0, stderr[-3000:]
-        line = next(l for l in stdout.splitlines() if l.startswith("RESULT"))
+        line = next(ln for ln in stdout.splitlines() if ln.startswith("RESULT"))
         out[backend] = json.loads(line[len("RESULT"):])
         out[backend]["weights"] = list(np.load(str(tmp_path / backend) + ".npz").values())
     del keras

@@ -100,10 +100,12 @@ def test_linear_scaling_rule_for_other_batch_sizes():
     big = _config(batch_size=256).resolve_schedule(50000 // 256)
     assert big["values"] == pytest.approx([0.2, 0.02, 0.002])
     assert big["warmup_learning_rate"] == pytest.approx(0.02)
-    assert (big["warmup_steps"], big["boundaries"], big["total_steps"]) == (200, [16000, 24000], 32000)
+    assert (big["warmup_steps"], big["boundaries"], big["total_steps"]) == (
+        200, [16000, 24000], 32000)
     small = _config(batch_size=64).resolve_schedule(50000 // 64)
     assert small["values"] == pytest.approx([0.05, 0.005, 0.0005])
-    assert (small["warmup_steps"], small["boundaries"], small["total_steps"]) == (800, [64000, 96000], 128000)
+    assert (small["warmup_steps"], small["boundaries"], small["total_steps"]) == (
+        800, [64000, 96000], 128000)
     # Same images seen at every boundary, whatever the batch.
     for r, batch in ((big, 256), (small, 64)):
         assert [b * batch for b in r["boundaries"]] == [32000 * 128, 48000 * 128]
@@ -116,7 +118,8 @@ def test_linear_scaling_rule_for_other_batch_sizes():
 
 def test_schedule_in_epochs():
     # fb.resnet.torch's CIFAR schedule: /10 at epochs 81 and 122, 164 epochs.
-    r = _config(schedule_unit="epochs", warmup=1, boundaries=(81, 122), total=164).resolve_schedule(390)
+    r = _config(schedule_unit="epochs", warmup=1, boundaries=(81, 122),
+                total=164).resolve_schedule(390)
     assert (r["warmup_steps"], r["boundaries"], r["total_steps"], r["epochs"]) == (
         390, [81 * 390, 122 * 390], 164 * 390, 164,
     )
@@ -125,7 +128,8 @@ def test_schedule_in_epochs():
 def test_epochs_and_steps_stretch_the_whole_schedule():
     r = _config(epochs=10).resolve_schedule(100)
     # Warm-up 400/64k, drops at 1/2 and 3/4 of the run.
-    assert (r["total_steps"], r["warmup_steps"], r["boundaries"], r["epochs"]) == (1000, 6, [500, 750], 10)
+    assert (r["total_steps"], r["warmup_steps"], r["boundaries"], r["epochs"]) == (
+        1000, 6, [500, 750], 10)
     r = _config(steps=64).resolve_schedule(100)
     assert (r["total_steps"], r["boundaries"], r["epochs"]) == (64, [32, 48], 1)
     with pytest.raises(ValueError, match="at most one of `epochs` and `steps`"):
@@ -188,8 +192,7 @@ def _numpy_sgd(w, grads, lrs, *, momentum, l2, decayed, nesterov=False):
 def test_coupled_sgd_matches_hand_computed_update(nesterov, decay_variables):
     import keras
 
-    from keras_preact.training import CoupledSGD
-    from keras_preact.training import WarmupPiecewiseConstant
+    from keras_preact.training import CoupledSGD, WarmupPiecewiseConstant
 
     rng = np.random.default_rng(0)
     layer = keras.layers.Dense(3)
@@ -235,7 +238,8 @@ def test_coupled_decay_is_not_keras_decoupled_weight_decay():
 
     coupled = run(CoupledSGD(learning_rate=0.1, momentum=0.9, l2=0.1))
     decoupled = run(keras.optimizers.SGD(learning_rate=0.1, momentum=0.9, weight_decay=0.1))
-    expected = _numpy_sgd([2.0] * 3, [np.ones(3)] * 3, [0.1] * 3, momentum=0.9, l2=0.1, decayed=True)
+    expected = _numpy_sgd([2.0] * 3, [np.ones(3)] * 3, [0.1] * 3, momentum=0.9, l2=0.1,
+                          decayed=True)
     np.testing.assert_allclose(coupled, expected, rtol=1e-6)
     assert np.max(np.abs(coupled - decoupled)) > 1e-3
 
@@ -282,8 +286,7 @@ def test_default_decays_every_parameter_of_a_preact_resnet(tiny_model_kwargs):
 
 
 def test_atomic_writes_leave_the_old_file_when_writing_fails(tmp_path):
-    from keras_preact.files import atomic_save
-    from keras_preact.files import atomic_write_json
+    from keras_preact.file_io import atomic_save, atomic_write_json
 
     target = tmp_path / "state.json"
     atomic_write_json(str(target), {"epoch": 1})
@@ -316,7 +319,8 @@ def test_training_package_is_not_imported_by_keras_preact():
 
     proc = run_python(
         "import sys, keras_preact; "
-        "print('keras_preact.training' in sys.modules, 'keras_preact.training.trainer' in sys.modules)"
+        "print('keras_preact.training' in sys.modules, "
+        "'keras_preact.training.api' in sys.modules)"
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", "False"]

@@ -20,8 +20,7 @@ import time
 
 import pytest
 
-from tests.helpers import REPO
-from tests.helpers import TINY
+from tests.helpers import REPO, TINY
 
 EPOCHS = 3
 
@@ -62,7 +61,8 @@ def test_sigkill_mid_epoch_then_restart_equals_uninterrupted_run(tmp_path, backe
     import keras_preact  # noqa: F401  (registers the layers for loading)
 
     killed_dir, reference_dir = str(tmp_path / "killed"), str(tmp_path / "reference")
-    logs = {name: open(tmp_path / f"{name}.log", "w+") for name in ("reference", "killed", "resumed")}
+    logs = {name: open(tmp_path / f"{name}.log", "w+")
+            for name in ("reference", "killed", "resumed")}
     # The reference run goes alongside (2 cores): determinism does not depend on load.
     reference = start(reference_dir, logs["reference"], backend)
     victim = start(killed_dir, logs["killed"], backend)
@@ -116,6 +116,7 @@ def test_sigkill_mid_epoch_then_restart_equals_uninterrupted_run(tmp_path, backe
     ref_m, res_m = final["reference_metrics"], final["resumed_metrics"]
     assert [e["step"] for e in res_m["epochs"]] == [22, 44, 66]
     assert [e["loss"] for e in res_m["epochs"]] == [e["loss"] for e in ref_m["epochs"]]
-    assert [e["learning_rate"] for e in res_m["epochs"]] == [e["learning_rate"] for e in ref_m["epochs"]]
+    assert ([e["learning_rate"] for e in res_m["epochs"]]
+            == [e["learning_rate"] for e in ref_m["epochs"]])
     assert res_m["test_accuracy"] == ref_m["test_accuracy"]
     assert res_m["test_loss"] == ref_m["test_loss"]

@@ -88,7 +88,8 @@ def test_unit_and_width_hyperparameters_build_library_models():
     import keras_preact
     from keras_preact.tuning import PreActResNetHyperModel
 
-    hm = PreActResNetHyperModel(**{**TINY_SPACE, "depths": [8], "units": ["full_preact", "original"],
+    hm = PreActResNetHyperModel(**{**TINY_SPACE, "depths": [8],
+                                   "units": ["full_preact", "original"],
                                    "width_multipliers": [1, 0.5]})
     hp = keras_tuner.HyperParameters()
     hm.declare(hp)
@@ -97,7 +98,8 @@ def test_unit_and_width_hyperparameters_build_library_models():
     hp.values.update(unit="original", width=0.5)
     config = hm.build(hp).get_config()
     assert config["unit"] == "original"
-    assert tuple(config["stage_filters"]) == (8, 16, 32) and tuple(config["stage_blocks"]) == (1, 1, 1)
+    assert (tuple(config["stage_filters"]) == (8, 16, 32)
+            and tuple(config["stage_blocks"]) == (1, 1, 1))
     hp.values.update(unit="full_preact", width=1)
     model = hm.build(hp)
     reference = keras_preact.preact_resnet_cifar(8, input_shape=(32, 32, 3), classes=10)
@@ -105,15 +107,15 @@ def test_unit_and_width_hyperparameters_build_library_models():
 
 
 def test_budget_prunes_candidates_and_refuses_one_nothing_fits():
-    from keras_preact.tuning import Budget
-    from keras_preact.tuning import PreActResNetHyperModel
+    from keras_preact.tuning import Budget, PreActResNetHyperModel
 
     hm = PreActResNetHyperModel(**TINY_SPACE, budget=Budget("params", 8_000))
     # Depth 8 at x0.25 has 6,010 parameters, depth 14 12,170: only 8 is searched.
     assert hm.cost({"depth": 8, "block": "basic", "width": 0.25})["params"] <= 8_000
     assert hm.cost({"depth": 14, "block": "basic", "width": 0.25})["params"] > 8_000
     assert hm.depths == [8]
-    with pytest.raises(ValueError, match=r"No candidate fits the budget: the cheapest, depth 8 basic x0.25, has 6,010 parameters"):
+    with pytest.raises(ValueError, match=r"No candidate fits the budget: the cheapest, "
+                                         r"depth 8 basic x0.25, has 6,010 parameters"):
         PreActResNetHyperModel(**TINY_SPACE, budget=Budget("params", 1_000))
     with pytest.raises(ValueError, match="No candidate fits the budget.*multiply-adds"):
         PreActResNetHyperModel(**TINY_SPACE, budget={"kind": "macs", "limit": 10})
@@ -125,10 +127,9 @@ def test_budget_prunes_candidates_and_refuses_one_nothing_fits():
 
 def test_workdir_of_another_study_is_refused_and_kept(tmp_path, capsys):
     from keras_preact import cli
-    from keras_preact.tuning import search_space_spec
-    from keras_preact.tuning import tune
+    from keras_preact.file_io import atomic_write_json
+    from keras_preact.tuning import search_space_spec, tune
     from keras_preact.tuning.study import study_document
-    from keras_preact.files import atomic_write_json
 
     workdir = tmp_path / "study"
     os.makedirs(workdir / "search")
@@ -165,7 +166,7 @@ def test_workdir_of_another_study_is_refused_and_kept(tmp_path, capsys):
 
 
 def test_overwrite_replaces_another_study_and_a_failed_start_leaves_nothing(tmp_path, monkeypatch):
-    from keras_preact.files import atomic_write_json
+    from keras_preact.file_io import atomic_write_json
     from keras_preact.tuning import PreActResNetHyperModel, search_space_spec, tune
     from keras_preact.tuning.study import study_document
 
@@ -200,10 +201,10 @@ def test_overwrite_replaces_another_study_and_a_failed_start_leaves_nothing(tmp_
 def test_tuner_kinds_and_search_space(tmp_path):
     import keras_tuner
 
-    from keras_preact.tuning import PreActResNetHyperModel
-    from keras_preact.tuning import make_tuner
+    from keras_preact.tuning import PreActResNetHyperModel, make_tuner
 
-    hm = PreActResNetHyperModel(**{**TINY_SPACE, "depths": [8, 20], "blocks": ["basic", "bottleneck"]})
+    hm = PreActResNetHyperModel(**{**TINY_SPACE, "depths": [8, 20],
+                                   "blocks": ["basic", "bottleneck"]})
     expected = {
         "random": keras_tuner.oracles.RandomSearchOracle,
         "bayesian": keras_tuner.oracles.BayesianOptimizationOracle,
@@ -357,8 +358,8 @@ def test_chief_and_two_workers_record_every_trial_once(tmp_path):
         oracle = json.load(f)
     assert oracle["ongoing_trials"] == {}
     # Each trial ran on one worker and was recorded once (one trial folder each).
-    assert sorted(d for d in os.listdir(os.path.join(workdir, "search")) if d.startswith("trial_")) == [
-        "trial_0", "trial_1"]
+    assert sorted(d for d in os.listdir(os.path.join(workdir, "search"))
+                  if d.startswith("trial_")) == ["trial_0", "trial_1"]
 
 
 def test_a_worker_says_once_whom_it_waits_for_and_how_long(tmp_path, monkeypatch, capsys):

@@ -18,9 +18,8 @@ import pytest
 from PIL import Image
 
 from keras_preact import cli
-from keras_preact.files import file_hash
-from tests.helpers import REPO, run_cli, run_command, run_python, tiny_model
-from tests.helpers import TINY
+from keras_preact.file_io import file_hash
+from tests.helpers import REPO, TINY, run_cli, run_command, run_python, tiny_model
 
 TINY_TRAIN = ["train", "--model", "tiny", "--model-kwargs", json.dumps(TINY), "--dataset", "digits",
               "--batch-size", "64", "--eval-every", "0", "--verbose", "0"]

@@ -15,9 +15,7 @@ import pytest
 import keras_preact as kp
 from keras_preact import weights as W
 from keras_preact.weights import catalog
-from tests.helpers import REPO
-from tests.helpers import serve
-from tests.helpers import to_numpy
+from tests.helpers import REPO, serve, to_numpy
 
 INPUT = (16, 16, 3)
 
@@ -161,8 +159,8 @@ def test_wrong_hash_raises_and_leaves_nothing(published, server, cache):
     bad = url + "#sha256=" + "0" * 64
     with pytest.raises(ValueError, match="hash"):
         kp.preact_resnet20(weights=bad)
-    assert not os.path.exists(os.path.join(os.environ["KERAS_PREACT_HOME"], "weights")) or _left_in_cache(
-        os.path.join(os.environ["KERAS_PREACT_HOME"], "weights")) == []
+    assert not os.path.exists(os.path.join(os.environ["KERAS_PREACT_HOME"], "weights")) or (
+        _left_in_cache(os.path.join(os.environ["KERAS_PREACT_HOME"], "weights")) == [])
 
 
 def test_a_local_file_with_another_hash_is_named_and_kept(published, tmp_path, cache,
@@ -316,15 +314,17 @@ print("PATH", fetch_weights(json.loads({json.dumps(json.dumps(entry))}), cache_d
         for _ in range(4)
     ]
     outs = [p.communicate(timeout=600) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]
-    paths = {line.split(" ", 1)[1] for out, _ in outs for line in out.splitlines() if line.startswith("PATH ")}
+    paths = {line.split(" ", 1)[1] for out, _ in outs for line in out.splitlines()
+             if line.startswith("PATH ")}
     assert len(paths) == 1
     assert server.counts["/many/r20.weights.h5"] == 1
     path = paths.pop()
     with open(path + ".json") as f:
         assert json.load(f)["sha256"] == _digest(path, "sha256")
-    assert _left_in_cache(cache) == ["preact_resnet20.many.weights.h5", "preact_resnet20.many.weights.h5.json"]
+    assert _left_in_cache(cache) == ["preact_resnet20.many.weights.h5",
+                                     "preact_resnet20.many.weights.h5.json"]
 
 
 # --- the catalog ----------------------------------------------------------------------

@@ -80,7 +80,8 @@ def test_a_fetched_file_loads_as_its_tag_does(offline_catalog, no_network):
     # The caller's preprocessing wins; a conflicting architecture argument says what to pass.
     assert kp.preact_resnet20(weights=path, preprocessing=None).preprocessing is None
     with pytest.raises(ValueError, match=r"made for first_shared_preact=False\. Received: "
-                                         r"first_shared_preact=True.*Pass first_shared_preact=False"):
+                                         r"first_shared_preact=True"
+                                         r".*Pass first_shared_preact=False"):
         kp.preact_resnet20(weights=path, first_shared_preact=True)
     with pytest.raises(ValueError, match=r"made for stage_blocks=\[3, 3, 3\], the model has"):
         kp.preact_resnet56(weights=path)
@@ -96,7 +97,8 @@ def test_a_saved_file_rebuilds_its_model_in_python_and_from_keras_files(tmp_path
         if path.endswith(".keras"):
             source.save(path)
         model = kp.preact_resnet20(weights=path)
-        assert (model.first_shared_preact, model.preprocessing, model.classes) == (False, "cifar10", 3)
+        assert (model.first_shared_preact, model.preprocessing, model.classes) == (
+            False, "cifar10", 3)
         assert model.input_shape == (None, 16, 16, 3)
         np.testing.assert_array_equal(to_numpy(model(x)), to_numpy(source(x)))
 
@@ -134,10 +136,12 @@ def test_url_with_hash_forms(tmp_path, monkeypatch):
     by_fragment = kp.preact_resnet20(weights=f"{url}#sha256={hashlib.sha256(data).hexdigest()}")
     assert by_fragment.classes == 4 and by_fragment.input_shape == (None, 16, 16, 3)
     np.testing.assert_allclose(to_numpy(by_fragment(x)), to_numpy(source(x)), atol=1e-6)
-    by_dict = kp.preact_resnet20(weights={"url": url, "hash": "md5:" + hashlib.md5(data).hexdigest()})
+    by_dict = kp.preact_resnet20(
+        weights={"url": url, "hash": "md5:" + hashlib.md5(data).hexdigest()})
     np.testing.assert_allclose(to_numpy(by_dict(x)), to_numpy(source(x)), atol=1e-6)
     with pytest.raises(ValueError, match="4 classes. Received: classes=10"):
-        kp.preact_resnet20(weights={"url": url, "hash": "md5:" + hashlib.md5(data).hexdigest()}, classes=10)
+        kp.preact_resnet20(weights={"url": url, "hash": "md5:" + hashlib.md5(data).hexdigest()},
+                           classes=10)
 
 
 def test_wrong_depth_unit_and_head_fail_loudly(tmp_path):
@@ -202,7 +206,8 @@ def test_reordered_layers_with_equal_shapes_are_detected(tmp_path):
     assert np.abs(to_numpy(keras_loaded(x)) - to_numpy(saved(x))).max() > 1e-3
     reordered = _Chain("ba")
     reordered(x)
-    with pytest.raises(ValueError, match=r"first difference is variable 0 .*'b/kernel'.*'a/kernel'"):
+    with pytest.raises(ValueError,
+                       match=r"first difference is variable 0 .*'b/kernel'.*'a/kernel'"):
         W.load_weights_file(reordered, path)
     same = _Chain("ab")
     same(x)

@@ -13,20 +13,17 @@ import hashlib
 import os
 
 import h5py
+import keras
 import numpy as np
 import pytest
 
-import keras
 import keras_preact as kp
-from keras_preact.layers import PreActBottleneckBlock
-from keras_preact.layers import PreActStage
-from keras_preact.weights import catalog
-from keras_preact.weights import fetch_weights
+from keras_preact.layers import PreActBottleneckBlock, PreActStage
+from keras_preact.weights import catalog, fetch_weights
 from keras_preact.weights.converters import keras_applications as conv
 from keras_preact.weights.download import WeightsIntegrityError
 from tests import references as ref
-from tests.helpers import serve_directory
-from tests.helpers import to_numpy
+from tests.helpers import serve_directory, to_numpy
 
 BOUND = 1e-4  # the largest allowed output difference
 SIZE = (64, 64, 3)
@@ -76,8 +73,10 @@ def test_published_format_loads_in_keras_itself(resnet50v2, tmp_path):
     path = ref.save_legacy_h5(resnet50v2, str(tmp_path / "r50.h5"))
     with h5py.File(path, "r") as f:
         assert f.attrs["keras_version"] == b"2.2.4"
-        assert f["conv1_conv"].attrs["weight_names"].tolist() == [b"conv1_conv/kernel:0", b"conv1_conv/bias:0"]
-    again = keras.applications.ResNet50V2(weights=path, input_shape=SIZE, classifier_activation=None)
+        assert f["conv1_conv"].attrs["weight_names"].tolist() == [b"conv1_conv/kernel:0",
+                                                                  b"conv1_conv/bias:0"]
+    again = keras.applications.ResNet50V2(weights=path, input_shape=SIZE,
+                                          classifier_activation=None)
     x = np.random.RandomState(0).uniform(-1, 1, (2, *SIZE)).astype("float32")
     np.testing.assert_array_equal(to_numpy(again(x)), to_numpy(resnet50v2(x)))
 
@@ -144,7 +143,8 @@ def test_another_depth_a_missing_layer_and_a_wrong_hash_are_refused(
     # A ResNet101V2 file published under the ResNet50V2 entry: the hash is right,
     # the depth is not.
     deeper = ref.keras_reference(101, input_shape=SIZE, seed=0)
-    entry, path101 = _served_entry("preact_resnet50.keras_imagenet", server, deeper, subfolder="r101")
+    entry, path101 = _served_entry("preact_resnet50.keras_imagenet", server, deeper,
+                                   subfolder="r101")
     with pytest.raises(ValueError, match="does not match the architecture") as err:
         fetch_weights(entry, cache_dir=str(cache), progress=False, build=kp.get_model)
     message = str(err.value)
@@ -171,7 +171,8 @@ def test_another_depth_a_missing_layer_and_a_wrong_hash_are_refused(
     assert all(np.array_equal(b, to_numpy(w)) for b, w in zip(before, model.weights))
     # Another shape (a 100-class head) names the layer and both shapes.
     other = kp.preact_resnet50(**conv.KERAS_LAYOUT, input_shape=SIZE, classes=100)
-    with pytest.raises(ValueError, match=r"predictions/kernel: file \(2048, 1000\), model \(2048, 100\)"):
+    with pytest.raises(ValueError,
+                       match=r"predictions/kernel: file \(2048, 1000\), model \(2048, 100\)"):
         conv.load_weights(other, conv.read_legacy_h5(path50))
 
     # A wrong publisher hash: deleted, nothing cached.
@@ -185,7 +186,8 @@ def test_another_depth_a_missing_layer_and_a_wrong_hash_are_refused(
 def test_converter_refuses_other_layouts_and_formats(resnet50v2, tmp_path):
     path = ref.save_legacy_h5(resnet50v2, str(tmp_path / "r50.h5"))
     weights = conv.read_legacy_h5(path)
-    with pytest.raises(ValueError, match=r"not built in the keras.applications ResNetV2 layout.*stem='imagenet'"):
+    with pytest.raises(ValueError, match=r"not built in the keras.applications ResNetV2 layout"
+                                         r".*stem='imagenet'"):
         conv.load_weights(kp.preact_resnet50(input_shape=SIZE), weights)
     keras3 = tmp_path / "model.weights.h5"
     kp.preact_resnet20().save_weights(str(keras3))
@@ -271,7 +273,7 @@ def test_stride_on_the_last_unit_equals_a_chain_of_units(training):
                                last_stats, rtol=1e-5, atol=1e-6)
     # The subsampled shortcut: every second pixel of the raw input, exactly what
     # keras.applications' MaxPooling2D(1, strides=2) keeps (odd size included).
-    from keras_preact.layers.functional import subsample
+    from keras_preact.layers.unit_ops import subsample
 
     np.testing.assert_array_equal(to_numpy(subsample(x, 2, "channels_last")),
                                   to_numpy(keras.layers.MaxPooling2D(1, strides=2)(x)))

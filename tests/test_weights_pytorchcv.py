@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 import keras_preact as kp
-from keras_preact.weights import catalog
-from keras_preact.weights import fetch_weights
+from keras_preact.weights import catalog, fetch_weights
 from tests.helpers import serve_directory
 
 torch = pytest.importorskip("torch", reason="the torch extra: pip install 'keras-preact[torch]'")
@@ -29,8 +28,8 @@ except ImportError:  # pragma: no cover - the README's test command installs it
         "pip install --no-deps pytorchcv==0.0.74", pytrace=False
     )
 
-from tests import references as ref  # noqa: E402
 from keras_preact.weights.converters import pytorchcv as conv  # noqa: E402
+from tests import references as ref  # noqa: E402
 
 BOUND = 1e-4  # the largest allowed logit difference
 
@@ -181,8 +180,10 @@ def test_catalog_lists_exactly_the_upstream_pairs():
     }
     upstream = {catalog.get_entry(k).upstream_name for k in PYTORCHCV_KEYS}
     assert upstream == published | IMAGENET_UPSTREAM
-    assert catalog.get_entry("preact_resnet200.imagenet").architecture["bottleneck_stride"] == "middle"
-    assert catalog.get_entry("preact_resnet50.imagenet").architecture["bottleneck_stride"] == "first"
+    assert (catalog.get_entry("preact_resnet200.imagenet").architecture["bottleneck_stride"]
+            == "middle")
+    assert (catalog.get_entry("preact_resnet50.imagenet").architecture["bottleneck_stride"]
+            == "first")
     # The published errors the docs quote.
     assert catalog.get_entry("preact_resnet110.cifar10").metrics.top1_error == 3.86
     assert catalog.get_entry("preact_resnet1001.cifar10").metrics.top1_error == 2.65

@@ -88,9 +88,8 @@ def _quiet_tensorflow():
             os.dup2(saved, 2)
             os.close(saved)
             capture.seek(0)
-            for line in capture.read().decode("utf-8", "replace").splitlines(keepends=True):
-                if not _TENSORFLOW_STARTUP_LOG.match(line):
-                    sys.stderr.write(line)
+            lines = capture.read().decode("utf-8", "replace").splitlines(keepends=True)
+            sys.stderr.writelines(x for x in lines if not _TENSORFLOW_STARTUP_LOG.match(x))
 
 
 def _setup_logging():

@@ -7,9 +7,7 @@ import sys
 
 from keras_preact.checks import shorten
 
-EXIT_PARTIAL = 1
-EXIT_ERROR = 2
-EXIT_BUG = 3
+EXIT_PARTIAL, EXIT_ERROR, EXIT_BUG = 1, 2, 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 
 #: What to do about the operating-system errors users meet, by errno.
@@ -17,8 +15,7 @@ _OS_ADVICE = {
     **dict.fromkeys((errno.EACCES, errno.EPERM), "check its permissions, or choose another path"),
     errno.EROFS: "choose a path on a writable file system",
     errno.ENOTDIR: "a part of that path is a file, not a folder: choose another path",
-    errno.ENOSPC: "free some space, or choose another disk",
-    errno.ENOENT: "check the path",
+    errno.ENOSPC: "free some space, or choose another disk", errno.ENOENT: "check the path",
     errno.EISDIR: "give a file, not a folder"}
 
 
@@ -26,9 +23,8 @@ def error_message(err):
     """One line saying what went wrong and, for an operating-system error, what to do."""
     text = getattr(err, "message", None) or str(err) or type(err).__name__  # TF's: .message
     if isinstance(err, OSError) and err.strerror:
-        advice = _OS_ADVICE.get(err.errno)
         text = (err.strerror + (f": {err.filename!r}" if err.filename else "")
-                + (f" ({advice})" if advice else ""))
+                + (f" ({advice})" if (advice := _OS_ADVICE.get(err.errno)) else ""))
     return shorten(text, 1000)
 
 
@@ -47,8 +43,7 @@ def print_table(header, rows, *, right=()):
     `right` holds the indices of the right-aligned columns."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
-    print(line)
-    print("-" * len(line))
+    print(line, "-" * len(line), sep="\n")
     for row in rows:
         print("  ".join(c.rjust(w) if i in right else c.ljust(w)
                         for i, (c, w) in enumerate(zip(row, widths))))

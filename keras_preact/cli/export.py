@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 from keras_preact.cli.common import error_message, partial_status, print_error
-from keras_preact.files import file_hash, user_path
+from keras_preact.file_io import file_hash, user_path
 from keras_preact.training.config import TrainConfig
 from keras_preact.training.workdir import Workdir, run_metrics, workdir_of
 
@@ -120,13 +120,12 @@ def _run_dataset(model_path):
 def _model_to_export(args, preprocessing):
     """`load_model_to_export`'s ``(model, described)``, also for a workdir or checkpoint."""
     from keras_preact import export
-    path = user_path(args.model)
-    if not (os.path.isdir(path) or path.endswith(".weights.h5")):
+    if not (os.path.isdir(path := user_path(args.model)) or path.endswith(".weights.h5")):
         model, described = export.load_model_to_export(args.model, classes=args.classes,
                                                        preprocessing=preprocessing)
         # A .keras file may be a training run's (None for a model name: no such file).
         return model, {**described, "metrics": run_metrics(path)}
-    from keras_preact.training.trainer import load_workdir_model
+    from keras_preact.training.api import load_workdir_model
     if (workdir := workdir_of(path)) is None:
         raise ValueError("A folder or .weights.h5 file to export must be a training workdir or "
                          f"one of its checkpoints (no config.json found). Received: {args.model}")

@@ -21,13 +21,11 @@ def cmd_list(args):
     # is built and neither Keras nor TensorFlow is imported.
     from keras_preact.zoo_catalog import load_json
     models = load_json("models.json")["models"]
-    names = fnmatch.filter(models, args.pattern or "*")
-    if not names:
+    if not (names := fnmatch.filter(models, args.pattern or "*")):
         raise ValueError(f"No model matches the pattern. Received: pattern={args.pattern!r}. "
                          f"Models: {', '.join(models)}")
-    rows = [(name, str(models[name]["depth"]), models[name]["block"],
-             f"{models[name]['params']:,}", f"{models[name]['macs'] / 1e6:,.1f}M")
-            for name in names]
+    rows = [(n, str(m["depth"]), m["block"], f"{m['params']:,}", f"{m['macs'] / 1e6:,.1f}M")
+            for n, m in models.items() if n in names]
     print_table(("model", "depth", "block", "parameters", "multiply-adds"), rows, right=(3, 4))
     return 0
 

@@ -12,6 +12,8 @@ from keras_preact.training.demo import DEMO_EPOCHS, DEMO_WORKDIR
 _TYPES = {"model_kwargs": json_dict, "boundaries": float_list, "freeze": str, "verbose": verbosity}
 #: The first field of each group of `keras-preact train --help`.
 _GROUPS = {"model": "what to train", "batch_size": "recipe", "deterministic": "how to run"}
+#: The `TrainConfig` fields, each a `train` flag (what `tune` passes on too).
+CONFIG_FIELDS = [f.name for f in dataclasses.fields(TrainConfig)]
 
 
 def add_commands(subparsers):
@@ -72,11 +74,10 @@ def add_config_arguments(parser):
             alias for alias, name in ALIASES.items() if name == field.name)]]
         default = getattr(defaults, field.name)
         # A recipe's field not given stays out of the namespace: the recipe's value applies.
-        kwargs = dict(dest=field.name, help=field.metadata["help"],
-                      choices=field.metadata["choices"],
-                      default=argparse.SUPPRESS if field.name in recipes else default)
-        if default not in (None, (), {}):
-            kwargs["help"] += f" (default {default})"
+        kwargs = dict(dest=field.name, choices=field.metadata["choices"],
+                      default=argparse.SUPPRESS if field.name in recipes else default,
+                      help=field.metadata["help"] + (
+                          f" (default {default})" if default not in (None, (), {}) else ""))
         if field.type is bool:
             kwargs["action"] = argparse.BooleanOptionalAction  # --download and --no-download
         else:
@@ -93,9 +94,8 @@ def add_config_arguments(parser):
 
 
 def cmd_train(args):
-    from keras_preact.training.trainer import train_and_evaluate
-    given = [f.name for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)]
-    config = recipe(args.recipe, **{name: getattr(args, name) for name in given})
+    from keras_preact.training.api import train_and_evaluate
+    config = recipe(args.recipe, **{k: getattr(args, k) for k in CONFIG_FIELDS if hasattr(args, k)})
     result = train_and_evaluate(config, args.workdir)
     if result["resumed_from_epoch"] is None:
         print("The run was already complete.")
@@ -114,7 +114,7 @@ def cmd_train(args):
 
 
 def cmd_evaluate(args):
-    from keras_preact.training.trainer import evaluate
+    from keras_preact.training.api import evaluate
     result = evaluate(args.workdir, **{k: getattr(args, k) for k in (
         "model", "weights", "dataset", "data_dir", "data_source", "data_path", "batch_size",
         "split", "verbose", "flip")})

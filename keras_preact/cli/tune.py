@@ -1,10 +1,8 @@
 """`keras-preact tune`: a resumable depth sweep with KerasTuner (`keras_preact.tuning`)."""
 
-import dataclasses
-
 from keras_preact.cli.common import float_list, int_list, print_table, str_list
-from keras_preact.cli.train import add_config_arguments
-from keras_preact.training.config import RECIPES, TrainConfig, recipe
+from keras_preact.cli.train import CONFIG_FIELDS, add_config_arguments
+from keras_preact.training.config import RECIPES, recipe
 from keras_preact.tuning import SPACE_FLAGS
 
 
@@ -58,8 +56,7 @@ def cmd_tune(args):
     limits = {"params": args.max_params, "macs": args.max_macs, "step_time": args.max_step_time}
     budget = next(({"kind": kind, "limit": value if kind == "step_time" else _number(value)}
                    for kind, value in limits.items() if value is not None), None)
-    given = [f.name for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)]
-    config = recipe(args.recipe, **{name: getattr(args, name) for name in given})
+    config = recipe(args.recipe, **{k: getattr(args, k) for k in CONFIG_FIELDS if hasattr(args, k)})
     for name, instead in SPACE_FLAGS.items():
         if (value := getattr(config, name)) != getattr(recipe(args.recipe), name):
             raise ValueError(f"tune searches `{name}`: use {instead}. Received: "
@@ -86,30 +83,22 @@ def cmd_tune(args):
         print("Worker done: the chief writes the results.")
         return 0
     _print_results(result["rows"])
-    if (best := result["best"]) is None:
-        print("No finished trial within the budget.")
-    else:
-        print(f"best: trial {best['trial']}, depth {best['depth']} {best['block']}, validation "
-              f"accuracy {100 * best['val_accuracy']:.2f}%, {best['params']:,} parameters, "
-              f"{best['macs'] / 1e6:,.1f}M multiply-adds")
-    print(f"results: {result['csv']}")
-    print(f"plot:    {result['png']}")
+    print("No finished trial within the budget." if (best := result["best"]) is None else
+          f"best: trial {best['trial']}, depth {best['depth']} {best['block']}, validation "
+          f"accuracy {100 * best['val_accuracy']:.2f}%, {best['params']:,} parameters, "
+          f"{best['macs'] / 1e6:,.1f}M multiply-adds")
+    print(f"results: {result['csv']}\nplot:    {result['png']}")
     if result["best_model"]:
-        print(f"model:   {result['best_model']}")
-        print(f"export:  {result['saved_model']}")
+        print(f"model:   {result['best_model']}\nexport:  {result['saved_model']}")
     return 0
 
 
 def _print_results(rows):
-    lines = []
-    for r in rows:
-        acc = "" if r["val_accuracy"] is None else f"{100 * r['val_accuracy']:.2f}%"
-        over = "" if r["within_budget"] in (None, 1) else " (over budget)"
-        lines.append((str(r["trial"]), str(r["depth"]), str(r["block"]), str(r["width"]),
-                      str(r["learning_rate"]), str(r["weight_decay"]),
-                      "" if r["params"] is None else f"{r['params']:,}",
-                      "" if r["macs"] is None else f"{r['macs'] / 1e6:,.1f}M",
-                      (acc or r["status"]) + over,
-                      "" if r["train_time_s"] is None else f"{r['train_time_s']:.1f}"))
+    plain = ("trial", "depth", "block", "width", "learning_rate", "weight_decay")
+    lines = [(*(str(r[k]) for k in plain), "" if r["params"] is None else f"{r['params']:,}",
+              "" if r["macs"] is None else f"{r['macs'] / 1e6:,.1f}M",
+              (r["status"] if r["val_accuracy"] is None else f"{100 * r['val_accuracy']:.2f}%")
+              + ("" if r["within_budget"] in (None, 1) else " (over budget)"),
+              "" if r["train_time_s"] is None else f"{r['train_time_s']:.1f}") for r in rows]
     header = ("trial", "depth", "block", "width", "lr", "wd", "params", "MACs", "val acc", "time s")
     print_table(header, lines)

@@ -55,14 +55,12 @@ def _cell(value):
 
 
 def cmd_list(args):
-    from keras_preact.weights.catalog import list_entries
-    from keras_preact.weights.download import cached_entries
+    from keras_preact.weights import cached_entries, list_entries
     if args.model is not None:
         from keras_preact.models.registry import model_info
         model_info(args.model)  # an unknown name is an error, not an empty list
     if not (entries := list_entries(args.model)):
-        where = f" for {args.model}" if args.model else ""
-        print(f"No pretrained weights in the catalog{where}.")
+        print(f"No pretrained weights in the catalog{f' for {args.model}' if args.model else ''}.")
         return 0
     cached = {c["key"] for c in cached_entries(args.cache_dir)}
     rows = [(e.key, "yes" if e.default else "", _cell(e.dataset), _cell(e.classes),
@@ -78,8 +76,7 @@ def cmd_fetch(args):
     for key in args.keys:
         try:
             path = fetch_weights(key, build=get_model, cache_dir=args.cache_dir,
-                                 offline=True if args.offline else None,
-                                 progress=not args.no_progress)
+                                 offline=args.offline or None, progress=not args.no_progress)
         except (ValueError, OSError) as err:  # the other keys are still fetched
             print_error(err)
             failed += 1
@@ -104,12 +101,11 @@ def cmd_verify(args):
 
 
 def cmd_path(args):
-    from keras_preact.weights.catalog import get_entry
-    from keras_preact.weights.download import cached_paths, resolve_cache_dir
+    from keras_preact.weights import download, get_entry
     if args.key is None:
-        print(resolve_cache_dir(args.cache_dir))
+        print(download.resolve_cache_dir(args.cache_dir))
         return 0
-    path = cached_paths(get_entry(args.key), args.cache_dir)[0]
+    path = download.cached_paths(get_entry(args.key), args.cache_dir)[0]
     print(path)
     if os.path.isfile(path):
         return 0
@@ -153,7 +149,7 @@ def cmd_convert(args):
 
 
 def cmd_readme(args):
-    from keras_preact.files import atomic_write_text
+    from keras_preact.file_io import atomic_write_text
     from keras_preact.weights.catalog import README_HEADER, render_zoo_readme
     if args.output is None:
         sys.stdout.write(render_zoo_readme())

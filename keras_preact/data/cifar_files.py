@@ -11,7 +11,7 @@ import numpy as np
 
 from keras_preact.data.registry import DATASETS
 from keras_preact.data.safe_pickle import safe_load_pickle
-from keras_preact.files import user_path
+from keras_preact.file_io import user_path
 
 _PIXELS = 32 * 32 * 3
 
@@ -40,16 +40,14 @@ def find_cifar_files(name, location):
     """Finds the CIFAR files of `name` at `location` (an archive, an extracted folder or a
     folder holding one): ``(kind, layout, path)``, kind "dir" or "tar", layout "python",
     "binary" or None (a tar: read from its members); None when nothing is found."""
-    location = user_path(location)
-    if os.path.isfile(location):
+    if os.path.isfile(location := user_path(location)):
         return ("tar", None, location) if location.endswith(_ARCHIVE_SUFFIXES) else None
     if not os.path.isdir(location):
         return None
-    base = os.path.basename(location.rstrip(os.sep))
-    hits = []  # (preference, kind, layout, path); python before binary at equal preference
+    # hits: (preference, kind, layout, path); python before binary at equal preference
+    base, hits = os.path.basename(location.rstrip(os.sep)), []
     for layout, spec in LAYOUTS[name].items():
-        inner = os.path.join(location, spec["dir"])
-        archive = os.path.join(location, spec["archive"])
+        inner, archive = (os.path.join(location, spec[k]) for k in ("dir", "archive"))
         batch_files = [os.path.join(location, spec[s][0]) for s in ("test", "train")]
         checks = ((base == spec["dir"], "dir", location),  # the extracted folder itself
                   (any(map(os.path.isfile, batch_files)), "dir", location),  # renamed folder

@@ -16,7 +16,6 @@ def read_digits(split):
     check_choice("split", split, SPLITS)
     bunch = load_digits()
     small = np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)  # (N, 8, 8)
-    big = np.repeat(np.repeat(small, UPSAMPLE, axis=1), UPSAMPLE, axis=2)
-    images = np.repeat(big[..., None], 3, axis=-1)
+    images = small.repeat(UPSAMPLE, axis=1).repeat(UPSAMPLE, axis=2)[..., None].repeat(3, axis=-1)
     idx = stratified_split(bunch.target)[0 if split == "train" else 1]
     return images[idx], bunch.target[idx].astype(np.int64), {"indices": idx, "source": "sklearn"}

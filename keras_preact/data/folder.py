@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 
 from keras_preact.data.registry import stratified_split
-from keras_preact.files import keras_preact_home, staged_folder, user_path
+from keras_preact.file_io import keras_preact_home, staged_folder, user_path
 
 #: The image files TensorFlow decodes (`keras_preact.data.imagenet` streams folders with it).
 IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
@@ -36,8 +36,7 @@ def folder_layout(path):
         raise ValueError("The 'folder' dataset needs `path` (--data-path): a folder with one "
                          "sub-folder per class (or train/ and test/ or val/ holding those), or "
                          "an archive of one. Received: path=None")
-    path = _extracted(user_path(path))
-    if not os.path.isdir(path):
+    if not os.path.isdir(path := _extracted(user_path(path))):
         what = (f"is a file, not a folder or an archive ({', '.join(ARCHIVE_SUFFIXES)})"
                 if os.path.exists(path) else "does not exist")
         raise ValueError(f"The image folder {what}. Received: path={path!r}")
@@ -61,8 +60,7 @@ def _extracted(path):
     top folder if it holds only that. ValueError for an archive that cannot be extracted."""
     if not (path.lower().endswith(ARCHIVE_SUFFIXES) and os.path.isfile(path)):
         return path
-    zip_file = path.lower().endswith(".zip")
-    stat = os.stat(path)
+    zip_file, stat = path.lower().endswith(".zip"), os.stat(path)
     key = hashlib.sha256(repr((path, stat.st_size, stat.st_mtime_ns)).encode()).hexdigest()
     target = keras_preact_home("extracted", f"{os.path.basename(path)}-{key[:16]}")
     if not os.path.isdir(target):
@@ -91,8 +89,7 @@ def _folders(directory):
 def class_folders(directory, *, within=None, least=1):
     """The sorted class sub-folder names of `directory`, each holding an image; ValueError
     when there are fewer than `least` or some are not in `within` (the train classes)."""
-    names = _folders(directory)
-    if len(names) < least:
+    if len(names := _folders(directory)) < least:
         raise ValueError(f"The image folder {directory!r} needs {least} or more class sub-folders "
                          "(<folder>/<class name>/<images>)" + ("; a classifier needs 2 classes"
                          if least > 1 else "") + f". Received: classes={names}")

@@ -13,13 +13,11 @@ from keras_preact.checks import check_bool, check_choice, check_int
 from keras_preact.data.folder import IMAGE_SUFFIXES, class_folders
 from keras_preact.data.pipeline import ALG, stateless_key
 from keras_preact.data.registry import MAX_SEED
-from keras_preact.files import user_path
+from keras_preact.file_io import user_path
 
-IMAGE_SIZE = 224
-RESIZE_SIZE = 256
+IMAGE_SIZE, RESIZE_SIZE = 224, 256
 #: Random-resized-crop area and aspect ratio ranges (Szegedy et al. 2015).
-CROP_SCALE = (0.08, 1.0)
-CROP_RATIO = (3.0 / 4.0, 4.0 / 3.0)
+CROP_SCALE, CROP_RATIO = (0.08, 1.0), (3.0 / 4.0, 4.0 / 3.0)
 SOURCES = ("folder", "tfds")
 TFDS_SPLITS = {"train": "train", "val": "validation", "test": "validation"}
 _STREAM_ORDER, _STREAM_AUGMENT = 2, 3
@@ -39,11 +37,9 @@ def random_resized_crop(image, key, *, image_size=IMAGE_SIZE, scale=CROP_SCALE,
         (10,), keys[0], minval=scale[0], maxval=scale[1], alg=ALG)
     aspect = tf.exp(tf.random.stateless_uniform(
         (10,), keys[1], minval=math.log(ratio[0]), maxval=math.log(ratio[1]), alg=ALG))
-    cw = tf.round(tf.sqrt(target_area * aspect))
-    ch = tf.round(tf.sqrt(target_area / aspect))
+    cw, ch = tf.round(tf.sqrt(target_area * aspect)), tf.round(tf.sqrt(target_area / aspect))
     fits = (cw > 0) & (ch > 0) & (cw <= w) & (ch <= h)
-    first = tf.argmax(tf.cast(fits, tf.int32))
-    any_fit = tf.reduce_any(fits)
+    first, any_fit = tf.argmax(tf.cast(fits, tf.int32)), tf.reduce_any(fits)
     in_ratio = w / h
     fallback_w = tf.where(in_ratio > ratio[1], tf.round(h * ratio[1]), w)
     fallback_h = tf.where(in_ratio < ratio[0], tf.round(w / ratio[0]), h)
@@ -76,9 +72,8 @@ def resize_center_crop(image, *, image_size=IMAGE_SIZE, resize_size=RESIZE_SIZE)
     x = tf.cond(tf.equal(short, resize_size), lambda: x,
                 lambda: tf.image.resize(x, new_size, method="bilinear", antialias=True))
     top, left = tf.unstack((tf.shape(x)[:2] - image_size) // 2)
-    out = tf.ensure_shape(x[top:top + image_size, left:left + image_size],
-                          (image_size, image_size, 3))
-    return tf.clip_by_value(out, 0.0, 255.0)
+    return tf.clip_by_value(tf.ensure_shape(x[top:top + image_size, left:left + image_size],
+                                            (image_size, image_size, 3)), 0.0, 255.0)
 
 
 def list_image_folder(root, split):
@@ -118,10 +113,9 @@ def _folder_examples(path, split, *, shuffle, seed, epoch):
         order = tf.random.experimental.index_shuffle(
             tf.range(len(paths), dtype=tf.int64), seed=key, max_index=len(paths) - 1).numpy()
         paths, labels = [paths[i] for i in order], labels[order]
-    ds = tf.data.Dataset.from_tensor_slices((paths, labels))
-    ds = ds.map(lambda p, y: (tf.io.read_file(p), y), num_parallel_calls=tf.data.AUTOTUNE,
-                deterministic=True)
-    return ds, class_names
+    return tf.data.Dataset.from_tensor_slices((paths, labels)).map(
+        lambda p, y: (tf.io.read_file(p), y), num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True), class_names
 
 
 def _tfds_examples(split, *, data_dir, manual_dir):

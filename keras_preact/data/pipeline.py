@@ -93,8 +93,7 @@ def dataset_from_arrays(images, labels, *, batch_size=128, shuffle=False, augmen
     _check_common(batch_size, seed, epoch, normalize, repeat_epochs, shuffle, drop_remainder)
     check_choice("augment", augment, AUGMENTATIONS)
     check_int("cutout", cutout, minimum=0)
-    steps = num // batch_size if drop_remainder else math.ceil(num / batch_size)
-    if steps == 0:
+    if (steps := num // batch_size if drop_remainder else math.ceil(num / batch_size)) == 0:
         raise ValueError(f"batch_size={batch_size} with drop_remainder=True leaves no batch of "
                          f"the {num} examples. Use a smaller batch_size or drop_remainder=False.")
     scale = _normalizer(mean, std, images.shape[-1]) if normalize else None
@@ -103,8 +102,7 @@ def dataset_from_arrays(images, labels, *, batch_size=128, shuffle=False, augmen
 
     def make_batch(step):
         ep, b = epoch + step // steps, step % steps
-        end = tf.minimum((b + 1) * batch_size, num)
-        positions = tf.range(b * batch_size, end, dtype=tf.int64)
+        positions = tf.range(b * batch_size, tf.minimum((b + 1) * batch_size, num), dtype=tf.int64)
         if shuffle:
             positions = _shuffle(positions, num, seed, ep)
         x = tf.gather(images_t, positions)

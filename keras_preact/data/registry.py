@@ -76,8 +76,7 @@ def stratified_split(labels, *, test_fraction=0.2, seed=0):
     if not 0.0 < float(test_fraction) < 1.0:
         raise ValueError("`test_fraction` must be in (0, 1). "
                          f"Received: test_fraction={test_fraction!r}")
-    labels = np.asarray(labels)
-    rng = np.random.RandomState(seed)
+    labels, rng = np.asarray(labels), np.random.RandomState(seed)
     shuffled = [rng.permutation(np.flatnonzero(labels == cls)) for cls in np.unique(labels)]
     cuts = [(members, int(round(test_fraction * len(members)))) for members in shuffled]
     train, test = [m[n:] for m, n in cuts], [m[:n] for m, n in cuts]

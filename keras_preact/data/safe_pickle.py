@@ -7,7 +7,7 @@ import pickle
 
 import numpy as np
 
-from keras_preact.files import PickleRefused, RestrictedUnpickler, pickle_errors
+from keras_preact.file_io import PickleRefused, RestrictedUnpickler, pickle_errors
 
 
 _NDARRAY = object()  # what the pickle gets for ``numpy.ndarray``: not callable

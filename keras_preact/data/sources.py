@@ -18,7 +18,7 @@ from keras_preact.checks import check_choice, env_flag, warn_deprecated
 from keras_preact.data import cifar_files, folder
 from keras_preact.data.digits import read_digits
 from keras_preact.data.registry import DATASETS, SPLITS, channel_stats, check_dataset_name
-from keras_preact.files import atomic_save, keras_preact_home, user_path
+from keras_preact.file_io import atomic_save, keras_preact_home, user_path
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +28,7 @@ DOWNLOAD_URLS = {f"cifar{n}": f"https://www.cs.toronto.edu/~kriz/cifar-{n}-binar
                  for n in (10, 100)}
 
 _CACHE_SIZE = 4  # decoded splits, newest last: a CIFAR split is ~150 MB of uint8
-_cache = collections.OrderedDict()
-_cache_lock = threading.Lock()
+_cache, _cache_lock = collections.OrderedDict(), threading.Lock()
 
 
 def clear_cache():
@@ -140,8 +139,7 @@ def _read_tfds(name, split, data_dir, download):
                          "--data_dir ...` on a machine with network, or download=True), or use "
                          "source='archive' with the original CIFAR files.") from None
     # Batched: batch_size=-1 needs split metadata that mocked or partial builders lack.
-    batches = list(tfds.as_numpy(ds.batch(4096)))
-    if not batches:
+    if not (batches := list(tfds.as_numpy(ds.batch(4096)))):
         raise ValueError(f"The TFDS dataset {name!r} split {split!r} in data_dir={data_dir!r} "
                          "is empty.")
     images, labels = (np.concatenate(arrays) for arrays in zip(*batches))  # dtypes: `_cached`

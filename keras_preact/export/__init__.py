@@ -15,13 +15,12 @@ from keras_preact.export.saved_model import (
 from keras_preact.export.serving import (
     AUTO, EXPORT_EXTRA, FORMATS, ONNX_QUANTIZATIONS, PARITY_TOLERANCES, QUANTIZATIONS,
     ExportParityError, build_serving_model, validate_images)
-from keras_preact.export.single_file import export_litert, export_model, export_onnx
+from keras_preact.export.formats import export_litert, export_model, export_onnx
 
-__all__ = [
-    "AUTO", "CLASS_NAMES_FILE", "EXPORT_EXTRA", "FORMATS", "LITERT_FILE", "MODEL_CARD_JSON",
-    "MODEL_CARD_MD", "ONNX_FILE", "ONNX_QUANTIZATIONS", "PARITY_TOLERANCES", "QUANTIZATIONS",
-    "SIGNATURE_ENCODED", "SIGNATURE_METADATA", "SIGNATURE_PREPROCESSED", "SIGNATURE_RAW",
-    "ExportParityError", "ExportedModel", "build_serving_model", "expected_input_shape",
-    "export_litert", "export_model", "export_onnx", "export_saved_model", "fit_image",
-    "load_export", "load_model_to_export", "read_class_names", "read_image_file",
-    "read_model_card", "render_model_card", "top_k_predictions", "validate_images"]
+__all__ = ["AUTO", "CLASS_NAMES_FILE", "EXPORT_EXTRA", "FORMATS", "LITERT_FILE", "MODEL_CARD_JSON",
+           "MODEL_CARD_MD", "ONNX_FILE", "ONNX_QUANTIZATIONS", "PARITY_TOLERANCES", "QUANTIZATIONS",
+           "SIGNATURE_ENCODED", "SIGNATURE_METADATA", "SIGNATURE_PREPROCESSED", "SIGNATURE_RAW",
+           "ExportParityError", "ExportedModel", "build_serving_model", "expected_input_shape",
+           "export_litert", "export_model", "export_onnx", "export_saved_model", "fit_image",
+           "load_export", "load_model_to_export", "read_class_names", "read_image_file",
+           "read_model_card", "render_model_card", "top_k_predictions", "validate_images"]

@@ -12,7 +12,7 @@ import keras
 import tensorflow as tf
 
 import keras_preact
-from keras_preact.files import atomic_write_text, read_json, user_path
+from keras_preact.file_io import atomic_write_text, read_json, user_path
 from keras_preact.models.costs import count_macs, count_params
 
 MODEL_CARD_JSON = "model_card.json"
@@ -145,8 +145,7 @@ def locate_export(path, *, must_exist=True):
     else: ``(None, None, None)``, or ValueError with `must_exist`."""
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"`path` must be a path. Received: path={path!r}")
-    path = user_path(path)
-    if os.path.isdir(path):
+    if os.path.isdir(path := user_path(path)):
         if os.path.isfile(os.path.join(path, "saved_model.pb")):
             return "saved_model", path, path
         if versions := [int(name) for name in os.listdir(path) if name.isdigit()

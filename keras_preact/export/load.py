@@ -13,9 +13,9 @@ from keras_preact.checks import is_int, shorten
 from keras_preact.export.card import locate_export, read_model_card
 from keras_preact.export.saved_model import SIGNATURE_METADATA
 from keras_preact.export.serving import AUTO, ServingParts, check_class_names, validate_images
-from keras_preact.export.single_file import RUNTIMES
-from keras_preact.export.staging import logger
-from keras_preact.files import file_hash
+from keras_preact.export.formats import RUNTIMES
+from keras_preact.export.destination import logger
+from keras_preact.file_io import file_hash
 from keras_preact.weights.local import keras_file_info, load_keras_file
 
 #: Pillow modes read as they are (8 bits a channel), those converted on reading, and the mode
@@ -143,10 +143,9 @@ def read_image_file(path, input_shape, *, resize=False):
     if array.ndim not in (2, 3, 4):
         raise ValueError(f"image {path!r} has shape {array.shape}; expected [H, W], [H, W, C] "
                          "or [N, H, W, C]")
-    if array.ndim < 4:  # [H, W]: one channel
-        return [(path, fit_image(np.atleast_3d(array), input_shape, resize=resize, name=path))]
-    names = [f"{path}[{i}]" for i in range(len(array))]
-    return [(n, fit_image(a, input_shape, resize=resize, name=n)) for n, a in zip(names, array)]
+    named = ([(path, np.atleast_3d(array))] if array.ndim < 4  # [H, W]: one channel
+             else [(f"{path}[{i}]", image) for i, image in enumerate(array)])
+    return [(n, fit_image(a, input_shape, resize=resize, name=n)) for n, a in named]
 
 
 def _read_with_pillow(path):

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from keras_preact.checks import check_bool, check_int
 from keras_preact.export.serving import check_path
-from keras_preact.export.staging import export_folder
+from keras_preact.export.destination import export_folder
 
 SIGNATURE_RAW = "serving_default"
 SIGNATURE_PREPROCESSED = "serve_preprocessed"

@@ -10,7 +10,7 @@ from keras import ops
 
 from keras_preact.architecture import POOL_LAYER, PREPROCESSING_LAYER
 from keras_preact.checks import check_bool, check_int
-from keras_preact.files import user_path
+from keras_preact.file_io import user_path
 from keras_preact.layers.preprocessing import ImageNormalization, resolve_preprocessing
 
 FORMATS = ("saved_model", "litert", "onnx")
@@ -175,8 +175,7 @@ class ServingParts:
         inputs = keras.Input(self.input_shape, dtype="float32", name="inputs")
         # Serving clients send channels-last images whatever the model's layout.
         out = core(self._to_model_layout(inputs))
-        probabilities = out["probabilities"]
-        probabilities = ops.softmax(probabilities, axis=-1) if self.softmax else probabilities
+        probabilities = ops.softmax(out["probabilities"]) if self.softmax else out["probabilities"]
         scores, classes = ops.top_k(probabilities, self.top_k)
         result = {"probabilities": probabilities, "top_k_classes": classes, "top_k_scores": scores}
         if include_features:
@@ -201,11 +200,9 @@ class ServingParts:
     def describe_outputs(self, class_names=None):
         """Output name -> {"dtype", "shape"}, for the model card."""
         out = {"probabilities": ("float32", self.classes), "top_k_classes": ("int32", self.top_k),
-               "top_k_scores": ("float32", self.top_k)}
-        if self.include_features:
-            out["features"] = ("float32", self.features)
-        if class_names is not None:
-            out["top_k_labels"] = ("string", self.top_k)
+               "top_k_scores": ("float32", self.top_k),
+               **({"features": ("float32", self.features)} if self.include_features else {}),
+               **({"top_k_labels": ("string", self.top_k)} if class_names is not None else {})}
         return {name: {"dtype": dtype, "shape": [None, n]} for name, (dtype, n) in out.items()}
 
     def parity_images(self, images):
@@ -235,18 +232,15 @@ def compare(name, reference, outputs, tolerance, labels=None):
     if (got := np.asarray(outputs["probabilities"])).shape != reference.shape:
         raise ExportParityError(f"The {name} export returns probabilities of shape {got.shape}; "
                                 f"the Keras model {reference.shape}.")
-    diff = float(np.max(np.abs(got - reference)))
-    if not diff <= tolerance:
+    if not (diff := float(np.max(np.abs(got - reference)))) <= tolerance:
         raise ExportParityError(f"The {name} export differs from the Keras model: max |difference| "
                                 f"of probabilities {diff:.3g} > tolerance {tolerance:.3g} on "
                                 f"{len(reference)} images. Nothing was written.")
     agreement = np.mean(np.argmax(got, -1) == np.argmax(reference, -1))
-    record = {"max_abs_diff": diff, "tolerance": tolerance, "top1_agreement": float(agreement),
-              "images": int(len(reference))}
-    if labels is not None:
-        record["accuracy"] = {"keras": float(np.mean(np.argmax(reference, -1) == labels)),
-                              "export": float(np.mean(np.argmax(got, -1) == labels))}
-    return record
+    return {"max_abs_diff": diff, "tolerance": tolerance, "top1_agreement": float(agreement),
+            "images": int(len(reference)), **({} if labels is None else {"accuracy": {
+                "keras": float(np.mean(np.argmax(reference, -1) == labels)),
+                "export": float(np.mean(np.argmax(got, -1) == labels))}})}
 
 
 def build_serving_model(model, *, preprocessing=AUTO, top_k=None, include_features=False):

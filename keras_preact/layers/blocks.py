@@ -1,6 +1,6 @@
 """Pre-activation residual units and stages as Keras layers (He et al., "Identity
 Mappings in Deep Residual Networks", ECCV 2016, arXiv:1603.05027); the arithmetic is
-`functional.unit_forward`, the stacked variables of a stage `fast_stage`."""
+`unit_ops.unit_forward`, the stacked variables of a stage `fast_stage`."""
 
 import math
 
@@ -10,10 +10,10 @@ from keras import ops
 from keras_preact.architecture import DEFAULTS
 from keras_preact.checks import check_bool, check_choice, check_int, pop_deprecated
 from keras_preact.layers import fast_stage, variants
-from keras_preact.layers import functional as F
+from keras_preact.layers import unit_ops as F
 from keras_preact.layers.initializers import HostInitializer
 from keras_preact.layers import remat as remat_lib
-from keras_preact.layers.utils import normalize_data_format, spatial_shape
+from keras_preact.layers.shapes import normalize_data_format, spatial_shape
 
 #: A strided bottleneck strides on its 3x3 conv ("middle": pytorchcv, timm, torchvision
 #: v1.5, the published CIFAR weights) or its first 1x1 conv ("first": the paper's code).
@@ -263,10 +263,10 @@ class PreActBasicBlock(_PreActUnit):
         strided_shortcut: see `STRIDED_SHORTCUTS`; a width change always projects.
         conv_bias: biases on the convs no BN follows ("conv2_bias"/"conv3_bias",
             "shortcut_bias"), as keras.applications ResNetV2; "full_preact" only.
-        drop_path: stochastic depth, F's drop rate in training (`functional.unit_forward`).
+        drop_path: stochastic depth, F's drop rate in training (`unit_ops.unit_forward`).
 
     Example:
-        >>> PreActBasicBlock(32, strides=2)(keras.ops.zeros((1, 16, 16, 16))).shape
+        >>> tuple(PreActBasicBlock(32, strides=2)(keras.ops.zeros((1, 16, 16, 16))).shape)
         (1, 8, 8, 32)
     """
 
@@ -282,7 +282,7 @@ class PreActBottleneckBlock(_PreActUnit):
     """Full pre-activation bottleneck unit (paper Fig. 4e with 1x1, 3x3, 1x1 convs) of
     inner width ``filters // expansion``; see `BOTTLENECK_STRIDES`, `PreActBasicBlock`:
 
-        >>> PreActBottleneckBlock(64)(keras.ops.zeros((1, 8, 8, 16))).shape
+        >>> tuple(PreActBottleneckBlock(64)(keras.ops.zeros((1, 8, 8, 16))).shape)
         (1, 8, 8, 64)
     """
 
@@ -315,7 +315,7 @@ class PreActStage(_UnitConfigMixin, keras.layers.Layer):
 
     Example:
         >>> stage = PreActStage("basic", 32, num_blocks=18, strides=2)
-        >>> stage(keras.ops.zeros((1, 32, 32, 16))).shape
+        >>> tuple(stage(keras.ops.zeros((1, 32, 32, 16))).shape)
         (1, 16, 16, 32)
     """
 

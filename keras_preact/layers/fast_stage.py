@@ -4,7 +4,7 @@ is a few dozen variables instead of ~5,000 (it builds, saves and loads in second
 
 from keras import ops
 
-from keras_preact.layers import functional as F
+from keras_preact.layers import unit_ops as F
 from keras_preact.layers import remat as remat_lib
 
 

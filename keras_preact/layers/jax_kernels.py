@@ -1,4 +1,4 @@
-"""A JAX-only kernel for the training hot path, picked by `functional.conv`;
+"""A JAX-only kernel for the training hot path, picked by `unit_ops.conv`;
 tests/test_jax_kernels.py checks it equals the plain path.
 
 `conv2d`: a stride-1 convolution whose gradients are written as canonical convolutions (batch

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_preact.layers.utils import normalize_data_format
+from keras_preact.layers.shapes import normalize_data_format
 
 #: ``(scale, mean, std)``, applied as ``(x * scale - mean) / std`` to [0, 255] pixels.
 PRESETS = {

@@ -1,5 +1,5 @@
-"""TensorFlow-only kernels for the training hot path, picked by `functional.conv` and
-`functional.bn_relu`; tests/test_tf_kernels.py checks they equal the plain path, and
+"""TensorFlow-only kernels for the training hot path, picked by `unit_ops.conv` and
+`unit_ops.bn_relu`; tests/test_tf_kernels.py checks they equal the plain path, and
 `benchmarks/` times them (docs/performance.md).
 
 - oneDNN: TensorFlow enables it by itself only with AVX-512/AMX; importing `keras_preact`
@@ -88,7 +88,8 @@ def conv2d(x, kernel):
         xp = tf.pad(x, [[0, 0], [ph, ph], [pw, pw], [0, 0]])
         # [cin, H + kh - 1, W + kw - 1, N] "images" by [H, W, N, cout] "kernels":
         # out[c, i, j, o] = sum_{n, h, w} x[n, h + i, w + j, c] * dy[n, h, w, o].
-        dk = tf.nn.conv2d(tf.transpose(xp, [3, 1, 2, 0]), tf.transpose(dy, [1, 2, 0, 3]), 1, "VALID")
+        dk = tf.nn.conv2d(tf.transpose(xp, [3, 1, 2, 0]), tf.transpose(dy, [1, 2, 0, 3]), 1,
+                          "VALID")
         return dx, tf.transpose(dk, [1, 2, 0, 3])
 
     return y, grad

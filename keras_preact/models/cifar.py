@@ -6,7 +6,7 @@ a 3x3 stem of 16 filters; stride 2 in the first unit of stages 2 and 3 (Section 
 from keras_preact.checks import check_choice
 from keras_preact.layers.blocks import BLOCK_TYPES
 from keras_preact.models.factory import build_with_weights, check_reserved, register_factory
-from keras_preact.weights import hooks as weights_hooks
+from keras_preact.weights import argument as weights_argument
 
 CIFAR_BLOCKS = ("auto",) + BLOCK_TYPES
 CIFAR_WIDTHS = {"basic": (16, 32, 64), "bottleneck": (64, 128, 256)}
@@ -22,9 +22,9 @@ def cifar_units_per_stage(depth, block="auto"):
                          f"9n+2 (bottleneck: 11, 20, 29, ...), n >= 1. Received: depth={depth!r}")
     if block == "auto":
         block = "bottleneck" if depth >= 164 and (depth - 2) % 9 == 0 else "basic"
-    per_unit = 6 if block == "basic" else 9
-    if (depth - 2) % per_unit:
-        form = "6n+2 (8, 14, 20, 32, 44, 56, 110, ...)" if block == "basic" else "9n+2 (11, 20, ..., 164, 272, 542, 1001)"
+    if (depth - 2) % (per_unit := 6 if block == "basic" else 9):
+        form = ("6n+2 (8, 14, 20, 32, 44, 56, 110, ...)" if block == "basic"
+                else "9n+2 (11, 20, ..., 164, 272, 542, 1001)")
         raise ValueError(f"A {block} CIFAR network needs depth of the form {form}. "
                          f"Received: depth={depth}, block={block!r}")
     return block, (depth - 2) // per_unit
@@ -58,7 +58,7 @@ def preact_resnet_cifar(depth, *, block="auto", include_top=True, weights=None,
     return build_with_weights(
         f"preact_resnet{depth}", architecture, weights=weights, include_top=include_top,
         input_tensor=input_tensor, input_shape=input_shape, size=32, pooling=pooling,
-        classes=classes, default_classes=weights_hooks.DEFAULT_CLASSES,
+        classes=classes, default_classes=weights_argument.DEFAULT_CLASSES,
         classifier_activation=classifier_activation, name=name, kwargs=kwargs)
 
 
@@ -68,7 +68,7 @@ def _register(depth):
         preact_resnet_cifar, depth, block,
         f"Pre-activation ResNet-{depth} for CIFAR ({block} units, {units} per stage).",
         weights_help="or a tag, .weights.h5, .keras or URL#sha256=...", size=32,
-        default_classes=weights_hooks.DEFAULT_CLASSES, fixed={"block": block})
+        default_classes=weights_argument.DEFAULT_CLASSES, fixed={"block": block})
 
 
 preact_resnet20 = _register(20)

@@ -26,6 +26,7 @@ def count_macs(model):
     table:
 
         >>> count_macs("preact_resnet110")  # about 253M
+        253149824
     """
     model = _model(model, "count_macs")
     if not private_api.is_functional(model):
@@ -43,7 +44,7 @@ def count_macs(model):
         elif isinstance(layer, keras.Model) and private_api.is_functional(layer):
             total += count_macs(layer)
         elif isinstance(layer, keras.layers.Conv2D):
-            from keras_preact.layers.utils import conv_macs
+            from keras_preact.layers.shapes import conv_macs
             total += conv_macs(layer, shape, layer.data_format)
         elif isinstance(layer, keras.layers.Dense):
             total += int(layer.kernel.shape[0] * layer.kernel.shape[1])

@@ -2,11 +2,11 @@
 
 from keras_preact.architecture import ARGUMENTS, Architecture
 from keras_preact.checks import check_bool, check_known_arguments
-from keras_preact.layers.utils import normalize_data_format
+from keras_preact.layers.shapes import normalize_data_format
 from keras_preact.models.preact_resnet import (
     MODEL_ARGUMENTS, PreActResNet, check_input_tensor, rename_deprecated, validate_config)
 from keras_preact.models.registry import get_model, register_model
-from keras_preact.weights import hooks as weights_hooks
+from keras_preact.weights import argument as weights_argument
 
 
 def check_reserved(kwargs, reserved):
@@ -33,11 +33,11 @@ def build_with_weights(model_name, architecture, *, weights, include_top, input_
     include_top = include_top and not kwargs.get("features")  # a backbone loads as no-top
     classes = default_classes if weights is None and classes is None else classes
     channels_last = normalize_data_format(kwargs.get("data_format")) == "channels_last"
-    request = weights_hooks.WeightsRequest(
+    request = weights_argument.WeightsRequest(
         weights=weights, model=model_name, include_top=include_top, classes=classes,
         input_shape=tuple(input_tensor.shape[1:]) if input_tensor is not None else input_shape,
         channels_last=channels_last, kwargs=kwargs, fixed=architecture)
-    plan = weights_hooks.plan_weights(request)
+    plan = weights_argument.plan_weights(request)
     overrides = dict(plan["overrides"])
     recorded_shape = overrides.pop("input_shape", None)
     if input_shape is None and input_tensor is None:
@@ -52,7 +52,7 @@ def build_with_weights(model_name, architecture, *, weights, include_top, input_
         known = 2 if config["classes"] is None else config["classes"]
         validate_config(Architecture(**{k: v for k, v in {**config, "classes": known}.items()
                                         if k in ARGUMENTS}))
-    weights_hooks.materialize(plan, request, build=get_model)
+    weights_argument.materialize(plan, request, build=get_model)
     if plan["kind"] == "url":
         # The verified file decided the classes and may record the input size.
         config["classes"] = plan["classes"]
@@ -60,7 +60,7 @@ def build_with_weights(model_name, architecture, *, weights, include_top, input_
         if input_tensor is None and request.input_shape is None and "input_shape" in recorded:
             config["input_shape"] = recorded["input_shape"]
         config.update({k: v for k, v in recorded.items() if k != "input_shape" and k not in kwargs})
-    return weights_hooks.load_planned_weights(PreActResNet(**config), plan)
+    return weights_argument.load_planned_weights(PreActResNet(**config), plan)
 
 
 def register_factory(build, depth, block, summary, *, weights_help, size, default_classes,

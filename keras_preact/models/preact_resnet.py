@@ -20,7 +20,7 @@ from keras_preact.layers.blocks import (
 from keras_preact.layers.initializers import call_on_host
 from keras_preact.layers.preprocessing import ImageNormalization, resolve_preprocessing
 from keras_preact.layers.remat import check_remat, model_pruning_off
-from keras_preact.layers.utils import normalize_data_format
+from keras_preact.layers.shapes import normalize_data_format
 
 #: Stems: "cifar", a single conv (the paper's CIFAR nets); "imagenet", conv, BN, ReLU
 #: and a 3x3 stride-2 max pool with Torch's symmetric padding (Section 5);
@@ -45,10 +45,9 @@ def rename_deprecated(kwargs, where):
 
 
 def _positive_ints(name, value):
-    try:
+    out = ()
+    with contextlib.suppress(TypeError):
         out = tuple(value)
-    except TypeError:
-        out = ()
     if not out or not all(is_int(v, 1) for v in out):
         raise ValueError(f"`{name}` must be a non-empty sequence of positive integers. "
                          f"Received: {name}={value!r}")
@@ -102,14 +101,14 @@ def _check_input_shape(input_shape, data_format, total_stride):
             "`input_shape` must have 3 dimensions (height, width, channels) for channels_last "
             f"or (channels, height, width) for channels_first. Received: input_shape={input_shape}")
     last = data_format == "channels_last"
-    channels, sizes = (input_shape[2], input_shape[:2]) if last else (input_shape[0], input_shape[1:])
+    channels, sizes = ((input_shape[2], input_shape[:2]) if last
+                       else (input_shape[0], input_shape[1:]))
     where = f"Received: input_shape={input_shape} (data_format={data_format!r})"
     if channels is None or channels < 1:
         raise ValueError(f"The channel dimension of `input_shape` must be a positive int. {where}")
     if any(size is not None and size < 2 * total_stride for size in sizes):
-        raise ValueError(
-            f"`input_shape` is too small: this network downsamples by {total_stride}, so "
-            f"height and width must be at least {2 * total_stride}. {where}")
+        raise ValueError(f"`input_shape` is too small: this network downsamples by {total_stride}, "
+                         f"so height and width must be at least {2 * total_stride}. {where}")
     return input_shape
 
 
@@ -219,7 +218,7 @@ def _stages(x, a):
         shared = True if i == 1 and a.first_shared_preact and preact else None
         # Unit l of L drops F with probability l / L * stochastic_depth (Huang et al. 2016).
         first = sum(a.stage_blocks[:i - 1]) + 1
-        drop = [a.stochastic_depth * l / total for l in range(first, first + units)]
+        drop = [a.stochastic_depth * u / total for u in range(first, first + units)]
         x = PreActStage(a.block, filters, units, strides=strides, first_shared_preact=shared,
                         name=f"stage{i}", drop_path=drop if a.stochastic_depth else 0.0,
                         **kwargs)(x)
@@ -238,8 +237,7 @@ def _levels(a):
 def _final_activation(x, a):
     """The last unit's activation (the paper's rule: BN-ReLU for Fig. 4e, ReLU for
     4d, nothing for units ending in a ReLU or, unspecified by the paper, Fig. 4c)."""
-    variant = variants.get_unit(a.unit)
-    if variant.bn_before_conv:
+    if (variant := variants.get_unit(a.unit)).bn_before_conv:
         x = _bn(a, "post_bn", x)
     if variant.preactivation:
         x = keras.layers.Activation("relu", dtype=a.dtype, name="post_relu")(x)
@@ -257,7 +255,8 @@ def _head(x, a):
     if a.include_top:
         x = call_on_host(keras.layers.Dense(a.classes, dtype=a.dtype, name=HEAD_LAYER), x)
         # Float32 (or float64) so softmax stays accurate under mixed precision.
-        float64 = a.dtype is not None and keras.dtype_policies.get(a.dtype).compute_dtype == "float64"
+        float64 = (a.dtype is not None
+                   and keras.dtype_policies.get(a.dtype).compute_dtype == "float64")
         x = keras.layers.Activation(a.classifier_activation, name=PREDICTIONS_LAYER,
                                     dtype="float64" if float64 else "float32")(x)
     return x
@@ -366,7 +365,8 @@ class PreActResNet(keras.Model):
         dtype, init = a.dtype, a.kernel_initializer
         return dict(
             config, input_tensor=None, name=self.name, trainable=self.trainable,
-            dtype=dtype if dtype is None or isinstance(dtype, str) else keras.dtype_policies.serialize(dtype),
+            dtype=dtype if dtype is None or isinstance(dtype, str)
+            else keras.dtype_policies.serialize(dtype),
             kernel_initializer=init if isinstance(init, str)
             else keras.initializers.serialize(keras.initializers.get(init)))
 

@@ -40,7 +40,10 @@ def get_model(name, **kwargs):
     """Builds a registered model by name, `kwargs` forwarded to its factory; ValueError
     listing the valid names for an unknown one:
 
+        >>> import keras_preact
         >>> model = keras_preact.get_model("preact_resnet20", classes=100)
+        >>> model.output_shape
+        (None, 100)
     """
     _check_name(name)
     return _REGISTRY[name]["fn"](**kwargs)

@@ -12,8 +12,8 @@ from keras_preact.training.config import (LIMITS, PATHS, PRECISIONS, RECIPES, ST
 # Loaded on first use, so that `keras-preact --help` starts without Keras.
 _LAZY = {name: f"keras_preact.training.{module}" for module, names in (
     ("optimizers", "CoupledSGD"), ("schedules", "WarmupPiecewiseConstant"),
-    ("trainer", "train_and_evaluate evaluate load_workdir_model"),
-    ("run", "build_model SmoothedCrossentropy"),
+    ("api", "train_and_evaluate evaluate load_workdir_model"),
+    ("run", "build_model"), ("losses", "SmoothedCrossentropy compile_model"),
     ("demo", "run_demo DEMO_EPOCHS"), ("multiworker", "train_multiworker parse_tf_config"),
     ("distribute", "make_strategy set_synchronized_batch_norm")) for name in names.split()}
 

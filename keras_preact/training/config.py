@@ -6,10 +6,10 @@ import json
 import math
 import os
 import re
-from typing import Optional, get_args
+from typing import get_args
 
 from keras_preact.checks import check_choice, check_int, check_known_arguments, is_int
-from keras_preact.files import user_path
+from keras_preact.file_io import user_path
 
 #: "data_parallel": `keras.distribution.DataParallel` over every device JAX sees; the others
 #: are tf.distribute strategies (TensorFlow).
@@ -54,15 +54,15 @@ class TrainConfig:
                                 "builds a PreActResNet from that config")
     preprocessing_in_model: bool = _field(True, "the model normalises raw 0..255 pixels itself "
                                           "(else the data pipeline does)")
-    weights: Optional[str] = _field(None, "fine-tune from pretrained weights: a catalog tag (e.g. "
+    weights: str | None = _field(None, "fine-tune from pretrained weights: a catalog tag (e.g. "
                                     "cifar10), a .weights.h5 or .keras file, or URL#sha256=<hex>")
     freeze: tuple = _field((), "comma-separated parts to freeze: stem, stage1, ..., head, backbone")
     dataset: str = _field("cifar10", "cifar10, cifar100, digits or folder")
-    data_dir: Optional[str] = _field(None, "CIFAR files or TFDS data folder")
+    data_dir: str | None = _field(None, "CIFAR files or TFDS data folder")
     data_source: str = _field("auto", "auto, tfds or archive")
-    data_path: Optional[str] = _field(None, "an archive, extracted folder or image folder")
+    data_path: str | None = _field(None, "an archive, extracted folder or image folder")
     download: bool = _field(False, "let TFDS download (else offline)")
-    augment: Optional[object] = _field(None, "training augmentation: pad_crop_flip, pad_crop or "
+    augment: object | None = _field(None, "training augmentation: pad_crop_flip, pad_crop or "
                                        "none (default: the dataset's own)")
     batch_size: int = _field(128, "global mini-batch, split across replicas")
     base_batch_size: int = _field(128, "the batch the rates and iteration counts are stated for")
@@ -80,20 +80,20 @@ class TrainConfig:
     boundaries: tuple = _field((32000, 48000), "comma-separated rate drops, e.g. 32000,48000")
     decay_factor: float = _field(0.1, "learning-rate factor at each boundary")
     total: float = _field(64000, "schedule length, in schedule units")
-    epochs: Optional[int] = _field(None, "run length in epochs (stretches the schedule)")
+    epochs: int | None = _field(None, "run length in epochs (stretches the schedule)")
     label_smoothing: float = _field(0.0, "cross-entropy against targets smoothed by this much "
                                     "(Szegedy et al. 2016)")
     cutout: int = _field(0, "side of a square of pixels zeroed at a random place of each "
                          "training image (DeVries & Taylor 2017: 16 on CIFAR-10); 0: off")
     stochastic_depth: float = _field(0.0, "the last residual unit's drop rate, lower in "
                                      "proportion to depth (Huang et al. 2016); 0: off")
-    ema_momentum: Optional[float] = _field(None, "the final model is the moving average of "
+    ema_momentum: float | None = _field(None, "the final model is the moving average of "
                                            "the weights with this momentum, e.g. 0.999")
-    steps: Optional[int] = _field(None, "run length in updates (stretches the schedule)")
+    steps: int | None = _field(None, "run length in updates (stretches the schedule)")
     seed: int = _field(0, "initialisation, data order and augmentation")
     deterministic: bool = _field(False, "TensorFlow op determinism (bit-exact reruns)")
     strategy: str = _field("default", "tf.distribute strategy", choices=STRATEGIES)
-    cpu_devices: Optional[int] = _field(None, "N logical CPU devices (mirrored on a CPU-only host)")
+    cpu_devices: int | None = _field(None, "N logical CPU devices (mirrored on a CPU-only host)")
     synchronized_bn: bool = _field(False, "BatchNorm statistics over the global batch")
     precision: str = _field("fp32", "float precision policy; auto: mixed_bfloat16 where the "
                             "run's own steps, timed at its start, are faster (see PRECISIONS)",
@@ -102,8 +102,8 @@ class TrainConfig:
                                       "always compiles the step")
     eval_every: int = _field(1, "epochs between test evaluations (0: end only)")
     keep_checkpoints: int = _field(2, "completed-epoch checkpoints kept")
-    intra_op_threads: Optional[int] = _field(None, "TensorFlow intra-op thread count")
-    inter_op_threads: Optional[int] = _field(None, "TensorFlow inter-op thread count")
+    intra_op_threads: int | None = _field(None, "TensorFlow intra-op thread count")
+    inter_op_threads: int | None = _field(None, "TensorFlow inter-op thread count")
     verbose: object = _field("auto", "auto (a bar on a terminal, else a line per epoch), 0, 1, 2")
 
     def __post_init__(self):
@@ -290,10 +290,9 @@ LIMITS = {
 def training_path(config, backend):
     """The name in `PATHS` of the path that trains `config` on `backend`; ValueError, before
     anything is written, for a strategy the backend lacks or a field the path cannot honour."""
-    for path, (name, strategies) in PATHS.items():
-        if name == backend and config.strategy in strategies:
-            break
-    else:
+    path = next((p for p, (name, strategies) in PATHS.items()
+                 if name == backend and config.strategy in strategies), None)
+    if path is None:
         valid = [s for b, ss in PATHS.values() if b == backend for s in ss]
         raise ValueError(f"strategy={config.strategy!r} does not run on the {backend} backend. "
                          f"Valid there: {valid}" + (" (or set KERAS_BACKEND=tensorflow)"

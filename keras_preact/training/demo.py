@@ -21,7 +21,7 @@ def run_demo(workdir=DEMO_WORKDIR, *, epochs=DEMO_EPOCHS, seed=0, export=True,
         workdir: the run's folder.
         epochs, seed, verbose, **overrides: `TrainConfig` fields.
         export: also export the trained model (`export_demo`)."""
-    from keras_preact.training.trainer import train_and_evaluate
+    from keras_preact.training.api import train_and_evaluate
     values = dict(model="preact_resnet20", dataset=DEMO_DATASET, batch_size=32, lr_scaling="sqrt",
                   epochs=epochs, seed=seed, deterministic=True, verbose=verbose)
     result = train_and_evaluate(TrainConfig(**{**values, **overrides}), workdir)
@@ -37,8 +37,8 @@ def export_demo(*, workdir, model_path, dataset=DEMO_DATASET):
     import keras
 
     from keras_preact.data import dataset_info
-    from keras_preact.export.single_file import export_model
-    from keras_preact.files import file_hash
+    from keras_preact.export.formats import export_model
+    from keras_preact.file_io import file_hash
     return {"saved_model": export_model(
         keras.saving.load_model(model_path), os.path.join(workdir, "export", "saved_model"),
         format="saved_model", class_names=[str(c) for c in dataset_info(dataset)["class_names"]],

@@ -5,16 +5,15 @@ the official Torch code) to every learnable parameter, BatchNorm and biases incl
 import keras
 from keras import ops
 
+from keras_preact import private_api
 from keras_preact.checks import check_choice, is_number
 from keras_preact.training.config import DECAY_VARIABLES
 
 
 def decays_variable(variable, decay_variables):
     """Whether `variable` gets the L2 term: "all": always; "kernels": named kernel or *_kernel."""
-    if decay_variables == "all":
-        return True
     name = variable.name.split("/")[-1].split(":")[0]
-    return name == "kernel" or name.endswith("_kernel")
+    return decay_variables == "all" or name == "kernel" or name.endswith("_kernel")
 
 
 @keras.saving.register_keras_serializable(package="keras_preact")
@@ -47,18 +46,16 @@ class CoupledSGD(keras.optimizers.SGD):
         check_choice("decay_variables", decay_variables, DECAY_VARIABLES)
         super().__init__(learning_rate=learning_rate, momentum=float(momentum),
                          nesterov=nesterov, name=name, **kwargs)
-        self.l2 = float(l2)
-        self.decay_variables = decay_variables
+        self.l2, self.decay_variables = float(l2), decay_variables
 
     def build(self, variables):
-        if self.built:
-            return
-        super().build(variables)
-        # Indexed like the momentum slots: `update_step` may get the raw per-replica variable.
-        self._decay_mask = [decays_variable(v, self.decay_variables) for v in variables]
+        if not self.built:
+            super().build(variables)
+            # Indexed like the momentum slots: `update_step` may get the raw per-replica variable.
+            self._decay_mask = [decays_variable(v, self.decay_variables) for v in variables]
 
     def update_step(self, gradient, variable, learning_rate):
-        if self.l2 and self._decay_mask[self._get_variable_index(variable)]:
+        if self.l2 and self._decay_mask[private_api.optimizer_variable_index(self, variable)]:
             decay = ops.multiply(ops.cast(self.l2, variable.dtype), variable)
             gradient = ops.add(ops.cast(gradient, variable.dtype), decay)
         super().update_step(gradient, variable, learning_rate)

@@ -17,10 +17,11 @@ import keras_preact
 from keras_preact import data, finetune
 from keras_preact.architecture import DEFAULTS
 from keras_preact.checks import check_known_arguments, shorten
-from keras_preact.files import atomic_save, atomic_write_json, user_path
+from keras_preact.file_io import atomic_save, atomic_write_json, user_path
 from keras_preact.models.preact_resnet import MODEL_ARGUMENTS
 from keras_preact.training import distribute
 from keras_preact.training.config import TrainConfig
+from keras_preact.training.losses import compile_model
 from keras_preact.training.optimizers import make_optimizer
 from keras_preact.training.workdir import (CHECKPOINT_DIR, CURVE_PNG, FINAL_MODEL, METRICS_COLUMNS,
                                            METRICS_JSON, TENSORBOARD_DIR, Workdir, read_json)
@@ -119,33 +120,6 @@ def dataset_preprocessing(info):
     """The model `preprocessing` dict for a dataset: its per-channel mean and std."""
     return {"mean": [float(m) for m in info["mean"]], "std": [float(v) for v in info["std"]],
             "scale": 1.0 / 255.0}
-
-
-@keras.saving.register_keras_serializable(package="keras_preact")
-class SmoothedCrossentropy(keras.losses.Loss):
-    """Cross-entropy of integer labels against probabilities, the one-hot targets smoothed
-    by `label_smoothing` (Szegedy et al. 2016)."""
-
-    def __init__(self, label_smoothing=0.1, name="smoothed_crossentropy", **kwargs):
-        super().__init__(name=name, **kwargs)
-        self.label_smoothing = float(label_smoothing)
-
-    def call(self, y_true, y_pred):
-        targets = ops.one_hot(ops.reshape(ops.cast(y_true, "int32"), (-1,)),
-                              ops.shape(y_pred)[-1], dtype=y_pred.dtype)
-        return keras.losses.categorical_crossentropy(targets, y_pred,
-                                                     label_smoothing=self.label_smoothing)
-
-    def get_config(self):
-        return {**super().get_config(), "label_smoothing": self.label_smoothing}
-
-
-def compile_model(model, optimizer, label_smoothing=0.0, **kwargs):
-    """Compiles with the recipe's loss (label-smoothed with `label_smoothing`) and accuracy."""
-    loss = (SmoothedCrossentropy(label_smoothing) if label_smoothing
-            else keras.losses.SparseCategoricalCrossentropy())
-    model.compile(optimizer=optimizer, loss=loss,
-                  metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")], **kwargs)
 
 
 def score(predict, dataset, *, flip=False):
@@ -425,7 +399,8 @@ class Run:
                  "time_s": round(train_s, 3), "eval_time_s": round(time.time() - trained, 3),
                  "images_per_s": round(done * self.config.batch_size / train_s, 2)
                  if train_s > 0 else None}
-        entry.update({k: float(v) for k, v in logs.items() if k in METRICS_COLUMNS[6:]})  # the metrics
+        # The metrics (the columns after the clock's).
+        entry.update({k: float(v) for k, v in logs.items() if k in METRICS_COLUMNS[6:]})
         self.history.append(entry)
         if not self.owns_files:
             return
@@ -549,9 +524,11 @@ class Run:
             self.precision = {"images_per_s": rates, "timing_s": round(time.time() - began, 1),
                               "chosen": "mixed_bfloat16" if rates["mixed_bfloat16"]
                               >= BF16_MARGIN * rates["fp32"] else "fp32"}
-        logger.info("--precision auto: training in %s (%s; measured at its start: %s; "
-                    "mixed_bfloat16 is kept from %.2fx fp32's images/s).", self.precision[
-                        "chosen"], "resumed" if stored else "a new run", self.precision, BF16_MARGIN)
+        rates = ", ".join(f"{p} {r} images/s" for p, r in self.precision.get(
+            "images_per_s", {}).items()) or "on an accelerator"
+        logger.info("--precision auto: training in %s (%s at the run's start: %s; bf16 is kept "
+                    "from %.2fx fp32's rate).", self.precision["chosen"], "as chosen" if stored
+                    else "timed", rates, BF16_MARGIN)
 
     def step_seconds(self, precisions):
         """Median seconds of a training step (a batch of random images) of a throwaway model
@@ -565,8 +542,8 @@ class Run:
             model.train_on_batch(x, y)  # traces the step
         times = {p: [] for p in models}
         for _ in range(TIMED_STEPS // 2):
-            for p, model in models.items():
-                times[p] += timeit.repeat(lambda: model.train_on_batch(x, y), number=1, repeat=2)
+            for p, m in models.items():
+                times[p] += timeit.repeat(lambda m=m: m.train_on_batch(x, y), number=1, repeat=2)
         return {p: float(np.median(t)) for p, t in times.items()}
 
     def build(self, scope=None, precision=None):

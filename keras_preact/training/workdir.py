@@ -15,7 +15,7 @@ import os
 import shutil
 from pathlib import Path
 
-from keras_preact.files import (atomic_write_bytes, atomic_write_json, figure_png, read_json,
+from keras_preact.file_io import (atomic_write_bytes, atomic_write_json, figure_png, read_json,
                                 user_path, write_csv_rows)
 
 CONFIG_FILE = "config.json"

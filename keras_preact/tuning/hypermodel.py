@@ -119,7 +119,8 @@ def search_space_spec(*, dataset="digits", depths=DEFAULT_DEPTHS, blocks=("auto"
         raise ValueError("Every trial trains in one precision: give fp32, mixed_bfloat16 or "
                          "mixed_float16 (`train --precision auto` shows which pays here). "
                          "Received: precision='auto'")
-    config = {k: new for k, (new, _) in base.differences(TrainConfig(), ignore=_TRIAL_FIELDS).items()}
+    config = {k: new for k, (new, _) in
+              base.differences(TrainConfig(), ignore=_TRIAL_FIELDS).items()}
     given, depths = depths, _values("depths", depths)
     if not all(is_int(d) for d in depths):
         raise ValueError("`depths` must be a list of integers (CIFAR depths, e.g. [20, 56]). "

@@ -15,9 +15,10 @@ import time
 import keras_tuner
 
 import keras_preact
+from keras_preact import private_api
 from keras_preact.checks import check_int, check_known_arguments
 from keras_preact.export import export_saved_model
-from keras_preact.files import (atomic_save, atomic_write_bytes, atomic_write_json, figure_png,
+from keras_preact.file_io import (atomic_save, atomic_write_bytes, atomic_write_json, figure_png,
                                 read_json, write_csv_rows)
 from keras_preact.training.distribute import make_strategy
 from keras_preact.training.workdir import Workdir
@@ -144,7 +145,7 @@ def tune(workdir, *, tuner="random", max_trials=10, overwrite=False, export=True
         time.sleep(0.5)
     exists = check_study_workdir(workdir, document, overwrite=overwrite)
     hypermodel = PreActResNetHyperModel(**space)  # may refuse the budget
-    hypermodel.arrays  # missing or bad data fails here, before anything is written
+    _ = hypermodel.arrays  # missing or bad data fails here, before anything is written
     fresh, created = role != "worker" and (overwrite or not exists), not os.path.isdir(workdir)
     if fresh:
         _discard_study(workdir)
@@ -205,19 +206,16 @@ def serve_chief(kt_tuner, *, verbose=1, poll_s=0.5):
     from concurrent import futures
 
     import grpc
-    from keras_tuner.src import protos
-    from keras_tuner.src.distribute import oracle_chief
     kt_tuner.oracle.verbose = verbose
     kt_tuner.save()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
-    servicer = oracle_chief.OracleServicer(kt_tuner.oracle)
-    protos.get_service_grpc().add_OracleServicer_to_server(servicer, server)
+    done = private_api.add_oracle_servicer(server, kt_tuner.oracle)
     address = f"{os.environ['KERASTUNER_ORACLE_IP']}:{os.environ['KERASTUNER_ORACLE_PORT']}"
     server.add_insecure_port(address)
     server.start()
     logger.info("Chief oracle serving on %s.", address)
     try:
-        while not (servicer.stop_triggered and oracle_chief.exit_chief(kt_tuner.oracle)):
+        while not done():
             time.sleep(poll_s)
     finally:
         server.stop(grace=2).wait()

@@ -7,10 +7,9 @@ import functools
 import json
 import os
 from importlib import resources
-from typing import Optional
 
 from keras_preact.checks import is_int, is_number, pop_deprecated, warn_deprecated
-from keras_preact.files import atomic_write_text
+from keras_preact.file_io import atomic_write_text
 from keras_preact.layers.preprocessing import resolve_preprocessing
 from keras_preact.weights.converters import CONVERTERS
 from keras_preact.zoo_catalog import load_json
@@ -37,10 +36,10 @@ class Hash:
 class Metrics:
     """Published errors (%) and where they are stated."""
 
-    top1_error: Optional[float] = None
-    top5_error: Optional[float] = None
-    source: Optional[str] = None
-    source_file: Optional[str] = None
+    top1_error: float | None = None
+    top5_error: float | None = None
+    source: str | None = None
+    source_file: str | None = None
 
 
 _METRIC_FIELDS = [f.name for f in dataclasses.fields(Metrics)]
@@ -58,23 +57,23 @@ class WeightsEntry:
     hash: Hash
     converter: str
     converter_args: dict = dataclasses.field(default_factory=dict)
-    archive_member: Optional[str] = None
+    archive_member: str | None = None
     architecture: dict = dataclasses.field(default_factory=dict)
-    classes: Optional[int] = None
+    classes: int | None = None
     default: bool = False
-    dataset: Optional[str] = None
-    class_names: Optional[tuple] = None
-    preprocessing: Optional[str] = None
-    input_shape: Optional[tuple] = None
+    dataset: str | None = None
+    class_names: tuple | None = None
+    preprocessing: str | None = None
+    input_shape: tuple | None = None
     metrics: Metrics = Metrics()
-    license: Optional[str] = None
-    params: Optional[int] = None
-    params_keras_count_params: Optional[int] = None
-    converter_max_abs_diff: Optional[float] = None
-    upstream_name: Optional[str] = None
+    license: str | None = None
+    params: int | None = None
+    params_keras_count_params: int | None = None
+    converter_max_abs_diff: float | None = None
+    upstream_name: str | None = None
     notes: dict = dataclasses.field(default_factory=dict)
-    manifest: Optional[str] = None
-    manifest_source: Optional[str] = None
+    manifest: str | None = None
+    manifest_source: str | None = None
 
     @property
     def input_size(self):
@@ -273,8 +272,7 @@ def resolve_tag(model, weights):
     if dot and entry_model != model:
         raise ValueError(f"The weights {weights!r} are for {entry_model!r}, not {model!r}. "
                          f"Valid for {model}: {tags or 'none'}")
-    default = tag in ("DEFAULT", "default")
-    chosen = [e for e in entries if (e.default if default else e.tag == tag)]
+    chosen = [e for e in entries if (e.default if tag in ("DEFAULT", "default") else e.tag == tag)]
     if not chosen:
         raise ValueError(f"Unknown weights tag for {model}. Received: weights={weights!r}. "
                          "Valid: None, a path ending in '.weights.h5' or '.keras', a URL with "

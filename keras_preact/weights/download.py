@@ -21,15 +21,14 @@ import h5py
 import keras
 
 from keras_preact.checks import env_flag
-from keras_preact.files import atomic_write_json, file_hash, keras_preact_home, user_path
+from keras_preact.file_io import atomic_write_json, file_hash, keras_preact_home, user_path
 from keras_preact.weights.catalog import WeightsEntry, get_entry, list_entries, validate_entry
 from keras_preact.weights.converters import get_converter
 from keras_preact.weights.local import load_weights_file, save_weights_file
 
 logger = logging.getLogger("keras_preact.weights")
 
-SIDECAR_SUFFIX = ".json"
-LOCK_TIMEOUT_S = 3600
+SIDECAR_SUFFIX, LOCK_TIMEOUT_S = ".json", 3600
 #: Cache sub-folders for lock files and transfers in progress (same file system: atomic renames).
 LOCK_FOLDER, TMP_FOLDER = ".locks", ".tmp"
 
@@ -173,12 +172,11 @@ def _download(url, work, *, progress):
                                     cache_subdir="download")
     except Exception as err:  # get_file turns URL errors into a bare Exception.
         text = str(err)
-        if "incomplete" in text or "ContentTooShort" in type(err).__name__:
-            reason = "the transfer was truncated (fewer bytes than announced)"
-        elif "HTTP" in text or any(f" {c} --" in text for c in range(400, 600)):
-            reason = "the server answered with an HTTP error"
-        else:
-            reason = "the file could not be fetched (no network, or the host is unreachable)"
+        reason = ("the transfer was truncated (fewer bytes than announced)"
+                  if "incomplete" in text or "ContentTooShort" in type(err).__name__
+                  else "the server answered with an HTTP error"
+                  if "HTTP" in text or any(f" {c} --" in text for c in range(400, 600))
+                  else "the file could not be fetched (no network, or the host is unreachable)")
         raise WeightsDownloadError(
             f"Could not download the weights from {url}: {reason} ({text}). Nothing was "
             f"cached. To use a local copy, put {_url_filename(url)!r} into the folder "
@@ -213,9 +211,8 @@ def _convert(entry, source, out, build, *, converted):
     # The saved file records the preprocessing, so `weights=path` normalises as the entry.
     architecture = {"classes": entry.classes, **entry.architecture,
                     "preprocessing": entry.preprocessing}
-    if architecture["classes"] is None:
-        del architecture["classes"]
-    model = build(entry.model, **architecture)
+    model = build(entry.model, **{k: v for k, v in architecture.items()
+                                  if k != "classes" or v is not None})
     if converted:
         load_weights_file(model, source)
         facts = {"copied_from": source}

@@ -16,7 +16,7 @@ from keras_preact import private_api
 from keras_preact.architecture import (DEFAULTS, HEAD_LAYER, HEAD_PATH, STEM_KERNEL_PATH,
                                        WEIGHTS_ARGUMENTS, WEIGHTS_ARGUMENTS_IF_SET)
 from keras_preact.checks import shorten
-from keras_preact.files import atomic_write_bytes, user_path
+from keras_preact.file_io import atomic_write_bytes, user_path
 
 WEIGHTS_SUFFIX, KERAS_SUFFIX = ".weights.h5", ".keras"
 #: Root attributes of the `.weights.h5` files keras-preact saves (see `record_model`).
@@ -154,9 +154,7 @@ def read_recorded(path):
     with open_hdf5(path) as f:
         layout, arch, defaults = (None if f.attrs.get(n) is None else json.loads(f.attrs[n])
                                   for n in (LAYOUT_ATTR, ARCHITECTURE_ATTR, DEFAULTS_ATTR))
-    if arch is not None:
-        arch = {RENAMED_KEYS.get(k, k): v for k, v in arch.items()}
-    return layout, arch, defaults
+    return layout, arch and {RENAMED_KEYS.get(k, k): v for k, v in arch.items()}, defaults
 
 
 def _h5_datasets(path):

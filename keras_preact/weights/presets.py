@@ -10,7 +10,7 @@ import os
 import keras
 
 from keras_preact.architecture import HEAD_LAYER, HEAD_PATH
-from keras_preact.files import read_json, user_path
+from keras_preact.file_io import read_json, user_path
 from keras_preact.weights import local
 
 CONFIG_FILE, TASK_FILE, TASK_WEIGHTS = "config.json", "task.json", "task.weights.h5"
@@ -30,9 +30,8 @@ def preset_file(preset, name):
     except ImportError:
         raise ModuleNotFoundError(f"A {scheme} preset needs `{REMOTE[scheme]}` "
                                   '(pip install "keras-preact[hub]").') from None
-    if scheme == "hf://":
-        return hub.hf_hub_download(repo_id=preset.removeprefix(scheme), filename=name)
-    return hub.model_download(preset.removeprefix(scheme), name)
+    return (hub.hf_hub_download(repo_id=preset.removeprefix(scheme), filename=name)
+            if scheme == "hf://" else hub.model_download(preset.removeprefix(scheme), name))
 
 
 def model_config(preset):

@@ -23,7 +23,7 @@ import zipfile
 import numpy as np
 
 from keras_preact.checks import is_int
-from keras_preact.files import PickleRefused, RestrictedUnpickler, pickle_errors
+from keras_preact.file_io import PickleRefused, RestrictedUnpickler, pickle_errors
 
 WHAT = "a PyTorch state dict"
 #: torch's typed storages -> numpy dtype of their elements (bfloat16 as its uint16 bits).
@@ -71,9 +71,9 @@ def _decode(raw, storage, byteorder="<"):
         raise ValueError(f"storage {storage.key} holds {len(raw)} bytes, not {storage.numel} "
                          f"elements of {dtype.itemsize}")
     flat = np.frombuffer(raw, dtype)
-    if storage.type == "BFloat16Storage":  # bfloat16 is the upper half of a float32
-        return (flat.astype(np.uint32) << 16).view(np.float32)
-    return flat.astype(dtype.newbyteorder("="))
+    # bfloat16 is the upper half of a float32
+    return ((flat.astype(np.uint32) << 16).view(np.float32) if storage.type == "BFloat16Storage"
+            else flat.astype(dtype.newbyteorder("=")))
 
 
 def _read_zip(file):

@@ -96,15 +96,14 @@ def assignments(model):
             yield getattr(model.get_layer(ours), field), [((theirs, field), None)], False
     for s in range(1, len(model.stage_blocks) + 1):
         stage = model.get_layer(f"stage{s}")
-        prefix = f"conv{s + 1}_block"
-        for name, var in stage.unit1._vars.items():
-            yield var, [_unit_source(f"{prefix}1", name)], False
-        for name, var in stage._stacked.items():
-            yield var, [_unit_source(f"{prefix}{u}", name)
-                        for u in range(2, 2 + stage.num_stacked)], True
-        if stage.unit_last is not None:
-            for name, var in stage.unit_last._vars.items():
-                yield var, [_unit_source(f"{prefix}{stage.num_blocks}", name)], False
+        # (layer, its spec, unit numbers): "unit1", the stacked units, "unit_last".
+        parts = [(stage.unit1, stage.unit1.spec, [1]),
+                 (stage, stage.repeat_spec, range(2, 2 + stage.num_stacked)),
+                 (stage.unit_last, getattr(stage.unit_last, "spec", None), [stage.num_blocks])]
+        for layer, spec, units in parts:
+            for name, *_ in spec.variable_specs() if layer is not None and units else ():
+                yield layer.get_variable(name), [_unit_source(f"conv{s + 1}_block{u}", name)
+                                                 for u in units], layer is stage
 
 
 def load_weights(model, weights, *, source="weights"):

@@ -40,19 +40,20 @@ def _batchnorm(layer, prefix):
         yield getattr(layer, field), [(f"{prefix}.{torch_name}", None)], False
 
 
-def _assignments(model):
-    """Yields `assign_arrays` assignments: (variable, [(torch key, transform), ...], stacked)."""
-    imagenet = getattr(model, "stem", "cifar") == "imagenet"
+def _assignments(model, imagenet):
+    """Yields `assign_arrays` assignments: (variable, [(torch key, transform), ...], stacked),
+    of a model with the ImageNet stem or not (`imagenet`)."""
     stem_key = "features.init_block.conv.weight" if imagenet else "features.init_block.weight"
     yield model.get_layer(STEM_CONV_LAYER).kernel, [(stem_key, _conv_kernel)], False
     if imagenet:  # PreResInitBlock: 7x7/2 conv, BN, ReLU, 3x3/2 max pool.
         yield from _batchnorm(model.get_layer("stem_bn"), "features.init_block.bn")
     for s in range(1, len(model.stage_blocks) + 1):
         stage = model.get_layer(f"stage{s}")
-        for name, var in stage.unit1._vars.items():
-            yield var, [_unit_source(s, 1, name)], False
-        for name, var in stage._stacked.items():
-            yield var, [_unit_source(s, u, name) for u in range(2, stage.num_blocks + 1)], True
+        for name, *_ in stage.unit1.spec.variable_specs():
+            yield stage.unit1.get_variable(name), [_unit_source(s, 1, name)], False
+        for name, *_ in stage.repeat_spec.variable_specs() if stage.num_stacked else ():
+            units = range(2, stage.num_blocks + 1)  # pytorchcv strides unit 1: no "unit_last"
+            yield stage.get_variable(name), [_unit_source(s, u, name) for u in units], True
     yield from _batchnorm(model.get_layer("post_bn"), "features.post_activ.bn")
     if model.include_top:
         dense = model.get_layer(HEAD_LAYER)
@@ -74,8 +75,8 @@ def load_state_dict(model, state, *, source="checkpoint"):
                  "BatchNorm and max pooling)")
         raise ValueError(f"The checkpoint is {kinds[imagenet_checkpoint]}, but {model.name!r} is "
                          f"{kinds[imagenet_model]}. Received: {source}")
-    return assign_arrays(model, _assignments(model), state, what="checkpoint", noun="tensor",
-                         source=source)
+    return assign_arrays(model, _assignments(model, imagenet_model), state, what="checkpoint",
+                         noun="tensor", source=source)
 
 
 def convert(source_path, model, entry):

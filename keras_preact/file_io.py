@@ -134,8 +134,7 @@ def file_hash(path, algorithm="sha256"):
 def read_json(path):
     """The content of a JSON file; ValueError naming it if it is not JSON."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not valid JSON ({err}); it was not written by keras-preact "
                          "or was edited.") from None

@@ -12,8 +12,8 @@ from keras_preact.export.card import LITERT_FILE, ONNX_FILE
 from keras_preact.export.saved_model import export_saved_model, open_saved_model
 from keras_preact.export.serving import (
     EXPORT_EXTRA, FORMATS, ONNX_QUANTIZATIONS, QUANTIZATIONS, check_path, validate_images)
-from keras_preact.export.staging import export_folder
-from keras_preact.files import file_hash
+from keras_preact.export.destination import export_folder
+from keras_preact.file_io import file_hash
 
 
 def _require(module, needed_for):
@@ -104,9 +104,8 @@ def _export_single_file(model, path, export_format, converter_kwargs, quantizati
         images = _calibration(quantization, calibration_images, parts)
         if images is not None and export_format == "litert":
             converter_kwargs["representative_dataset"] = lambda: ([x[None]] for x in images)
-        if not getattr(parts.raw, "_called", True):
-            # Keras' ONNX exporter refuses a model that was never called.
-            parts.raw(parts.parity_images(None)[:1], training=False)
+        # `parts.raw` was never called, and Keras' ONNX exporter refuses such a model.
+        parts.raw(parts.parity_images(None)[:1], training=False)
         with warnings.catch_warnings():
             # tf2onnx's numpy-2 shim and the LiteRT converter warn about deprecations not ours.
             warnings.simplefilter("ignore", FutureWarning)

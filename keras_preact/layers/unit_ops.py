@@ -23,7 +23,8 @@ class UnitSpec:
                  conv_bias=False):
         self.unit, self.variant = unit, get_unit(unit)
         self.options = dict(options or {})
-        self.block, self.in_channels, self.filters, self.strides = block, in_channels, filters, strides
+        self.block, self.in_channels, self.filters = block, in_channels, filters
+        self.strides = strides
         self.has_projection, self.shared_preact = has_projection, shared_preact
         self.conv_bias = bool(conv_bias)
         if block == "basic":  # (name, kernel size, in, out, stride)
@@ -70,7 +71,8 @@ class UnitSpec:
         if v.bn_after_addition:
             specs += bn("add_bn", self.filters)
         if v.gated:
-            specs += [("gate_kernel", one_by_one, "kernel"), ("gate_bias", (self.filters,), "gate_bias")]
+            specs += [("gate_kernel", one_by_one, "kernel"),
+                      ("gate_bias", (self.filters,), "gate_bias")]
         return specs
 
     def macs(self, height, width):
@@ -142,7 +144,8 @@ def conv(x, kernel, strides, data_format):
             return jax_kernels.conv2d(x, ops.cast(kernel, x.dtype), data_format)
     if strides > 1:
         p = [[(k - 1) // 2] * 2] * 2
-        x = ops.pad(x, [[0, 0]] + p + [[0, 0]] if data_format == "channels_last" else [[0, 0]] * 2 + p)
+        x = ops.pad(x, [[0, 0]] + p + [[0, 0]] if data_format == "channels_last"
+                    else [[0, 0]] * 2 + p)
     return ops.conv(x, ops.cast(kernel, x.dtype), strides=strides,
                     padding="valid" if strides > 1 else "same", data_format=data_format)
 
@@ -188,7 +191,8 @@ def unit_forward(x, params, spec, *, training, momentum, epsilon, data_format, s
         return t
 
     # F(x), Fig. 4: the activation before each conv (4d, 4e) or after it (4a-c).
-    pre = bn(x, "preact_bn", relu=True) if v.bn_before_conv else ops.relu(x) if v.preactivation else x
+    pre = (bn(x, "preact_bn", relu=True) if v.bn_before_conv
+           else ops.relu(x) if v.preactivation else x)
     r = pre
     for i, (bn_name, (name, _, _, _, s)) in enumerate(zip(spec.bns, spec.convs)):
         if i and v.preactivation:

@@ -9,7 +9,7 @@ import os
 import urllib.parse
 
 from keras_preact.architecture import DEFAULTS
-from keras_preact.files import read_json, user_path
+from keras_preact.file_io import read_json, user_path
 from keras_preact.weights import catalog, local, presets
 from keras_preact.weights.download import fetch_weights
 
@@ -88,8 +88,7 @@ def plan_weights(request):
         return {**plan, "kind": "url", "classes": request.classes, "entry": entry}
     if not isinstance(weights, (str, os.PathLike)):
         raise _bad("`weights` has an unsupported type.", weights)
-    weights = os.fspath(weights)
-    if catalog.looks_like_tag(weights):
+    if catalog.looks_like_tag(weights := os.fspath(weights)):
         plan.update(kind="entry", entry=(entry := catalog.resolve_tag(request.model, weights)))
         if request.include_top and entry.architecture.get("include_top") is False:
             raise ValueError(f"The weights {entry.key!r} have no classifier head (a feature-"
@@ -120,8 +119,7 @@ def local_weights(weights):
             raise _bad(f"{path} is a training run's workdir without its final model.keras (not "
                        "finished?): pass one of its checkpoints/*.weights.h5.", weights)
         return "keras", final
-    path = local.preset_weights(path)
-    if path.endswith(local.KERAS_SUFFIX):
+    if (path := local.preset_weights(path)).endswith(local.KERAS_SUFFIX):
         if not os.path.isfile(path):
             raise _bad("The .keras file does not exist.", weights)
         return "keras", path
@@ -169,19 +167,18 @@ def _apply(plan, request, info, name="weights"):
     plan["classes"] = _resolve_classes(info["classes"], request)
     fixed, kwargs, overrides = request.fixed, request.kwargs, plan["overrides"]
     for key, value in info["architecture"].items():
-        if key in _FACTORY_KEYS or value is None:  # None: not recorded (an older file)
+        # None: not recorded (an older file). A value the model's name fixes must only match.
+        if key in _FACTORY_KEYS or value is None or key in fixed and _same(fixed[key], value):
             continue
         if key in fixed:
-            if not _same(fixed[key], value):
-                raise request.bad("The weights file does not match the architecture of this "
-                                  f"model: it was made for {key}={value!r}, the model has "
-                                  f"{key}={fixed[key]!r}. Nothing was loaded.")
-        elif key in kwargs and not _same(kwargs[key], value):
+            raise request.bad("The weights file does not match the architecture of this model: "
+                              f"it was made for {key}={value!r}, the model has {key}="
+                              f"{fixed[key]!r}. Nothing was loaded.")
+        if key in kwargs and not _same(kwargs[key], value):
             raise ValueError(f"The weights were made for {key}={value!r}. Received: {key}="
                              f"{kwargs[key]!r}, weights={request.weights!r}. Pass "
                              f"{key}={value!r} or leave {key} out.")
-        else:
-            overrides[key] = value
+        overrides[key] = value
     if info.get("preprocessing") is not None and "preprocessing" not in kwargs:
         overrides["preprocessing"] = info["preprocessing"]
     if request.input_shape is None and (shape := info.get("input_shape")) is not None:

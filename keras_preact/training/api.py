@@ -8,7 +8,7 @@ import keras
 
 from keras_preact import data, private_api
 from keras_preact.data.registry import check_dataset_name
-from keras_preact.files import user_path
+from keras_preact.file_io import user_path
 from keras_preact.layers.preprocessing import ImageNormalization
 from keras_preact.training.config import TrainConfig, training_path
 from keras_preact.training.run import Run, Stepper, as_config, build_model, score

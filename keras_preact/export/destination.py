@@ -1,4 +1,4 @@
-"""Writing an export whole or not at all (`keras_preact.files.staged_folder`); only an export
+"""Writing an export whole or not at all (`keras_preact.file_io.staged_folder`); only an export
 of ours (with a model card) is replaced."""
 
 import logging
@@ -12,7 +12,7 @@ from keras_preact.export.card import (CLASS_NAMES_FILE, LITERT_FILE, MODEL_CARD_
                                       MODEL_CARD_MD, ONNX_FILE, make_model_card, write_model_card)
 from keras_preact.export.serving import (
     AUTO, PARITY_TOLERANCES, ServingParts, check_class_names, check_json, compare)
-from keras_preact.files import atomic_write_text, staged_folder
+from keras_preact.file_io import atomic_write_text, staged_folder
 
 logger = logging.getLogger("keras_preact.export")
 #: What an export of any format holds at its top: `overwrite` replaces a folder with nothing else.
