@@ -6,7 +6,8 @@ steady rates of the timed steps, Keras and PyTorch alternating round by round. S
 avx2`` caps both sides' kernels at AVX2), ``jax`` (the JAX backend on the CPU), ``gpu`` (the
 JAX backend in each of ``--precisions``, and the paper's ResNet-1001 schedule in hours;
 installs nothing), ``cifar`` (test accuracy against training minutes on a real image folder,
-keras-preact and the PyTorch reference, each of ``--seeds``) and ``quick`` (a smoke run).
+keras-preact and the PyTorch reference, each of ``--seeds``), ``ablation`` (the fast recipe's
+variants on such a folder) and ``quick`` (a smoke run).
 
     python benchmarks/run.py --suite cpu [--pairs 3] [--out benchmarks/results/cpu.json]
     python benchmarks/run.py --suite cifar --data-path CIFAR-10-images --runs runs/cifar
@@ -227,15 +228,18 @@ def suite_jax(args, report):
         report["rows"].append({"case": f"preact_resnet1001 b128 remat {backend}", **r})
 
 
-def keras_curve(args, seed, recipe="paper"):
-    """Trains (or, finished, reads) `recipe` with ``keras-preact train`` in a workdir of
-    --runs: [{epoch, minutes, test_accuracy}], minutes of training summed over epochs."""
+def keras_curve(args, seed, recipe="paper", name=None, flags=()):
+    """Trains (or, finished, reads) `recipe` (with more `train` `flags`) with ``keras-preact
+    train`` in a workdir of --runs (``{name}_s{seed}`` where a `name` is given): [{epoch,
+    minutes, test_accuracy, maybe raw_test_accuracy}], minutes of training summed over
+    epochs; ``raw_test_accuracy``: a moving-average run's raw weights."""
     epochs = args.epochs if recipe == "paper" else args.fast_epochs
-    workdir = os.path.join(args.runs, f"keras_{recipe}_e{epochs}_s{seed}")
+    workdir = os.path.join(args.runs, f"{name}_s{seed}" if name else
+                           f"keras_{recipe}_e{epochs}_s{seed}")
     command = ["-m", "keras_preact", "train", "--recipe", recipe,
                "--model", f"preact_resnet{args.depth}", "--dataset", "folder",
                "--data-path", args.data_path, "--epochs", epochs, "--batch-size", args.batch,
-               "--seed", seed, "--workdir", workdir, "--verbose", 2]
+               "--seed", seed, "--workdir", workdir, "--verbose", 2, *flags]
     if not args.read_only:
         subprocess.run([sys.executable, *map(str, command)], check=True, cwd=REPO,
                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
@@ -246,7 +250,9 @@ def keras_curve(args, seed, recipe="paper"):
         for row in csv.DictReader(f):
             minutes += float(row["time_s"]) / 60
             rows.append({"epoch": int(row["epoch"]), "minutes": minutes,
-                         "test_accuracy": float(row["val_accuracy"])})
+                         "test_accuracy": float(row["val_accuracy"]),
+                         **({"raw_test_accuracy": float(row["raw_val_accuracy"])}
+                            if row.get("raw_val_accuracy") else {})})
     return rows
 
 
@@ -293,6 +299,50 @@ def suite_cifar(args, report):
                                        "test_accuracy": curve[-1]["test_accuracy"]})
     report["recipe"] = {"model": f"preact_resnet{args.depth}", "epochs": args.epochs,
                         "fast_epochs": args.fast_epochs,
+                        "data_path": os.path.basename(os.path.normpath(args.data_path))}
+
+
+#: The fast recipe's ablation: each variant's `train` flags over the recipe's. Every variant
+#: with the moving average also scores its raw weights every epoch, which is the variant
+#: without it (the average only follows the weights).
+ABLATION = {"ema": ("--ema-momentum", "0.999", "--precision", "auto"),
+            "cutout8": ("--cutout", "8"), "cutout16": ("--cutout", "16"),
+            "sd01": ("--stochastic-depth", "0.1"), "sd005": ("--stochastic-depth", "0.05")}
+
+
+def suite_ablation(args, report):
+    """The fast recipe for --fast-epochs with each of --variants (`ABLATION`) and --seeds on
+    --data-path, one run at a time, kept under --runs (finished runs are read again): each
+    run's curve, its final model's test accuracy, and with test-time flips."""
+    from keras_preact.training import evaluate
+
+    if not args.data_path:
+        raise SystemExit("--suite ablation needs --data-path, a folder with train/ and test/")
+    curves = report.setdefault("curves", {})
+    for seed in args.seeds:
+        for name in args.variants:
+            curve = keras_curve(args, seed, "fast", name=name, flags=ABLATION[name])
+            if len(curve) < args.fast_epochs:
+                continue  # --read-only: not finished
+            workdir = os.path.join(args.runs, f"{name}_s{seed}")
+            with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+                precision = json.load(f).get("precision")
+            curves[f"{name} seed {seed}"] = curve
+            # A moving-average run's raw weights: its last checkpoint's.
+            raw = curve[-1].get("raw_test_accuracy") and evaluate(
+                model=f"preact_resnet{args.depth}", dataset="folder", data_path=args.data_path,
+                weights=os.path.join(workdir, "checkpoints", f"ckpt-{len(curve):05d}.weights.h5"),
+                flip=True, verbose=0)["accuracy"]
+            report["rows"].append({
+                "case": f"{name} seed {seed}", "variant": name, "seed": seed,
+                "flags": " ".join(ABLATION[name]), "epochs": len(curve),
+                "minutes": curve[-1]["minutes"], "test_accuracy": curve[-1]["test_accuracy"],
+                "raw_test_accuracy": curve[-1].get("raw_test_accuracy"),
+                "flip_test_accuracy": evaluate(workdir, flip=True, verbose=0)["accuracy"],
+                "raw_flip_test_accuracy": raw or None,
+                **({"precision_auto": precision} if precision else {})})
+    report["recipe"] = {"model": f"preact_resnet{args.depth}", "fast_epochs": args.fast_epochs,
+                        "batch": args.batch,
                         "data_path": os.path.basename(os.path.normpath(args.data_path))}
 
 
@@ -382,7 +432,7 @@ COUNTS = (("--pairs", 3, "alternating rounds against the PyTorch reference"),
 
 
 SUITES = {"cpu": suite_cpu, "jax": suite_jax, "gpu": suite_gpu, "cifar": suite_cifar,
-          "folder": suite_folder, "quick": suite_quick}
+          "folder": suite_folder, "quick": suite_quick, "ablation": suite_ablation}
 
 
 def main(argv=None):
@@ -416,6 +466,8 @@ def main(argv=None):
     p.add_argument("--epochs", type=count, default=20, help="cifar suite: the paper's recipe")
     p.add_argument("--fast-epochs", type=int, default=16,
                    help="cifar suite: the fast recipe (16 fit in 30 minutes on 2 idle cores)")
+    p.add_argument("--variants", nargs="+", choices=tuple(ABLATION), default=list(ABLATION),
+                   help="ablation suite: the fast recipe's variants (see ABLATION)")
     p.add_argument("--read-only", action="store_true",
                    help="cifar suite: report the runs as they stand (unfinished too); train none")
     p.add_argument("--depth", type=count, default=20, help="cifar suite: ResNet depth (6n+2)")

@@ -40,6 +40,8 @@ CIFAR = os.path.join(REPO, "benchmarks", "measured", "2026-12-06-cifar", "cifar.
 BF16 = [os.path.join(REPO, "benchmarks", "measured", *p) for p in (
     ("2026-12-04-epyc-avx512", "cpu.json"), ("2026-12-06-cifar", "bf16_ab.json"),
     ("2026-12-07-bf16", "bf16_ab.json"))]
+#: `benchmarks/run.py --suite ablation`'s report: the fast recipe's variants on real CIFAR-10.
+FAST_ABLATION = os.path.join(REPO, "benchmarks", "measured", "2026-12-07-ablation", "ablation.json")
 #: `benchmarks/run.py --suite folder`'s report: the README's image-folder example.
 FOLDER = os.path.join(REPO, "benchmarks", "measured", "2026-12-07-folder", "folder.json")
 MARKER = re.compile(r"^<!-- generated: ([\w-]+) -->$", re.M)
@@ -460,6 +462,7 @@ PARTS = {"speed": speed_table, "speed-avx2": lambda: speed_table("cpu_avx2"),
          "feature-levels": feature_levels_table,
          "gradient-flow": gradient_flow_table, "gradient-flow-1001": gradient_flow_1001_table,
          "ablation": ablation_table, "cifar": cifar_table, "bf16": bf16_table,
+         "fast-ablation": lambda: fast_ablation_table(),  # defined with its figure, below
          "folder": folder_table}
 
 
@@ -501,6 +504,69 @@ def depth_sweep():
 
     rows = [typed(row) for row in _read_csv("depth_sweep_results.csv")]
     return plot_results(rows, title="digits, --max-params 300000")
+
+
+def _fast_ablation():
+    with open(FAST_ABLATION, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def fast_ablation_table():
+    """Each run of the fast recipe's ablation (ablation.json): the final test accuracy of its
+    weights (a moving-average run's raw ones: its last checkpoint), of its moving average
+    where it has one, each also with test-time flips; first the cifar report's fast recipe
+    runs, which have none of the variants."""
+    report, (_, curves) = _fast_ablation(), _cifar_curves()
+    pct = lambda v: "-" if v is None else f"{100 * v:.2f}%"  # noqa: E731
+    rows = [("none (the fast recipe)", name.rsplit(" ", 1)[1], len(c), f"{c[-1]['minutes']:.0f}",
+             pct(c[-1]["test_accuracy"]), "-", "-", "-")
+            for name, c in curves.items() if name.startswith("keras-preact fast")]
+    for r in report["rows"]:
+        ema = r["raw_test_accuracy"] is not None
+        rows.append((f"`{r['flags']}`", r["seed"], r["epochs"], f"{r['minutes']:.0f}",
+                     pct(r["raw_test_accuracy"] if ema else r["test_accuracy"]),
+                     pct(r["raw_flip_test_accuracy"] if ema else r["flip_test_accuracy"]),
+                     pct(r["test_accuracy"]) if ema else "-",
+                     pct(r["flip_test_accuracy"]) if ema else "-"))
+    auto = [r["precision_auto"] for r in report["rows"] if "precision_auto" in r]
+    machine = report["machine"]
+    return (table(("flags over `--recipe fast`", "seed", "epochs", "training minutes",
+                   "test accuracy", "with flips", "moving average", "with flips"), rows)
+            + f"\n\n`{report['recipe']['model']}`, batch {report['recipe']['batch']}, on "
+            f"{machine['cpu']['model']} ({machine['cpus']} cores; features: "
+            f"{', '.join(machine['cpu']['features'])}), written on {report['started'][:10]} by "
+            f"`benchmarks/run.py --suite ablation --read-only` (the JSON is in "
+            f"`{os.path.relpath(FAST_ABLATION, REPO)}`)."
+            + "".join(f" `--precision auto` chose {a['chosen']} there: fp32 "
+                      f"{a['images_per_s']['fp32']:.0f} images/s, mixed_bfloat16 "
+                      f"{a['images_per_s']['mixed_bfloat16']:.0f}, timed in "
+                      f"{a['timing_s']:.0f} s." for a in auto))
+
+
+def fast_ablation_curves():
+    """Test accuracy per epoch of each run of ablation.json: the moving average's (solid) and
+    the raw weights' (dashed) where a run has both."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    report = _fast_ablation()
+    fig = Figure(figsize=(9, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for (name, curve), color in zip(report["curves"].items(), ("C0", "C1", "C2", "C3", "C4")):
+        epochs = [e["epoch"] for e in curve]
+        if "raw_test_accuracy" in curve[-1]:
+            ax.plot(epochs, [100 * e["raw_test_accuracy"] for e in curve], "--", color=color,
+                    label=f"{name}, raw weights")
+        ax.plot(epochs, [100 * e["test_accuracy"] for e in curve], "-", color=color, marker=".",
+                label=name + (", moving average" if "raw_test_accuracy" in curve[-1] else ""))
+    ax.set(xlabel="epoch", ylabel="test accuracy (%)", ylim=(60, 90))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle(f"The fast recipe's variants, {report['recipe']['model']} on real CIFAR-10")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
 
 
 def cifar_time_to_accuracy():
@@ -610,7 +676,8 @@ def _box(x, y, w, h, color):
 
 FIGURES = {"training_curve.png": training_curve, "gradient_flow.png": gradient_flow,
            "depth_sweep.png": depth_sweep, "house_of_modules.png": house_of_modules,
-           "cifar_time_to_accuracy.png": cifar_time_to_accuracy}
+           "cifar_time_to_accuracy.png": cifar_time_to_accuracy,
+           "fast_ablation.png": fast_ablation_curves}
 
 
 # --- the MkDocs hooks -------------------------------------------------------------------
@@ -651,7 +718,8 @@ def main(argv=None):
             f.write(text)
     elif args.what == "performance":
         for name in ("machine", "speed", "speed-avx2", "fused-bn", "scaling", "memory", "build",
-                     "serving", "build-backends", "jax", "jax-ops", "cifar", "bf16"):
+                     "serving", "build-backends", "jax", "jax-ops", "cifar", "bf16",
+                     "fast-ablation"):
             print(PARTS[name](), end="\n\n")
     else:
         if not args.out:

@@ -35,7 +35,7 @@ import keras_preact as kp  # noqa: E402  isort: skip
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from keras_preact import export, files  # noqa: E402
+from keras_preact import export, file_io  # noqa: E402
 
 DIGITS = [str(i) for i in range(10)]
 
@@ -72,7 +72,8 @@ def main():
         x_test = np.random.default_rng(0).integers(0, 256, (4, height, width, channels),
                                                    dtype=np.uint8)
         class_names, metrics = None, None
-        weights_info = {"file": os.path.basename(args.model), "sha256": files.file_hash(args.model)}
+        weights_info = {"file": os.path.basename(args.model),
+                        "sha256": file_io.file_hash(args.model)}
     else:
         model, x_test, y_test, metrics = train_digits_model(args.epochs)
         class_names, weights_info = DIGITS, None

@@ -234,6 +234,34 @@ def test_cifar_suite_trains_both_sides_and_reads_finished_runs_again(tmp_path):
                                                    "keras-preact fast seed 0"]
 
 
+def test_ablation_suite_reports_each_variants_raw_averaged_and_flipped_accuracy(tmp_path):
+    from tests.data_fixtures import write_png_folder
+
+    for split, n in (("train", 6), ("test", 3)):
+        write_png_folder(tmp_path / "images" / split, ["cat", "dog"], n)
+    runs, out = tmp_path / "runs", tmp_path / "ablation.json"
+    argv = ["--suite", "ablation", "--data-path", str(tmp_path / "images"), "--runs", str(runs),
+            "--seeds", "0", "--fast-epochs", "2", "--batch", "4", "--variants", "ema",
+            "cutout8", "--out", str(out)]
+    assert run.main(argv) == 0
+    rows = {r["case"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"ema seed 0", "cutout8 seed 0"}
+    stored = json.loads((runs / "cutout8_s0" / "config.json").read_text())["train_config"]
+    assert stored["cutout"] == 8 and stored["schedule"] == "cosine"
+    ema, plain = rows["ema seed 0"], rows["cutout8 seed 0"]
+    assert ema["precision_auto"]["chosen"] in ("fp32", "mixed_bfloat16")
+    assert ema["raw_test_accuracy"] is not None and plain["raw_test_accuracy"] is None
+    assert ema["raw_flip_test_accuracy"] is not None and plain["raw_flip_test_accuracy"] is None
+    for row in rows.values():  # on the 6 images of test/: multiples of 1/6
+        for key in ("test_accuracy", "flip_test_accuracy", "raw_flip_test_accuracy"):
+            if row[key] is None:
+                continue
+            assert row[key] * 6 == pytest.approx(round(row[key] * 6), abs=1e-5)
+    # The final model is the averaged one: its score is the last epoch's.
+    metrics = json.loads((runs / "ema_s0" / "metrics.json").read_text())
+    assert ema["test_accuracy"] == pytest.approx(metrics["test_accuracy"])
+
+
 def test_folder_suite_runs_the_readmes_folder_command(tmp_path):
     from tests.data_fixtures import write_png_folder
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import keras_preact as kp
 from keras_preact import export
-from keras_preact.export import staging
+from keras_preact.export import destination
 from keras_preact.file_io import read_json
 from tests import helpers
 from tests.helpers import run_python
@@ -263,7 +263,7 @@ def test_failure_half_way_leaves_no_partial_export(tmp_path, monkeypatch):
         calls.append(sorted(os.listdir(folder)))
         raise OSError("disk full (injected)")
 
-    monkeypatch.setattr(staging, "write_model_card", broken)
+    monkeypatch.setattr(destination, "write_model_card", broken)
     with pytest.raises(OSError, match="injected"):
         export.export_saved_model(model, tmp_path / "m")
     assert "saved_model.pb" in calls[0]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from keras_preact import cli, export, files
+from keras_preact import cli, export, file_io
 from tests import data_fixtures
 from tests.helpers import TINY, run_cli, tiny_model
 
@@ -174,7 +174,7 @@ def test_export_overwrite_and_keras_checkpoint(tmp_path, capsys):
     assert code == 0, err
     assert "Parity with the Keras model" in out
     card = export.read_model_card(out_dir)
-    assert card["weights"]["sha256"] == files.file_hash(path)
+    assert card["weights"]["sha256"] == file_io.file_hash(path)
     assert card["top_k"] == 2
     code, _, err = run_cli(["export", path, "--format", "litert", "--out", out_dir,
                             "--preprocessing", "unit"], capsys)
