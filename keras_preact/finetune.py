@@ -25,7 +25,16 @@ def _check_model(model):
 
 
 def parts(model):
-    """The part names of a `PreActResNet`: "stem", "stage1".. and "head" if it has one."""
+    """The part names of a `PreActResNet`: "stem", "stage1".. and "head" if it has one.
+
+    Args:
+        model: a `PreActResNet`.
+
+    Returns:
+        list of str: the part names, in the model's order.
+
+    Raises:
+        ValueError: if `model` is not a `PreActResNet`."""
     _check_model(model)
     names = ["stem"] + [f"stage{i}" for i in range(1, len(model.stage_blocks) + 1)]
     return names + ["head"] if model.include_top else names
@@ -41,14 +50,34 @@ def _layers_of(model, part):
 
 
 def freeze(model, which="all"):
-    """Makes the named parts untrainable (their BatchNorm then runs in inference mode);
-    returns them. `which`: "all", "backbone" (everything but the head), a list of parts,
-    or a comma-separated string ("stem,stage1"). ValueError for an unknown part."""
+    """Makes the named parts untrainable (their BatchNorm then runs in inference mode).
+
+    Args:
+        model: a `PreActResNet`.
+        which: str or list of str, "all", "backbone" (everything but the head), a list of
+            parts, or a comma-separated string ("stem,stage1"). Defaults to `"all"`.
+
+    Returns:
+        list of str: the parts made untrainable.
+
+    Raises:
+        ValueError: for an unknown part, a `which` that is not a list of part names, or a
+            `model` that is not a `PreActResNet`."""
     return _set(model, which, False)
 
 
 def unfreeze(model, which="all"):
-    """Makes the named parts trainable again; same arguments as `freeze`."""
+    """Makes the named parts trainable again; same arguments as `freeze`.
+
+    Args:
+        model: a `PreActResNet`.
+        which: str or list of str, the parts, as in `freeze`. Defaults to `"all"`.
+
+    Returns:
+        list of str: the parts made trainable.
+
+    Raises:
+        ValueError: as `freeze`."""
     return _set(model, which, True)
 
 
@@ -68,13 +97,36 @@ def _set(model, which, trainable):
 
 
 def frozen_parts(model):
-    """The parts of `model` whose layers are all untrainable."""
+    """The parts of `model` whose layers are all untrainable.
+
+    Args:
+        model: a `PreActResNet`.
+
+    Returns:
+        list of str: the frozen part names, in the model's order.
+
+    Raises:
+        ValueError: if `model` is not a `PreActResNet`."""
     return [p for p in parts(model) if not any(layer.trainable for layer in _layers_of(model, p))]
 
 
 def replace_head(model, classes, *, classifier_activation="softmax", name=None):
     """A new `PreActResNet` with a fresh classifier for `classes` and every other
-    variable copied from `model` (frozen parts stay frozen)."""
+    variable copied from `model` (frozen parts stay frozen).
+
+    Args:
+        model: a `PreActResNet`.
+        classes: int, the new classifier's number of classes.
+        classifier_activation: the new head's activation; None returns logits.
+            Defaults to `"softmax"`.
+        name: str or None, the new model's name. Defaults to `None` (`model`'s name).
+
+    Returns:
+        The new `PreActResNet`, with its head.
+
+    Raises:
+        ValueError: if `model` is not a `PreActResNet`, or for an invalid `classes` or
+            `classifier_activation`."""
     frozen = frozen_parts(model)
     config = dict(model.get_config(), include_top=True, classes=classes, trainable=True,
                   classifier_activation=classifier_activation, name=name or model.name)
@@ -100,17 +152,24 @@ def _copy_weights(source, target, *, copy_head):
 
 def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
     """Loads pretrained weights into the `PreActResNet` `model`, whose head may be for
-    another task; returns a dict: "source" (the file loaded), "copied_head" (bool),
-    "classes" (of the weights' head, or None).
+    another task.
 
     Args:
-        weights: a catalog tag, a `.weights.h5` or `.keras` path, a preset folder, or a URL
-            with its hash.
-        model_name: the registered name for tags (default: `model.name`).
-        copy_head: "auto": copy the classifier too when its shape fits; False: keep
-            the model's fresh head.
+        model: a `PreActResNet`; its variables are overwritten.
+        weights: str, a catalog tag, a `.weights.h5` or `.keras` path, a preset folder, or
+            a URL with its hash.
+        model_name: str or None, the registered name for tags (default: `model.name`).
+        copy_head: "auto", True or False. "auto": copy the classifier too when its shape
+            fits (True does the same); False: keep the model's fresh head.
+            Defaults to `"auto"`.
 
-    Raises ValueError if the weights hold another architecture; nothing is loaded."""
+    Returns:
+        dict: "source" (the file loaded), "copied_head" (bool), "classes" (of the weights'
+        head, or None).
+
+    Raises:
+        ValueError: if the weights hold another architecture (nothing is loaded), for an
+            invalid `copy_head`, or if `model` is not a `PreActResNet`."""
     _check_model(model)
     check_choice("copy_head", copy_head, ("auto", True, False))
     model_name = model_name or model.name
@@ -137,7 +196,21 @@ def load_pretrained(model, weights, *, model_name=None, copy_head="auto"):
 
 
 def pretrained_architecture(model_name, weights):
-    """Architecture arguments the weights need: a catalog tag's, or what a local file records."""
+    """Architecture arguments the weights need: a catalog tag's, or what a local file records.
+
+    Args:
+        model_name: str, the registered model name the tag belongs to.
+        weights: a catalog tag, or the path of a local weights file or folder; anything else
+            (a URL, a missing path) gives an empty dict.
+
+    Returns:
+        dict: the architecture arguments, without those set to None and those the model's
+        task or its depth decides (`classes`, `include_top`, `input_shape`, `preprocessing`,
+        `block`, `stage_blocks`, `stage_filters`, `stage_strides`). A local file that cannot
+        be read gives an empty dict (it is reported on load).
+
+    Raises:
+        ValueError: for a tag unknown for `model_name`, or another model's key."""
     arch = {}
     if catalog.looks_like_tag(weights):
         arch = catalog.resolve_tag(model_name, weights).architecture

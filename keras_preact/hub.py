@@ -70,11 +70,15 @@ class PreActResNetBackbone(keras_hub.models.FeaturePyramidBackbone):
     """A pre-activation ResNet without its head, as a keras-hub backbone.
 
     Args:
-        image_shape: the input's shape in its data format (None: a free size).
-        dtype: dtype policy of the backbone and every layer.
+        image_shape: tuple of 3 ints, the input's shape in its data format (None: a free
+            size). Defaults to `(None, None, 3)`.
+        dtype: dtype policy of the backbone and every layer. Defaults to `None`.
         **kwargs: `PreActResNet` architecture arguments (`BACKBONE_ARGUMENTS`: `block`,
             `stage_blocks`, `unit`, `preprocessing`, `data_format`, ...), and `name`,
             `trainable`.
+
+    Raises:
+        ValueError: for an invalid architecture argument, as `PreActResNet`.
 
     Example:
         >>> backbone = PreActResNetBackbone(stage_blocks=(3, 3, 3), image_shape=(32, 32, 3))
@@ -141,8 +145,10 @@ class PreActResNetDeepLabV3ImageSegmenter(keras_hub.models.DeepLabV3ImageSegment
 
     Args:
         backbone: a `PreActResNetBackbone` (or keras-hub's `DeepLabV3Backbone` around one).
-        num_classes: int.
-        dilation_rates: the pyramid pooling's rates (keras-hub's example: 6, 12, 18).
+        num_classes: int, the number of segmentation classes.
+        dilation_rates: sequence of ints, the pyramid pooling's rates (keras-hub's example:
+            6, 12, 18), used when `backbone` is a `PreActResNetBackbone`.
+            Defaults to `(6, 12, 18)`.
         **kwargs: `DeepLabV3ImageSegmenter`'s (`activation`, `preprocessor`, ...)."""
 
     backbone_cls = PreActResNetBackbone
@@ -167,8 +173,17 @@ def _converter(backbone):
 
 
 def to_keras_hub(model):
-    """The keras-hub twin of a `PreActResNet`, with equal weights and outputs: a
-    `PreActResNetImageClassifier` for a model with its head, else a `PreActResNetBackbone`."""
+    """The keras-hub twin of a `PreActResNet`, with equal weights and outputs.
+
+    Args:
+        model: a `PreActResNet`.
+
+    Returns:
+        A `PreActResNetImageClassifier` for a model with its head, else a
+        `PreActResNetBackbone`.
+
+    Raises:
+        ValueError: if `model` is not a `PreActResNet`."""
     if not isinstance(model, PreActResNet):
         raise ValueError("to_keras_hub needs a PreActResNet (e.g. kp.preact_resnet20()). "
                          f"Received: model={type(model).__name__}")
@@ -197,13 +212,19 @@ def save_preset(model, preset_dir, *, overwrite=False):
 
     Args:
         model: a `PreActResNet`.
-        preset_dir: the folder; written whole (a temporary folder renamed into place).
-        overwrite: replace the preset the folder holds.
+        preset_dir: str or `os.PathLike`, the folder; written whole (a temporary folder
+            renamed into place).
+        overwrite: bool, replace the preset the folder holds. Defaults to `False`.
 
-    Raises FileExistsError for an existing preset without `overwrite`, ValueError for a
-    folder that holds other files or a model that is not a `PreActResNet` (nothing is
-    written)."""
-    path, twin = user_path(preset_dir), to_keras_hub(model)
+    Returns:
+        str: the preset folder's absolute path.
+
+    Raises:
+        FileExistsError: for an existing preset without `overwrite` (nothing is written).
+        ValueError: for a folder that holds other files or a model that is not a
+            `PreActResNet` (nothing is written).
+        TypeError: if `preset_dir` is not a path."""
+    path, twin = user_path(preset_dir, "preset_dir"), to_keras_hub(model)
 
     def check():
         if not os.path.exists(path):

@@ -187,6 +187,8 @@ def test_a_tilde_after_an_equals_sign_means_home(tmp_path, monkeypatch):
     pytest.importorskip("keras_hub", reason="save_preset needs the hub extra")
     path = kp.save_preset(tiny_model(), "~/preset")
     assert path == str(tmp_path / "preset") and not os.path.exists("~")
+    with pytest.raises(TypeError, match=r"^`preset_dir` must be a path .*preset_dir=5 of"):
+        kp.save_preset(tiny_model(), 5)
 
 
 # --- files that cannot be read ------------------------------------------------------------

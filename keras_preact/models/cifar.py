@@ -13,9 +13,21 @@ CIFAR_WIDTHS = {"basic": (16, 32, 64), "bottleneck": (64, 128, 256)}
 
 
 def cifar_units_per_stage(depth, block="auto"):
-    """Returns (block, units per stage) of a CIFAR depth; ValueError if invalid. "auto"
-    means bottleneck when depth >= 164 and (depth - 2) is divisible by 9, basic otherwise
-    (so 110 and 1202 are basic; 164, 272, 542 and 1001 bottleneck)."""
+    """Returns (block, units per stage) of a CIFAR depth.
+
+    Args:
+        depth: int >= 8, 6n+2 for basic units or 9n+2 for bottleneck units.
+        block: str, "auto", "basic" or "bottleneck". "auto" means bottleneck when
+            depth >= 164 and (depth - 2) is divisible by 9, basic otherwise (so 110 and 1202
+            are basic; 164, 272, 542 and 1001 bottleneck). Defaults to `"auto"`.
+
+    Returns:
+        tuple ``(block, units)``: the resolved block type ("basic" or "bottleneck") and the
+        number of units in each of the three stages.
+
+    Raises:
+        ValueError: for an unknown `block`, or a `depth` that is not an integer of the
+            block's form."""
     check_choice("block", block, CIFAR_BLOCKS)
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 8:
         raise ValueError("`depth` must be an integer of the form 6n+2 (basic: 8, 14, 20, ...) or "
@@ -36,19 +48,33 @@ def preact_resnet_cifar(depth, *, block="auto", include_top=True, weights=None,
     """A CIFAR pre-activation ResNet of any valid depth.
 
     Args:
-        depth: 6n+2 for basic units or 9n+2 for bottleneck units.
-        block: "auto", "basic" or "bottleneck"; see `cifar_units_per_stage`.
+        depth: int, 6n+2 for basic units or 9n+2 for bottleneck units.
+        block: str, "auto", "basic" or "bottleneck"; see `cifar_units_per_stage`.
+            Defaults to `"auto"`.
+        include_top: bool, build the pooling and dense classifier. Defaults to `True`.
         weights: None (random He initialisation), a catalog tag ("cifar10", "cifar100",
             "svhn", "DEFAULT" or "preact_resnet110.cifar10"), a `.weights.h5` or `.keras`
             path, or a URL with its hash ("https://host/f.weights.h5#sha256=<hex>"); see
-            `weights.hooks`. Their architecture and preprocessing apply unless passed.
-        input_shape: default the weights' input size or (32, 32, 3); sizes >= 8.
-        classes: default the weights' classes, or 10.
-        **kwargs: any other `PreActResNet` argument.
+            `weights.argument`. Their architecture and preprocessing apply unless passed.
+            Defaults to `None`.
+        input_tensor: optional Keras tensor to use as the model's input. Defaults to `None`.
+        input_shape: tuple of 3 ints (None for a free size); default the weights' input size
+            or (32, 32, 3) ((3, 32, 32) channels first); sizes >= 8.
+        pooling: None, "avg" or "max"; see `PreActResNet`. Defaults to `None`.
+        classes: int, default the weights' classes, or 10.
+        classifier_activation: the head's activation; None returns logits.
+            Defaults to `"softmax"`.
+        name: str, the model's name. Defaults to `None` (``"preact_resnet{depth}"``).
+        **kwargs: any other `PreActResNet` argument but `stage_blocks` and
+            `stage_filters`, which `depth` and `block` fix.
 
-    Returns a `PreActResNet`; raises ValueError for an invalid argument before any
-    layer is built:
+    Returns:
+        A `PreActResNet`.
 
+    Raises:
+        ValueError: for an invalid argument, before any layer is built.
+
+    Example:
         >>> model = preact_resnet_cifar(56, classes=100)
     """
     block, units = cifar_units_per_stage(depth, block)

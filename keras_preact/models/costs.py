@@ -19,12 +19,24 @@ def _model(model, what):
 
 
 def count_macs(model):
-    """Multiply-adds of one forward pass for one image of a functional model with a
-    fixed input size (nested functional models included; ValueError otherwise), or of the
-    registered model of that name. Convolutions and dense layers are counted (BN, ReLU,
-    pooling and additions are not), the convention of the paper and of pytorchcv's model
-    table:
+    """Multiply-adds of one forward pass for one image.
 
+    Convolutions and dense layers are counted (BN, ReLU, pooling and additions are not),
+    the convention of the paper and of pytorchcv's model table; nested functional models
+    are included.
+
+    Args:
+        model: a functional `keras.Model` with a fixed input size, or str, the name of a
+            registered model (built with its defaults).
+
+    Returns:
+        int: the multiply-adds.
+
+    Raises:
+        ValueError: if `model` is neither a Keras model nor a registered model name, is
+            not functional, or has a layer without a fixed input size.
+
+    Example:
         >>> count_macs("preact_resnet110")  # about 253M
         253149824
     """
@@ -52,8 +64,20 @@ def count_macs(model):
 
 
 def count_params(model, trainable_only=True):
-    """Number of (trainable) parameters of a Keras model or of the registered model of that
-    name, as the published model tables count them."""
+    """Number of (trainable) parameters, as the published model tables count them.
+
+    Args:
+        model: a `keras.Model`, or str, the name of a registered model (built with its
+            defaults).
+        trainable_only: bool, count only the trainable weights; False counts every weight
+            (non-trainable ones too, such as BatchNorm's moving statistics).
+            Defaults to `True`.
+
+    Returns:
+        int: the number of parameters.
+
+    Raises:
+        ValueError: if `model` is neither a Keras model nor a registered model name."""
     model = _model(model, "count_params")
     weights = model.trainable_weights if trainable_only else model.weights
     return int(sum(math.prod(int(d) for d in w.shape) for w in weights))

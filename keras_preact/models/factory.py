@@ -23,7 +23,7 @@ def build_with_weights(model_name, architecture, *, weights, include_top, input_
                        classifier_activation, name, kwargs, defaults=None):
     """Builds a registered model's `PreActResNet` and loads its `weights`, validated
     (and fetched) before any layer is built; they may set architecture arguments, the
-    preprocessing and the input size (`weights.hooks`; else `size` squared). `architecture`
+    preprocessing and the input size (`weights.argument`; else `size` squared). `architecture`
     holds the arguments the model's name fixes; `defaults` the family's, which the weights'
     recorded architecture and the caller's `kwargs` override."""
     kwargs = rename_deprecated(kwargs, model_name)

@@ -24,11 +24,36 @@ def preact_resnet_imagenet(depth, *, include_top=True, weights=None, input_tenso
                            classifier_activation="softmax", name=None, **kwargs):
     """An ImageNet pre-activation ResNet of depth 18, 34, 50, 101, 152 or 200.
 
-    Arguments as in `preact_resnet_cifar` (default input (224, 224, 3), at least 32;
-    classes: the weights' or 1000). Of the layout, `stage_strides`, `stem`
+    Arguments as in `preact_resnet_cifar`. Of the layout, `stage_strides`, `stem`
     ("imagenet" or "imagenet_preact"), `stride_position`, `strided_shortcut` and
-    `conv_bias` may change; the stages, widths and stem conv are the depth's:
+    `conv_bias` may change; the stages, widths and stem conv are the depth's.
 
+    Args:
+        depth: int, 18, 34, 50, 101, 152 or 200.
+        include_top: bool, build the pooling and dense classifier. Defaults to `True`.
+        weights: as in `preact_resnet_cifar` (e.g. the catalog tag "imagenet", a file or a
+            URL with its hash). Defaults to `None` (random initialisation).
+        input_tensor: optional Keras tensor to use as the model's input. Defaults to `None`.
+        input_shape: tuple of 3 ints (None for a free size); default the weights' input size
+            or (224, 224, 3) ((3, 224, 224) channels first); sizes at least twice the total
+            stride (64 with the default `stage_strides`).
+        pooling: None, "avg" or "max"; see `PreActResNet`. Defaults to `None`.
+        classes: int, default the weights' classes, or 1000.
+        classifier_activation: the head's activation; None returns logits.
+            Defaults to `"softmax"`.
+        name: str, the model's name. Defaults to `None` (``"preact_resnet{depth}"``).
+        **kwargs: any other `PreActResNet` argument but `block`, `stage_blocks`,
+            `stage_filters`, `stem_filters`, `stem_kernel_size` and `stem_strides`, which
+            `depth` fixes; `stem` only as "imagenet" or "imagenet_preact".
+
+    Returns:
+        A `PreActResNet`.
+
+    Raises:
+        ValueError: for an unsupported depth or an invalid argument, before any layer is
+            built.
+
+    Example:
         >>> features = preact_resnet_imagenet(50, include_top=False, pooling="avg")
     """
     if isinstance(depth, bool) or depth not in IMAGENET_DEPTHS:

@@ -278,43 +278,91 @@ class PreActResNet(keras.Model):
     before the split (its shortcut sees the activated stem output) and nothing follows
     any addition (paper Section 4 and its official code).
 
+    Every argument is keyword-only and checked before any layer is built.
+
     Args:
-        stage_blocks, stage_filters, stage_strides: units, output width and stride of
-            each stage, e.g. (18, 18, 18), (16, 32, 64), (1, 2, 2) for ResNet-110.
-        stem: see `STEMS` ("imagenet" with ``stem_kernel_size=7, stem_strides=2, stem_filters=64``).
-        bottleneck_stride: see `BOTTLENECK_STRIDES`.
-        first_shared_preact: the first unit shares its BN-ReLU with an identity shortcut too
-            (the paper's code; not pytorchcv's basic CIFAR nets); deprecated alias
-            ``first_unit_shared_preact``.
+        block: str, the residual unit type, "basic" or "bottleneck". Defaults to `"basic"`.
+        stage_blocks: sequence of positive ints, the units of each stage, e.g.
+            (18, 18, 18) for ResNet-110. Defaults to `(3, 3, 3)`.
+        stage_filters: sequence of positive ints, the output width of each stage, e.g.
+            (16, 32, 64) for ResNet-110. Defaults to `(16, 32, 64)`.
+        stage_strides: sequence of positive ints, the stride of each stage, e.g. (1, 2, 2)
+            for ResNet-110. Defaults to `(1, 2, 2)`. The three stage sequences must have one
+            entry per stage.
+        stem_filters: int >= 1, the stem conv's filters. Defaults to `16`.
+        stem_kernel_size: int >= 1, the stem conv's kernel size. Defaults to `3`.
+        stem_strides: int >= 1, the stem conv's stride. Defaults to `1`.
+        bottleneck_stride: str, see `BOTTLENECK_STRIDES` ("middle" or "first").
+            Defaults to `"middle"`.
+        bottleneck_expansion: int >= 1, a bottleneck unit's output width over its inner
+            width; bottleneck stage widths must be divisible by it. Defaults to `4`.
+        first_shared_preact: bool, the first unit shares its BN-ReLU with an identity
+            shortcut too (the paper's code; not pytorchcv's basic CIFAR nets); deprecated
+            alias ``first_unit_shared_preact``. Defaults to `True`.
+        stride_position: str, "first" or "last" (ResNet50V2: the stride on "unit_last").
+            Defaults to `"first"`.
+        strided_shortcut: str, see `STRIDED_SHORTCUTS` ("projection" or "subsample").
+            Defaults to `"projection"`.
+        conv_bias: bool, biases on the convs no BN follows (each unit's last conv and
+            projection, the stem conv without a stem BN); "full_preact" only.
+            Defaults to `False`.
+        stem: str, see `STEMS` ("cifar", "imagenet" or "imagenet_preact"; "imagenet" with
+            ``stem_kernel_size=7, stem_strides=2, stem_filters=64``). Defaults to `"cifar"`.
+        include_top: bool, build the classifier head. Defaults to `True`.
         pooling: None, "avg" or "max". Without the top, None returns the 4D features;
-            with it, "max" replaces the global average pooling.
-        features: return `pyramid_outputs`, a dict of feature maps by level, instead of the
-            head (a backbone for detection or segmentation; no head is built, whatever
-            `include_top` says).
-        classifier_activation: None returns logits.
-        head_dropout: dropout rate before the classifier in training (timm's ``drop_rate``);
-            None or 0: none, as the paper.
-        preprocessing: None, a name of `layers.preprocessing.PRESETS` or a dict with "mean",
-            "std" and optional "scale": the model then takes [0, 255] pixels.
-        input_shape: default (None, None, 3) (or channels first); sizes >= 2x total stride.
-        input_tensor: optional Keras input tensor (not serialised).
-        zero_init_last: start every residual branch's last conv at zero (timm's): an
+            with it, "max" replaces the global average pooling. Defaults to `None`.
+        features: bool, return `pyramid_outputs`, a dict of feature maps by level, instead
+            of the head (a backbone for detection or segmentation; no head is built,
+            whatever `include_top` says). Defaults to `False`.
+        classes: int >= 1, the classifier's outputs (with the top). Defaults to `10`.
+        classifier_activation: the head's activation (a `keras.activations` name or
+            function); None returns logits. Defaults to `"softmax"`.
+        head_dropout: float in [0, 1) or None, dropout rate before the classifier in
+            training (timm's ``drop_rate``); None or 0: none, as the paper.
+            Defaults to `None`.
+        preprocessing: None, a name of `layers.preprocessing.PRESETS` or a dict with
+            "mean", "std" and optional "scale": the model then takes [0, 255] pixels.
+            Defaults to `None`.
+        input_shape: tuple of 3 ints (None for a free height or width); default
+            (None, None, 3) (or channels first); sizes >= 2x total stride.
+        data_format: None, "channels_last" or "channels_first"; None:
+            `keras.config.image_data_format()`. Defaults to `None`.
+        kernel_initializer: the convs' kernel initializer, a `keras.initializers` name or
+            instance. Defaults to `"he_normal"`.
+        zero_init_last: bool, start every residual branch's last conv at zero (timm's): an
             untrained ResNet-1001 otherwise overflows to NaN in inference.
-        bn_momentum, bn_epsilon: Torch's defaults 0.9 (Keras' convention), 1e-5.
-        synchronized_bn: cross-replica BN statistics under `tf.distribute`.
-        unit: a name of `UNIT_TYPES` (`layers.variants`). Units that end in a ReLU get a
-            conv-BN-ReLU stem and nothing after the last unit (He et al. 2015).
-        shortcut_scale, residual_scale, gate_bias, dropout_rate: None: the paper's values.
-        stride_position: "first" or "last" (ResNet50V2: the stride on "unit_last").
-        strided_shortcut: see `STRIDED_SHORTCUTS`.
-        conv_bias: biases on the convs no BN follows (each unit's last conv and projection,
-            the stem conv without a stem BN); "full_preact" only.
-        remat: rematerialisation in training (`layers.remat`): same results, ~1 extra forward.
-        stochastic_depth: the last unit's rate of dropping its residual branch in training,
-            unit l of L dropping at l / L of it (Huang et al. 2016; per example, as timm's
-            ``drop_path_rate``); 0: off. The weights are the same with or without it.
-        dtype: dtype policy; the final activation computes in float32 at least.
+            Defaults to `False`.
+        bn_momentum: float in [0, 1), BatchNorm's momentum: Torch's default 0.9 (Keras'
+            convention). Defaults to `0.9`.
+        bn_epsilon: float > 0, BatchNorm's epsilon: Torch's default. Defaults to `1e-5`.
+        synchronized_bn: bool, cross-replica BN statistics under `tf.distribute`
+            (TensorFlow only). Defaults to `False`.
+        unit: str, a name of `UNIT_TYPES` (`layers.variants`). Units that end in a ReLU get
+            a conv-BN-ReLU stem and nothing after the last unit (He et al. 2015).
+            Defaults to `"full_preact"`.
+        shortcut_scale: float >= 0 or None, the shortcut's lambda of unit="constant_scaling";
+            None: the paper's value. Defaults to `None`.
+        residual_scale: float >= 0 or None, the residual's lambda of
+            unit="constant_scaling"; None: the paper's value. Defaults to `None`.
+        gate_bias: float or None, the initial gate bias of the gating units; None: the
+            paper's value. Defaults to `None`.
+        dropout_rate: float or None, the shortcut drop rate of unit="dropout_shortcut";
+            None: the paper's value. Defaults to `None`.
+        stochastic_depth: float in [0, 1), the last unit's rate of dropping its residual
+            branch in training, unit l of L dropping at l / L of it (Huang et al. 2016;
+            per example, as timm's ``drop_path_rate``); 0: off. The weights are the same
+            with or without it. Defaults to `0.0`.
+        remat: rematerialisation in training (`layers.remat`): same results, ~1 extra
+            forward. None or False (off), True or "segment", "unit", or an int >= 1; not
+            with unit="dropout_shortcut" or `stochastic_depth`. Defaults to `None`.
+        dtype: a floating-point dtype or dtype policy, or None; the final activation
+            computes in float32 at least. Defaults to `None`.
+        input_tensor: optional Keras input tensor (not serialised). Defaults to `None`.
+        name: str, the model's name. Defaults to `"preact_resnet"`.
         **kwargs: `trainable`; any other name raises ValueError.
+
+    Raises:
+        ValueError: for an unknown or invalid argument, before any layer is built.
 
     Example:
         >>> model = PreActResNet(block="basic", stage_blocks=(3, 3, 3),
@@ -382,9 +430,17 @@ class PreActResNet(keras.Model):
 
     def make_train_function(self, force=False):
         """With remat on TensorFlow each call (e.g. `train_on_batch`) runs with Grappler's
-        model pruning off (`remat.model_pruning_off`); inside `fit` it already is."""
+        model pruning off (`remat.model_pruning_off`); inside `fit` it already is.
+
+        Args:
+            force: bool, make a new train function even if one exists, as in Keras'
+                `Model.make_train_function`. Defaults to `False`.
+
+        Returns:
+            The train function (`self.train_function`): with remat on TensorFlow, the one
+            that turns pruning off."""
         fresh = force or self.train_function is None
-        made = super().make_train_function(force)
+        super().make_train_function(force)
         if fresh and self.remat is not None and keras.backend.backend() == "tensorflow":
             train_function = self.train_function
 
@@ -393,11 +449,21 @@ class PreActResNet(keras.Model):
                     return train_function(*args, **kwargs)
 
             self.train_function = train_without_pruning
-        return made
+        return self.train_function
 
     def save_weights(self, filepath, overwrite=True, max_shard_size=None):
-        """A `.weights.h5` file also records the architecture arguments, preprocessing
-        and input shape: ``get_model(name, weights=filepath)`` rebuilds the model."""
+        """Saves the weights as Keras' `Model.save_weights` does; a `.weights.h5` file also
+        records the architecture arguments, preprocessing and input shape:
+        ``get_model(name, weights=filepath)`` rebuilds the model.
+
+        Args:
+            filepath: str or `os.PathLike`, the file to write.
+            overwrite: bool, replace an existing file without asking. Defaults to `True`.
+            max_shard_size: int, float or None, the most GB each shard file holds, as in
+                Keras' `Model.save_weights`; None: no sharding. Defaults to `None`.
+
+        Returns:
+            None."""
         super().save_weights(filepath, overwrite=overwrite, max_shard_size=max_shard_size)
         if str(filepath).endswith(".weights.h5") and os.path.isfile(filepath):
             from keras_preact.weights.local import record_model

@@ -18,12 +18,18 @@ from keras_preact.weights.local import load_keras_file, load_weights_file
 
 def train_and_evaluate(config, workdir):
     """Trains `config`'s model on its dataset, writing the files of
-    `keras_preact.training.workdir` and TensorBoard logs; returns `Run.train`'s dict.
+    `keras_preact.training.workdir` and TensorBoard logs.
 
     Args:
         config: a `TrainConfig` (or its dict).
-        workdir: a new or empty folder, or one holding this same run (resumed from its
-            last completed epoch, or its stored results returned if it is complete).
+        workdir: str or `os.PathLike`, a new or empty folder, or one holding this same run
+            (resumed from its last completed epoch, or its stored results returned if it is
+            complete).
+
+    Returns:
+        dict: `Run.train`'s (``test_accuracy``, ``test_loss``, ``history``, ``epochs``,
+        ``steps``, ``resumed_from_epoch``, ``train_time_s``, ``num_replicas``,
+        ``model_path``, ``workdir``, plus `Stepper.labels`).
 
     Raises:
         ValueError: before anything is written, for an invalid config, missing or corrupt
@@ -40,9 +46,20 @@ def train_and_evaluate(config, workdir):
 
 
 def load_workdir_model(workdir, checkpoint=None):
-    """``(model, config, source_path)`` of a workdir's trained model: ``model.keras``, else
-    its newest checkpoint, or `checkpoint` (a file of its ``checkpoints/``); ValueError if
-    the workdir holds no run or no weights."""
+    """Loads a workdir's trained model: ``model.keras``, else its newest checkpoint, or
+    `checkpoint`.
+
+    Args:
+        workdir: str or `os.PathLike`, a training workdir.
+        checkpoint: str or None, a weights file of its ``checkpoints/`` to load instead.
+            Defaults to `None`.
+
+    Returns:
+        tuple ``(model, config, source_path)``: the model, its `TrainConfig` and the file
+        its weights came from.
+
+    Raises:
+        ValueError: if the workdir holds no run or no weights."""
     wd = Workdir(workdir)
     if (stored := wd.read_train_config()) is None:
         raise ValueError(
@@ -61,22 +78,42 @@ def load_workdir_model(workdir, checkpoint=None):
 def evaluate(workdir=None, *, model=None, weights=None, dataset=None, data_dir=None,
              data_source="auto", data_path=None, batch_size=256, split="test",
              model_kwargs=None, verbose="auto", flip=False):
-    """Loss and accuracy of a trained model on a dataset split: a dict with ``loss``,
-    ``accuracy``, ``num_examples``, ``dataset``, ``split`` and ``source``.
+    """Loss and accuracy of a trained model on a dataset split.
+
+    Give `workdir`, or `dataset` with `weights` (a ``.keras`` file, or a model name and its
+    ``.weights.h5``), or `dataset` with a built `model`.
 
     Args:
-        workdir: a training workdir (its final model or newest checkpoint, its data).
-        model: a model name (with `weights`) or a built Keras model.
-        weights: a ``.keras`` file, or a ``.weights.h5`` for `model`.
-        dataset, data_dir, data_source, data_path: see `keras_preact.data.make_dataset`
+        workdir: str, `os.PathLike` or None, a training workdir (its final model or newest
+            checkpoint, its data). Defaults to `None`.
+        model: str, a model name (with `weights`), or a built Keras model, or None.
+            Defaults to `None`.
+        weights: str or None, a ``.keras`` file, or a ``.weights.h5`` for `model`.
+            Defaults to `None`.
+        dataset: str, the dataset name; see `keras_preact.data.make_dataset`
             (default: the workdir's).
-        batch_size, split, verbose: of the evaluation.
-        model_kwargs: extra `get_model` arguments for a model name.
-        flip: score the mean of the probabilities of each image and its mirror image
-            (test-time augmentation by a horizontal flip).
+        data_dir: see `keras_preact.data.make_dataset` (default: the workdir's).
+        data_source: see `keras_preact.data.make_dataset`; with a workdir, "auto" takes
+            the workdir's. Defaults to `"auto"`.
+        data_path: see `keras_preact.data.make_dataset` (default: the workdir's).
+        batch_size: int, the evaluation's batch size. Defaults to `256`.
+        split: str, the split to score. Defaults to `"test"`.
+        model_kwargs: dict or None, extra `get_model` arguments for a model name.
+            Defaults to `None`.
+        verbose: the verbosity of the evaluation (as Keras' `Model.predict`).
+            Defaults to `"auto"`.
+        flip: bool, score the mean of the probabilities of each image and its mirror image
+            (test-time augmentation by a horizontal flip). Defaults to `False`.
 
-    Raises ValueError for a missing workdir or weights file, an unknown model or dataset, or
-    weights that do not fit the model."""
+    Returns:
+        dict with ``loss``, ``accuracy``, ``num_examples``, ``dataset``, ``split``,
+        ``source`` (the file the model came from; None for a built model without
+        `weights`) and ``flip``.
+
+    Raises:
+        ValueError: for a missing workdir or weights file, an unknown model or dataset,
+            weights that do not fit the model, both `workdir` and `model` / `weights`
+            given, or a model whose outputs or classes do not match the dataset's."""
     if workdir is not None and (model, weights) != (None, None):
         raise ValueError("Give `workdir` (its model is evaluated) or `model` / `weights`, not "
                          f"both. Received: workdir={workdir!r}, model={model!r}, "

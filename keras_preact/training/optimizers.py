@@ -18,8 +18,7 @@ def decays_variable(variable, decay_variables):
 
 @keras.saving.register_keras_serializable(package="keras_preact")
 class CoupledSGD(keras.optimizers.SGD):
-    """SGD with momentum and coupled (Caffe / Torch) L2 weight decay; ValueError for an invalid
-    argument or Keras' decoupled ``weight_decay``.
+    """SGD with momentum and coupled (Caffe / Torch) L2 weight decay.
 
     One update of a decayed variable ``w`` with loss gradient ``g``, rate ``lr``,
     momentum ``m`` and decay ``wd`` (Keras' velocity convention, which is Caffe's)::
@@ -31,9 +30,18 @@ class CoupledSGD(keras.optimizers.SGD):
     Torch keeps ``lr`` outside the velocity; the two differ only in the steps after a rate change.
 
     Args:
-        learning_rate, momentum, nesterov, **kwargs: as `keras.optimizers.SGD`.
-        l2: the coupled decay ``wd`` (>= 0).
-        decay_variables: "all" (every trainable variable) or "kernels" (`decays_variable`)."""
+        learning_rate: float or a learning-rate schedule, as `keras.optimizers.SGD`'s.
+            Defaults to `0.1`.
+        momentum: float, as `keras.optimizers.SGD`'s. Defaults to `0.9`.
+        nesterov: bool, as `keras.optimizers.SGD`'s. Defaults to `False`.
+        l2: float >= 0, the coupled decay ``wd``. Defaults to `1e-4`.
+        decay_variables: str, "all" (every trainable variable) or "kernels"
+            (`decays_variable`). Defaults to `"all"`.
+        name: str, the optimizer's name. Defaults to `"coupled_sgd"`.
+        **kwargs: as `keras.optimizers.SGD` (e.g. `use_ema`), but not ``weight_decay``.
+
+    Raises:
+        ValueError: for an invalid argument or Keras' decoupled ``weight_decay``."""
 
     def __init__(self, learning_rate=0.1, momentum=0.9, nesterov=False, l2=1e-4,
                  decay_variables="all", name="coupled_sgd", **kwargs):

@@ -9,14 +9,19 @@ class WarmupPiecewiseConstant(keras.optimizers.schedules.LearningRateSchedule):
     """A constant warm-up followed by a piecewise-constant ("step") schedule: at ``step``
     (the updates already applied, ``optimizer.iterations``: the first update sees 0) the rate
     is `warmup_learning_rate` while ``step < warmup_steps``, else ``values[k]`` with ``k`` the
-    number of boundaries ``<= step``. ValueError for arguments that break the rules below.
+    number of boundaries ``<= step``.
 
     Args:
-        boundaries: strictly increasing step numbers, each the first step at a new rate.
-        values: the rates, one more than `boundaries` (>= 0).
-        warmup_steps: at most the first boundary.
-        warmup_learning_rate: the warm-up rate (ignored when `warmup_steps` is 0).
-        name: the schedule's name."""
+        boundaries: sequence of ints, strictly increasing positive step numbers, each the
+            first step at a new rate.
+        values: sequence of floats, the rates, one more than `boundaries` (>= 0).
+        warmup_steps: int >= 0, at most the first boundary. Defaults to `0` (no warm-up).
+        warmup_learning_rate: float >= 0 or None, the warm-up rate (needed with a warm-up,
+            ignored when `warmup_steps` is 0). Defaults to `None`.
+        name: str, the schedule's name. Defaults to `"WarmupPiecewiseConstant"`.
+
+    Raises:
+        ValueError: for arguments that break the rules above."""
 
     def __init__(self, boundaries, values, *, warmup_steps=0, warmup_learning_rate=None,
                  name="WarmupPiecewiseConstant"):
@@ -56,7 +61,13 @@ class WarmupPiecewiseConstant(keras.optimizers.schedules.LearningRateSchedule):
         return lr
 
     def value_at(self, step):
-        """The rate at `step` as a Python float (no tensors; for logs and plots)."""
+        """The rate at `step` as a Python float (no tensors; for logs and plots).
+
+        Args:
+            step: int, the updates already applied.
+
+        Returns:
+            float: the rate at `step`."""
         step = int(step)
         if step < self.warmup_steps:
             return self.warmup_learning_rate

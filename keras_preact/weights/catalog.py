@@ -240,14 +240,29 @@ def load_catalog():
 
 def list_entries(model=None):
     """The catalog's `WeightsEntry`s (of `model`, default all), in the registry's
-    model order (``zoo/models.json``), then by tag."""
+    model order (``zoo/models.json``), then by tag.
+
+    Args:
+        model: str or None, a model name; None: every model's entries. Defaults to `None`.
+
+    Returns:
+        list of `WeightsEntry`."""
     order = {name: i for i, name in enumerate(load_json("models.json")["models"])}
     return sorted((e for e in load_catalog().values() if model is None or e.model == model),
                   key=lambda e: (order.get(e.model, len(order)), e.model, e.tag))
 
 
 def get_entry(key):
-    """The `WeightsEntry` stored as `key` ("model.tag"); ValueError listing the valid keys."""
+    """The `WeightsEntry` stored as `key` ("model.tag").
+
+    Args:
+        key: str, a catalog key, e.g. "preact_resnet110.cifar10".
+
+    Returns:
+        The `WeightsEntry`.
+
+    Raises:
+        ValueError: for an unknown key, listing the valid keys."""
     catalog = load_catalog()
     if not isinstance(key, str) or key not in catalog:
         valid = sorted(catalog) or "none (the catalog is empty)"
@@ -294,7 +309,14 @@ publisher's model, measured by the converter tests ("-" when not measured).
 
 
 def render_zoo_readme(entries=None):
-    """The Markdown of `zoo/README.md`: one table row per entry (default: the catalog)."""
+    """The Markdown of `zoo/README.md`: one table row per entry (default: the catalog).
+
+    Args:
+        entries: list of `WeightsEntry` or None; None: every catalog entry
+            (`list_entries`). Defaults to `None`.
+
+    Returns:
+        str: the Markdown text."""
     entries = list_entries() if entries is None else entries
     models = load_json("models.json")["models"]
     lines = [README_HEADER, "| weights (`model.tag`) | default | params | paper error % "

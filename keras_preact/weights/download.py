@@ -43,7 +43,18 @@ class WeightsIntegrityError(ValueError):
 
 def resolve_cache_dir(cache_dir=None):
     """The weights cache folder: `cache_dir`, ``$KERAS_PREACT_HOME/weights`` or
-    ``~/.keras/keras_preact/weights``; ValueError when a file stands where it would be."""
+    ``~/.keras/keras_preact/weights``.
+
+    Args:
+        cache_dir: str, `os.PathLike` or None, the folder; None: the default above.
+            Defaults to `None`.
+
+    Returns:
+        str: the folder's absolute path (it need not exist yet).
+
+    Raises:
+        ValueError: when a file stands where the folder (or one above it) would be.
+        TypeError: if `cache_dir` is neither None nor a path."""
     home = os.environ.get("KERAS_PREACT_HOME")
     named = (f"cache_dir={cache_dir!r}" if cache_dir is not None
              else f"KERAS_PREACT_HOME={home!r}" if home else None)
@@ -91,14 +102,21 @@ def fetch_weights(key_or_entry, *, build, cache_dir=None, offline=None, progress
     Args:
         key_or_entry: a catalog key ("preact_resnet110.cifar10"), a `WeightsEntry`,
             or an entry dict (at least model, tag, url, hash, converter).
-        build: ``build(model_name, **arguments)``, e.g. `keras_preact.get_model`: builds
-            the entry's architecture, which a published file is converted into.
-        cache_dir: the cache folder (see `resolve_cache_dir`).
-        offline: None (``KERAS_PREACT_OFFLINE``), True or False.
-        progress: a progress bar while downloading (on a terminal only).
+        build: callable, ``build(model_name, **arguments)``, e.g. `keras_preact.get_model`:
+            builds the entry's architecture, which a published file is converted into.
+        cache_dir: str or None, the cache folder (see `resolve_cache_dir`).
+            Defaults to `None`.
+        offline: None (``KERAS_PREACT_OFFLINE``), True or False. Defaults to `None`.
+        progress: bool, a progress bar while downloading (on a terminal only).
+            Defaults to `True`.
+
+    Returns:
+        str: the path of the verified cached `.weights.h5`.
 
     Raises:
-        ValueError: an unknown key or a malformed entry.
+        ValueError: an unknown key or a malformed entry, a cache folder that cannot be
+            created (or where a file stands), or a $KERAS_PREACT_WEIGHTS_DIR that is not a
+            folder.
         WeightsIntegrityError (a ValueError): the publisher's hash does not match (a
             download is deleted, a file of $KERAS_PREACT_WEIGHTS_DIR kept), or the cached
             file was altered.
@@ -230,16 +248,19 @@ def convert_checkpoint(source, out, *, model, build, converter="pytorchcv", clas
     checkpoint's normalisation is not known: pass ``preprocessing=`` when loading).
 
     Args:
-        source: the checkpoint file.
-        out: the `.weights.h5` file to write.
-        model: a model name with `converter` entries in the catalog, e.g. "preact_resnet20".
-        build: ``build(model_name, **arguments)``, e.g. `keras_preact.get_model`.
-        converter: the checkpoint's layout: "pytorchcv" or "keras_applications".
-        classes: the classes of the checkpoint's head (default: the catalog entry's).
-        overwrite: replace an existing `out`.
+        source: str or `os.PathLike`, the checkpoint file.
+        out: str or `os.PathLike`, the `.weights.h5` file to write.
+        model: str, a model name with `converter` entries in the catalog, e.g.
+            "preact_resnet20".
+        build: callable, ``build(model_name, **arguments)``, e.g. `keras_preact.get_model`.
+        converter: str, the checkpoint's layout: "pytorchcv" or "keras_applications".
+            Defaults to `"pytorchcv"`.
+        classes: int or None, the classes of the checkpoint's head (default: the catalog
+            entry's).
+        overwrite: bool, replace an existing `out`. Defaults to `False`.
 
     Returns:
-        The absolute path of `out`.
+        str: the absolute path of `out`.
 
     Raises:
         ValueError: an unknown converter, a `model` without `converter` entries, a
@@ -247,7 +268,8 @@ def convert_checkpoint(source, out, *, model, build, converter="pytorchcv", clas
             other-shaped tensors named), or an `out` not ending in '.weights.h5'; nothing
             is written then.
         FileExistsError: `out` exists and `overwrite` is False.
-        FileNotFoundError: `source` does not exist."""
+        FileNotFoundError: `source` does not exist.
+        TypeError: `source` or `out` is not a path."""
     source, out = user_path(source, "source"), user_path(out, "out")
     os.stat(source)  # a missing file: FileNotFoundError, before a model is built
     get_converter(converter)
@@ -275,7 +297,17 @@ def _commit(entry, cache, tmp, facts):
 
 
 def cached_entries(cache=None):
-    """The cache's files: dicts with key, path, size and sha256 (None without a record)."""
+    """The cache's files: dicts with key, path, size and sha256 (None without a record).
+
+    Args:
+        cache: str or None, the cache folder (see `resolve_cache_dir`). Defaults to `None`.
+
+    Returns:
+        list of dict: one per cached `.weights.h5`, sorted by path, with "key", "path",
+        "size" (bytes) and "sha256" (None without a readable record).
+
+    Raises:
+        ValueError: as `resolve_cache_dir`."""
     out = []
     for path in sorted(pathlib.Path(resolve_cache_dir(cache)).glob("*.weights.h5")):
         try:
@@ -289,10 +321,22 @@ def cached_entries(cache=None):
 
 
 def clear_cache(key=None, cache=None):
-    """Deletes cached weights (all, or `key`'s) and their records; returns the paths
-    removed. Only files the cache wrote go: a weights file whose record holds its SHA-256 (a
-    user's file, or one changed since, stays); ValueError for a key neither cached nor in the
-    catalog, or a `cache` folder that does not exist."""
+    """Deletes cached weights (all, or `key`'s) and their records.
+
+    Only files the cache wrote go: a weights file whose record holds its SHA-256 (a user's
+    file, or one changed since, stays).
+
+    Args:
+        key: str or None, the catalog key of the weights to delete; None: all.
+            Defaults to `None`.
+        cache: str or None, the cache folder (see `resolve_cache_dir`). Defaults to `None`.
+
+    Returns:
+        list of str: the paths removed.
+
+    Raises:
+        ValueError: for a key neither cached nor in the catalog, or a `cache` folder that
+            does not exist."""
     if cache is not None and not os.path.isdir(resolve_cache_dir(cache)):
         raise ValueError(f"The weights cache folder does not exist. Received: cache_dir={cache!r}")
     removed = [p for row in verify_cache(None if key is None else [key], cache)

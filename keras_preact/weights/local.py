@@ -55,7 +55,18 @@ def preset_weights(path):
 
 def resolve_weights_argument(weights):
     """A factory's `weights` (None, a `.weights.h5` path or a preset folder) as None or the
-    file's absolute path; ValueError for another value or a missing or non-HDF5 file."""
+    file's absolute path.
+
+    Args:
+        weights: None, or a str or `os.PathLike`: a `.weights.h5` file or a preset folder
+            (its weights file is taken).
+
+    Returns:
+        None for None, else str: the weights file's absolute path.
+
+    Raises:
+        ValueError: for another value, a folder that is not a preset, or a missing or
+            non-HDF5 file."""
     if weights is None:
         return None
     path = preset_weights(os.fspath(weights) if isinstance(weights, (str, os.PathLike)) else "")
@@ -71,9 +82,17 @@ def resolve_weights_argument(weights):
 
 
 def inspect_weights_file(path):
-    """The stem and head shapes of a keras-preact `.weights.h5` file: "in_channels",
-    "stem_filters", "kernel_size" and "classes" (None without a head); ValueError for
-    another file."""
+    """The stem and head shapes of a keras-preact `.weights.h5` file.
+
+    Args:
+        path: str or `os.PathLike`, the `.weights.h5` file.
+
+    Returns:
+        dict: "in_channels", "stem_filters", "kernel_size" and "classes" (None without a
+        head), as ints.
+
+    Raises:
+        ValueError: for another file, or one that is damaged or truncated."""
     with open_hdf5(path) as f:
         if (stem := f.get(STEM_KERNEL_PATH)) is None or len(stem.shape) != 4:
             raise ValueError("The weights file does not hold a keras-preact model's weights (no "
@@ -122,7 +141,19 @@ def has_head(model):
 
 def save_weights_file(model, path):
     """Saves `model`'s weights to `path` as a Keras `.weights.h5` with its layout recorded
-    (see `record_model`); returns the absolute path."""
+    (see `record_model`).
+
+    Args:
+        model: a built Keras model.
+        path: str or `os.PathLike`, the file to write, ending in '.weights.h5'.
+
+    Returns:
+        str: the absolute path.
+
+    Raises:
+        ValueError: for a `path` not ending in '.weights.h5', or a model that is not
+            built.
+        TypeError: if `path` is not a path."""
     if not (path := user_path(path)).endswith(WEIGHTS_SUFFIX):
         raise ValueError(f"A weights file name must end in '{WEIGHTS_SUFFIX}'. "
                          f"Received: path={path!r}")
@@ -201,9 +232,18 @@ def compare_layouts(model, stored_layout, stored_arch, *, source, trunk_only=Fal
 
 
 def check_weights_file_layout(model, path):
-    """Raises ValueError unless the `.weights.h5` at `path` fits `model` exactly. Returns how
-    it was checked: "recorded" (a file of `save_weights_file`: by variable paths) or
-    "structure" (another Keras file: by its datasets and shapes)."""
+    """Raises ValueError unless the `.weights.h5` at `path` fits `model` exactly.
+
+    Args:
+        model: the Keras model the file is meant for.
+        path: str or `os.PathLike`, the `.weights.h5` file.
+
+    Returns:
+        str: how it was checked: "recorded" (a file of `save_weights_file`: by variable
+        paths) or "structure" (another Keras file: by its datasets and shapes).
+
+    Raises:
+        ValueError: if the file does not fit `model`, or is damaged or truncated."""
     layout, arch, _ = read_recorded(path)
     if layout is not None:
         compare_layouts(model, layout, arch, source=path)
@@ -224,7 +264,17 @@ def check_weights_file_layout(model, path):
 
 
 def load_weights_file(model, path):
-    """Loads `path` into `model` after `check_weights_file_layout` (nothing loads on error)."""
+    """Loads `path` into `model` after `check_weights_file_layout` (nothing loads on error).
+
+    Args:
+        model: the Keras model to load into.
+        path: str or `os.PathLike`, the `.weights.h5` file.
+
+    Returns:
+        None.
+
+    Raises:
+        ValueError: if the file does not fit `model`, or is damaged or truncated."""
     check_weights_file_layout(model, path)
     try:
         model.load_weights(path)
