@@ -307,7 +307,8 @@ def suite_cifar(args, report):
 #: without it (the average only follows the weights).
 ABLATION = {"ema": ("--ema-momentum", "0.999", "--precision", "auto"),
             "cutout8": ("--cutout", "8"), "cutout16": ("--cutout", "16"),
-            "sd01": ("--stochastic-depth", "0.1"), "sd005": ("--stochastic-depth", "0.05")}
+            "sd01": ("--stochastic-depth", "0.1"), "sd005": ("--stochastic-depth", "0.05"),
+            "batch64": ("--batch-size", "64"), "epochs20": ("--epochs", "20")}
 
 
 def suite_ablation(args, report):
@@ -465,7 +466,7 @@ def main(argv=None):
                    help="folder suite: the classes of --data-path to take")
     p.add_argument("--epochs", type=count, default=20, help="cifar suite: the paper's recipe")
     p.add_argument("--fast-epochs", type=int, default=16,
-                   help="cifar suite: the fast recipe (16 fit in 30 minutes on 2 idle cores)")
+                   help="cifar and ablation suites: the fast recipe's epochs (0: not)")
     p.add_argument("--variants", nargs="+", choices=tuple(ABLATION), default=list(ABLATION),
                    help="ablation suite: the fast recipe's variants (see ABLATION)")
     p.add_argument("--read-only", action="store_true",

@@ -553,7 +553,8 @@ def fast_ablation_curves():
     fig = Figure(figsize=(9, 4.5), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    for (name, curve), color in zip(report["curves"].items(), ("C0", "C1", "C2", "C3", "C4")):
+    for i, (name, curve) in enumerate(report["curves"].items()):
+        color = f"C{i % 10}"
         epochs = [e["epoch"] for e in curve]
         if "raw_test_accuracy" in curve[-1]:
             ax.plot(epochs, [100 * e["raw_test_accuracy"] for e in curve], "--", color=color,
