@@ -549,6 +549,8 @@ def fast_ablation_curves():
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from keras_preact.file_io import figure_png
+
     report = _fast_ablation()
     fig = Figure(figsize=(9, 4.5), dpi=100)
     FigureCanvasAgg(fig)
@@ -564,10 +566,8 @@ def fast_ablation_curves():
     ax.set(xlabel="epoch", ylabel="test accuracy (%)", ylim=(60, 90))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.suptitle(f"The fast recipe's variants, {report['recipe']['model']} on real CIFAR-10")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return figure_png(fig, f"The fast recipe's variants, {report['recipe']['model']} on real "
+                      "CIFAR-10")
 
 
 def cifar_time_to_accuracy():
@@ -575,6 +575,8 @@ def cifar_time_to_accuracy():
     cifar.json."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+
+    from keras_preact.file_io import figure_png
 
     report, curves = _cifar_curves()
     fig = Figure(figsize=(11, 4.5), dpi=100)
@@ -594,10 +596,8 @@ def cifar_time_to_accuracy():
         ax.axhline(90, color="#999", linewidth=0.8, linestyle="--")
         ax.grid(alpha=0.3)
     by_time.legend(fontsize=8)
-    fig.suptitle(f"{report['recipe']['model']} on real CIFAR-10 (JPEG), 2 CPU cores")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return figure_png(fig, f"{report['recipe']['model']} on real CIFAR-10 (JPEG), 2 CPU "
+                      "cores")
 
 
 def _import_graph():
